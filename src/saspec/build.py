@@ -1,0 +1,227 @@
+"""Build: host-side automata whose memory grows with the request.
+
+A request's automaton is one int32 *blob* laid out by ``core.init``. The host
+builds it with ``ingest``, which runs the core's ``extend`` in a jitted loop
+with the GIL released and, whenever the blob is full, grows it in Python (a
+geometric re-allocation, outside the hot loop) and carries on.
+
+``SuffixAutomaton`` wraps one blob for direct use and for tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from . import core
+
+POLICIES: dict[str, int] = {
+    "first": core.FIRST_OCC,
+    "recent": core.RECENT,
+    "follow-first": core.FOLLOW_FIRST,
+    "follow-recent": core.FOLLOW_RECENT,
+}
+DEFAULT_POLICY = "follow-recent"
+DEFAULT_RECENT_DEPTH = 16
+MAX_TOKEN = 2**31 - 1
+
+# Sizing: the automaton of n tokens has at most 2n states and 3n edges, but
+# real text needs far fewer; start near the typical need and grow by GROWTH.
+GROWTH = 1.5
+_STATES_PER_TOKEN = 1.9
+_EDGES_PER_TOKEN = 2.4
+_MIN_TOKENS = 64
+
+
+def policy_code(policy: str) -> int:
+    """Numeric code of an occurrence policy name (see ``core``)."""
+    try:
+        return POLICIES[policy]
+    except KeyError:
+        raise ValueError(f"unknown policy {policy!r}; expected one of {sorted(POLICIES)}") from None
+
+
+def _table_size(edges: int) -> int:
+    """Slots needed to hold ``edges`` edges under the 3/4 load limit."""
+    return max(4, (4 * edges) // 3 + 2)
+
+
+def new_blob(expected_tokens: int = 0) -> np.ndarray:
+    """An empty automaton sized for about ``expected_tokens`` tokens."""
+    n = max(int(expected_tokens), _MIN_TOKENS)
+    cap_st = int(_STATES_PER_TOKEN * n) + 2
+    ht_size = _table_size(int(_EDGES_PER_TOKEN * n))
+    buf = np.empty(core.layout_words(n, cap_st, ht_size), dtype=np.int32)
+    _init(buf, n, cap_st, ht_size)
+    return buf
+
+
+def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:
+    """A larger copy of ``buf`` with room for at least one more token.
+
+    Each capacity that is short of what ``more_tokens`` more tokens typically
+    need grows to at least ``GROWTH`` times its size, so growth is amortized
+    O(1) per token.
+    """
+    more = max(int(more_tokens), 1)
+    n, ns, used = int(buf[core.H_N]), int(buf[core.H_NSTATES]), int(buf[core.H_USED])
+    cap_tok, cap_st, ht = int(buf[core.H_CAP_TOK]), int(buf[core.H_CAP_ST]), int(buf[core.H_HT_SIZE])
+
+    def grown(cap: int, need: int) -> int:
+        return cap if need <= cap else max(need, int(cap * GROWTH))
+
+    cap_tok = grown(cap_tok, n + more)
+    cap_st = grown(cap_st, ns + 2 + int(_STATES_PER_TOKEN * more))
+    need_edges = used + 2 + int(_EDGES_PER_TOKEN * more)
+    if core.max_used(ht) < need_edges:
+        ht = max(_table_size(need_edges), int(ht * GROWTH))
+    elif (cap_tok, cap_st) == (int(buf[core.H_CAP_TOK]), int(buf[core.H_CAP_ST])):
+        ht = int(ht * GROWTH)  # nothing else is short: one token needs many edges
+    new = np.empty(core.layout_words(cap_tok, cap_st, ht), dtype=np.int32)
+    _init(new, cap_tok, cap_st, ht)
+    _copy_into(buf, new)
+    return new
+
+
+@njit(nogil=True, cache=True)
+def _init(buf, cap_tok, cap_st, ht_size):
+    core.init(buf, cap_tok, cap_st, ht_size)
+
+
+@njit(nogil=True, cache=True)
+def _copy_into(src, dst):
+    core.copy_into(src, dst)
+
+
+@njit(nogil=True, cache=True)
+def _ingest(buf, tokens, start, policy, depth):
+    """Append tokens[start:] until done or out of room; return the next index."""
+    i = start
+    while i < tokens.shape[0]:
+        r = core.extend(buf, tokens[i], policy, depth)
+        if r == core.NO_ROOM:
+            break
+        i += 1
+    return i
+
+
+def ingest(buf: np.ndarray, tokens: np.ndarray, policy: int, depth: int) -> np.ndarray:
+    """Append validated int32 ``tokens`` to ``buf``, growing it as needed.
+
+    Returns the blob that now holds the automaton (``buf`` or a grown copy).
+    Runs without the GIL except while growing.
+    """
+    i = 0
+    while True:
+        i = _ingest(buf, tokens, i, policy, depth)
+        if i == tokens.shape[0]:
+            return buf
+        buf = grow(buf, tokens.shape[0] - i)
+
+
+def as_tokens(tokens: Any, name: str = "tokens") -> np.ndarray:
+    """Validate a 1-D sequence of token ids and return it as contiguous int32.
+
+    Accepts lists, numpy arrays and CPU torch tensors of an integer dtype with
+    values in [0, 2**31). Raises ``TypeError`` or ``ValueError`` naming the problem.
+    """
+    if type(tokens).__module__.startswith("torch"):
+        if tokens.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor, got device {tokens.device}")
+        tokens = tokens.detach().numpy()
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int32)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi > MAX_TOKEN:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{name} holds token {bad}, outside [0, 2**31)")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+class SuffixAutomaton:
+    """The suffix automaton of one growing token sequence.
+
+    >>> sa = SuffixAutomaton([1, 2, 3, 9, 1, 2])
+    >>> sa.match()
+    (2, 2)
+    >>> sa.draft(3).tolist()
+    [3, 9, 1]
+
+    Args:
+        tokens: initial tokens (list, numpy array or CPU torch tensor of ints).
+        policy: which earlier occurrence drafts are copied from: ``"first"``,
+            ``"recent"``, ``"follow-first"`` or ``"follow-recent"`` (see ``core``).
+        recent_depth: bound on the states whose recency is refreshed per token
+            for the ``*recent`` policies; negative means unbounded (exact).
+    """
+
+    def __init__(
+        self,
+        tokens: Any = (),
+        *,
+        policy: str = DEFAULT_POLICY,
+        recent_depth: int = DEFAULT_RECENT_DEPTH,
+    ) -> None:
+        self.policy = policy
+        self._policy = policy_code(policy)
+        self._depth = int(recent_depth)
+        toks = as_tokens(tokens)
+        self._buf = ingest(new_blob(toks.shape[0]), toks, self._policy, self._depth)
+
+    def extend(self, tokens: Any) -> None:
+        """Append tokens (a sequence of ids in [0, 2**31))."""
+        toks = as_tokens(tokens)
+        self._buf = ingest(self._buf, toks, self._policy, self._depth)
+
+    def match(self) -> tuple[int, int]:
+        """(length, start): the longest suffix of the text that also ends earlier,
+        in tokens, and the text position where the chosen earlier occurrence's
+        continuation starts (-1 when length is 0)."""
+        m = int(self._buf[core.H_MATCH_LEN])
+        return m, (int(self._buf[core.H_MATCH_POS]) if m else -1)
+
+    def draft(self, k: int) -> np.ndarray:
+        """The next ``k`` draft tokens as int32 [<= k]; empty when there is no match."""
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        out = np.empty(k, dtype=np.int32)
+        count = _draft(self._buf, out, k)
+        return out[:count]
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """A copy of the text, int32 [len(self)]."""
+        o = int(self._buf[core.H_O_TEXT])
+        return self._buf[o : o + len(self)].copy()
+
+    @property
+    def num_states(self) -> int:
+        return int(self._buf[core.H_NSTATES])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self._buf[core.H_USED])
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes held by the automaton (its one blob)."""
+        return int(self._buf.nbytes)
+
+    def __len__(self) -> int:
+        return int(self._buf[core.H_N])
+
+    def __repr__(self) -> str:
+        m, _ = self.match()
+        return f"SuffixAutomaton(tokens={len(self)}, states={self.num_states}, match={m}, policy={self.policy!r})"
+
+
+@njit(nogil=True, cache=True)
+def _draft(buf, out, k):
+    return core.draft(buf, out, k)

@@ -1,0 +1,385 @@
+"""The write-once suffix-automaton core.
+
+Every function here is a ``numba.extending.register_jitable`` function over one
+flat ``int32`` array, the *blob*, that holds one request's whole automaton. The
+same source compiles with ``numba.njit`` for the host (see ``build`` and
+``extend``) and with ``numba.cuda.jit`` for the device (see ``extend_cuda``), so
+only scalar loops and array indexing are used here: no Python objects, no
+allocation, no exceptions.
+
+Blob layout (all int32; capacities are fixed for a given blob, the host grows a
+request by copying it into a larger blob, see ``build.grow``)::
+
+    [0, HEADER)           header words, the H_* indices below
+    text   [cap_tok]      the tokens, 0 <= t < 2**31
+    states [4 * cap_st]   one record per state: (LEN, LINK, POS, FIRST)
+    slots  [4 * ht_size]  the edge hash table, one record per slot: (SRC, TOK, DST, NEXT)
+
+The three regions are flat arrays. States and slots are 4-word records rather
+than four parallel arrays because every access to them is random: one record is
+one cache line on the host and one memory transaction on the GPU, which made
+ingestion of large prompts about 1.5x faster than parallel arrays.
+
+The edge table is open addressing with linear probing keyed by (SRC, TOK); a
+slot's SRC is -1 while it is empty. Slots are never deleted, so a slot index is
+stable and doubles as a node of the state's edge chain (FIRST, NEXT) that
+cloning walks to copy a state's edges.
+
+Matching. After each appended token the longest suffix of the text that also
+ends earlier is the state ``link[last]``, and its length is ``length[link[last]]``
+(the suffix link of the whole text is, by construction, its longest suffix with
+another end position). ``extend`` records that length and the position where
+the chosen earlier occurrence's continuation starts in the header, so ``match``
+and ``draft`` are O(1) and O(k).
+
+Occurrence policies (``policy`` argument):
+
+* ``FIRST_OCC``: the earliest occurrence (POS is the first end position, fixed
+  when the state is created). This is the classic ``firstpos`` and what sa_spec
+  uses.
+* ``RECENT``: the most recent earlier occurrence. Each new end position is
+  written to the states on the suffix-link path, bounded to ``depth`` states
+  (``depth < 0``: unbounded, exact). States deeper than ``depth`` keep an older,
+  still real, end position, so the match length stays exact and the draft is
+  still the continuation of a true earlier occurrence; only its recency is
+  approximate. Cost per token: O(depth).
+* ``FOLLOW_FIRST`` / ``FOLLOW_RECENT``: keep copying from the occurrence the
+  previous draft came from while the new token continues it; otherwise fall back
+  to the base policy. When the followed occurrence continues, it is an
+  occurrence of the new longest suffix (the match grows by exactly one), so the
+  length stays exact.
+
+Capacity. ``extend`` first checks, without writing anything, that the token fits
+(one text word, two states, the new edges within the table's load limit). If
+not, it returns ``NO_ROOM`` and the blob is unchanged: the host grows the blob
+and retries; a fixed-size device slot sets ``H_OVERFLOW`` instead, stops growing
+and reports match length 0 from then on.
+"""
+
+from __future__ import annotations
+
+from numba.extending import register_jitable
+
+# Header word indices.
+H_N = 0  # tokens in the text
+H_NSTATES = 1  # states in use (state 0 is the root)
+H_LAST = 2  # state of the whole text
+H_USED = 3  # occupied edge slots
+H_CAP_TOK = 4
+H_CAP_ST = 5
+H_HT_SIZE = 6  # edge slots
+H_MATCH_LEN = 7  # longest suffix that also ends earlier, in tokens
+H_MATCH_POS = 8  # where that occurrence's continuation starts; -1 if none
+H_OVERFLOW = 9  # 1 once a fixed-capacity blob ran out of room
+H_O_TEXT = 10  # word offsets of the regions
+H_O_STATES = 11
+H_O_SLOTS = 12
+HEADER = 16  # words 13-15 are reserved
+
+STATE_WORDS = 4
+LEN = 0  # length of the state's longest string
+LINK = 1  # suffix link, -1 for the root
+POS = 2  # end position of the chosen occurrence
+FIRST = 3  # first slot of the state's edge chain, -1 if none
+SLOT_WORDS = 4
+SRC = 0  # -1 while the slot is empty
+TOK = 1
+DST = 2
+NEXT = 3  # next slot in SRC's chain, -1 at the end
+
+# Occurrence policies.
+FIRST_OCC = 0
+RECENT = 1
+FOLLOW_FIRST = 2
+FOLLOW_RECENT = 3
+
+# extend() results.
+NO_ROOM = 0
+APPENDED = 1
+OVERFLOWED = 2
+
+
+@register_jitable
+def layout_words(cap_tok, cap_st, ht_size):
+    """Total int32 words of a blob with these capacities."""
+    return HEADER + cap_tok + STATE_WORDS * cap_st + SLOT_WORDS * ht_size
+
+
+@register_jitable
+def max_used(ht_size):
+    """Most slots the table may hold: a 3/4 load limit keeps probes short and
+    always leaves an empty slot, which ends every probe."""
+    return (3 * ht_size) // 4
+
+
+@register_jitable
+def init(buf, cap_tok, cap_st, ht_size):
+    """Lay out an empty automaton (root state only) in ``buf``.
+
+    ``buf`` must hold at least ``layout_words(cap_tok, cap_st, ht_size)`` words,
+    with ``cap_st >= 1`` and ``ht_size >= 4``.
+    """
+    for i in range(HEADER):
+        buf[i] = 0
+    buf[H_CAP_TOK] = cap_tok
+    buf[H_CAP_ST] = cap_st
+    buf[H_HT_SIZE] = ht_size
+    buf[H_NSTATES] = 1
+    buf[H_MATCH_POS] = -1
+    buf[H_O_TEXT] = HEADER
+    buf[H_O_STATES] = HEADER + cap_tok
+    buf[H_O_SLOTS] = HEADER + cap_tok + STATE_WORDS * cap_st
+    root = buf[H_O_STATES]
+    buf[root + LEN] = 0
+    buf[root + LINK] = -1
+    buf[root + POS] = -1
+    buf[root + FIRST] = -1
+    slots = buf[H_O_SLOTS]
+    for i in range(ht_size):
+        buf[slots + SLOT_WORDS * i + SRC] = -1
+
+
+@register_jitable
+def _hash(src, token):
+    """32-bit mix of (src, token)."""
+    h = (src * 0x2545F491 + token * 0x9E3779B1) & 0xFFFFFFFF
+    h ^= h >> 16
+    h = (h * 0x45D9F3B) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+@register_jitable
+def find_slot(buf, src, token):
+    """Word offset of the slot holding edge (src, token), or of the empty slot
+    where it would be inserted. Terminates because the table is never full."""
+    size = buf[H_HT_SIZE]
+    slots = buf[H_O_SLOTS]
+    i = (_hash(src, token) * size) >> 32  # maps the hash onto [0, size) without a division
+    while True:
+        w = slots + SLOT_WORDS * i
+        s = buf[w + SRC]
+        if s == -1 or (s == src and buf[w + TOK] == token):
+            return w
+        i += 1
+        if i == size:
+            i = 0
+
+
+@register_jitable
+def state(buf, s):
+    """Word offset of state ``s``'s record."""
+    return buf[H_O_STATES] + STATE_WORDS * s
+
+
+@register_jitable
+def transition(buf, src, token):
+    """Target state of edge (src, token), or -1."""
+    w = find_slot(buf, src, token)
+    if buf[w + SRC] == -1:
+        return -1
+    return buf[w + DST]
+
+
+@register_jitable
+def _put(buf, w, src, token, dst):
+    """Fill the empty slot at word offset ``w`` and chain it to ``src``."""
+    rec = state(buf, src)
+    buf[w + SRC] = src
+    buf[w + TOK] = token
+    buf[w + DST] = dst
+    buf[w + NEXT] = buf[rec + FIRST]
+    buf[rec + FIRST] = (w - buf[H_O_SLOTS]) // SLOT_WORDS
+    buf[H_USED] += 1
+
+
+@register_jitable
+def _room_for(buf, token):
+    """True when appending ``token`` fits in the blob's capacities (read only).
+
+    Walks the same path ``extend`` will, counting the edges it will add.
+    """
+    ns = buf[H_NSTATES]
+    if buf[H_N] >= buf[H_CAP_TOK] or ns + 2 > buf[H_CAP_ST]:
+        return False
+    need = 0
+    p = buf[H_LAST]
+    w = 0
+    while p != -1:
+        w = find_slot(buf, p, token)
+        if buf[w + SRC] != -1:
+            break
+        need += 1
+        p = buf[state(buf, p) + LINK]
+    if p != -1:
+        q = state(buf, buf[w + DST])
+        if buf[state(buf, p) + LEN] + 1 != buf[q + LEN]:
+            slots = buf[H_O_SLOTS]
+            i = buf[q + FIRST]
+            while i != -1:
+                need += 1
+                i = buf[slots + SLOT_WORDS * i + NEXT]
+    return buf[H_USED] + need <= max_used(buf[H_HT_SIZE])
+
+
+@register_jitable
+def extend(buf, token, policy, depth):
+    """Append one token (online construction, O(1) amortized) and update the match.
+
+    Returns ``APPENDED``; ``NO_ROOM`` (nothing written) when a capacity would be
+    exceeded; ``OVERFLOWED`` when the blob already overflowed. ``token`` must be
+    in [0, 2**31); callers validate.
+    """
+    if buf[H_OVERFLOW] != 0:
+        return OVERFLOWED
+    if not _room_for(buf, token):
+        return NO_ROOM
+    n = buf[H_N]
+    last = buf[H_LAST]
+    buf[buf[H_O_TEXT] + n] = token
+
+    cur = buf[H_NSTATES]
+    buf[H_NSTATES] = cur + 1
+    c = state(buf, cur)
+    buf[c + LEN] = buf[state(buf, last) + LEN] + 1
+    buf[c + POS] = n
+    buf[c + FIRST] = -1
+
+    p = last
+    w = 0
+    while p != -1:
+        w = find_slot(buf, p, token)
+        if buf[w + SRC] != -1:
+            break
+        _put(buf, w, p, token, cur)
+        p = buf[state(buf, p) + LINK]
+    if p == -1:
+        buf[c + LINK] = 0
+    else:
+        q = buf[w + DST]
+        qr = state(buf, q)
+        if buf[state(buf, p) + LEN] + 1 == buf[qr + LEN]:
+            buf[c + LINK] = q
+        else:
+            clone = buf[H_NSTATES]
+            buf[H_NSTATES] = clone + 1
+            cl = state(buf, clone)
+            buf[cl + LEN] = buf[state(buf, p) + LEN] + 1
+            buf[cl + LINK] = buf[qr + LINK]
+            buf[cl + POS] = buf[qr + POS]
+            buf[cl + FIRST] = -1
+            slots = buf[H_O_SLOTS]
+            i = buf[qr + FIRST]
+            while i != -1:
+                e = slots + SLOT_WORDS * i
+                t = buf[e + TOK]
+                _put(buf, find_slot(buf, clone, t), clone, t, buf[e + DST])
+                i = buf[e + NEXT]
+            while p != -1:
+                w = find_slot(buf, p, token)
+                if buf[w + SRC] == -1 or buf[w + DST] != q:
+                    break
+                buf[w + DST] = clone
+                p = buf[state(buf, p) + LINK]
+            buf[qr + LINK] = clone
+            buf[c + LINK] = clone
+    buf[H_LAST] = cur
+    buf[H_N] = n + 1
+    _update_match(buf, token, policy, depth)
+    return APPENDED
+
+
+@register_jitable
+def extend_fixed(buf, token, policy, depth):
+    """``extend`` for a blob that cannot grow (a device slot): when the token
+    does not fit, mark the blob overflowed, so it stops growing and reports no
+    match from then on."""
+    r = extend(buf, token, policy, depth)
+    if r == NO_ROOM:
+        buf[H_OVERFLOW] = 1
+        return OVERFLOWED
+    return r
+
+
+@register_jitable
+def _update_match(buf, token, policy, depth):
+    """Record the match for the text that just gained ``token`` at position n-1."""
+    n = buf[H_N]
+    s = buf[state(buf, buf[H_LAST]) + LINK]
+    m = buf[state(buf, s) + LEN]
+    prev_start = buf[H_MATCH_POS]
+    start = -1
+    if m > 0:
+        if policy >= FOLLOW_FIRST and buf[H_MATCH_LEN] > 0 and buf[buf[H_O_TEXT] + prev_start] == token:
+            start = prev_start + 1
+        else:
+            start = buf[state(buf, s) + POS] + 1
+    buf[H_MATCH_LEN] = m
+    buf[H_MATCH_POS] = start
+    if policy == RECENT or policy == FOLLOW_RECENT:
+        # The states on the suffix-link path of the text are exactly those that
+        # gain end position n-1; their old POS was read above.
+        d = 0
+        while s > 0 and d != depth:
+            r = state(buf, s)
+            buf[r + POS] = n - 1
+            s = buf[r + LINK]
+            d += 1
+
+
+@register_jitable
+def match_len(buf):
+    """Length of the longest suffix of the text that also ends earlier (0 after overflow)."""
+    if buf[H_OVERFLOW] != 0:
+        return 0
+    return buf[H_MATCH_LEN]
+
+
+@register_jitable
+def draft(buf, out, k):
+    """Write up to ``k`` draft tokens into ``out[:k]`` and return how many are valid.
+
+    The draft is the continuation of the chosen earlier occurrence of the
+    matched suffix. Where that continuation runs into the current end of the
+    text, it repeats with the period ``n - start`` (the text then predicts
+    itself), so a match always yields ``k`` tokens. With no match (or after
+    overflow) it returns 0. Entries of ``out[:k]`` past the returned count are -1.
+    """
+    start = buf[H_MATCH_POS]
+    if buf[H_OVERFLOW] != 0 or buf[H_MATCH_LEN] == 0 or start < 0:
+        for j in range(k):
+            out[j] = -1
+        return 0
+    text = buf[H_O_TEXT]
+    period = buf[H_N] - start
+    for j in range(k):
+        out[j] = buf[text + start + j % period]
+    return k
+
+
+@register_jitable
+def copy_into(src, dst):
+    """Copy the automaton in ``src`` into the freshly ``init``-ed, larger ``dst``.
+
+    A table of the same size is copied word for word; otherwise every edge is
+    re-inserted (chain order is irrelevant to the automaton).
+    """
+    ns = src[H_NSTATES]
+    for i in range(src[H_N]):
+        dst[dst[H_O_TEXT] + i] = src[src[H_O_TEXT] + i]
+    for i in range(STATE_WORDS * ns):
+        dst[dst[H_O_STATES] + i] = src[src[H_O_STATES] + i]
+    slots = src[H_O_SLOTS]
+    if src[H_HT_SIZE] == dst[H_HT_SIZE]:
+        for i in range(SLOT_WORDS * src[H_HT_SIZE]):
+            dst[dst[H_O_SLOTS] + i] = src[slots + i]
+        dst[H_USED] = src[H_USED]
+    else:
+        for s in range(ns):
+            dst[state(dst, s) + FIRST] = -1
+        for i in range(src[H_HT_SIZE]):
+            w = slots + SLOT_WORDS * i
+            if src[w + SRC] != -1:
+                t = src[w + TOK]
+                _put(dst, find_slot(dst, src[w + SRC], t), src[w + SRC], t, src[w + DST])
+    for h in (H_N, H_NSTATES, H_LAST, H_MATCH_LEN, H_MATCH_POS, H_OVERFLOW):
+        dst[h] = src[h]

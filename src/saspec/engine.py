@@ -1,0 +1,227 @@
+"""SpecEngine: the batch lifecycle an inference engine drives.
+
+::
+
+    engine = SpecEngine()
+    engine.add_request("a", prompt_ids)          # while the model does prefill
+    engine.prepare(["a", "b"])                   # this step's batch rows
+    engine.extend(accepted, accepted_lens, match_len_out, draft_out)  # each decode step
+    engine.remove_request("a")
+
+Each request owns one growing blob (see ``core`` and ``build``). The CPU
+backend keeps the blobs in a ``numba.typed.List`` indexed by slot, so the whole
+batch is processed by one jitted call with no Python loop over rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+from numba import typed, types
+
+from . import build, core
+from .extend import BAD_LEN, BAD_TOKEN, check_step, extend_rows, extend_rows_parallel
+
+_EMPTY_BLOB = build.new_blob(0)
+
+
+def as_int32_array(x: Any, name: str, ndim: int, *, writable: bool = False) -> np.ndarray:
+    """View a numpy array or CPU torch tensor as a C-contiguous int32 numpy array
+    without copying, or raise a ``TypeError``/``ValueError`` naming the problem."""
+    if type(x).__module__.startswith("torch"):
+        if x.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor for backend 'cpu', got device {x.device}")
+        if x.requires_grad:
+            raise ValueError(f"{name} must not require grad")
+        x = x.numpy()
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array or torch tensor, got {type(x).__name__}")
+    if x.dtype != np.int32:
+        raise TypeError(f"{name} must have dtype int32, got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if writable and not x.flags.writeable:
+        raise ValueError(f"{name} must be writable")
+    return x
+
+
+class SpecEngine:
+    """Suffix-automaton drafts for a batch of requests.
+
+    Args:
+        policy: which earlier occurrence drafts copy from, one of
+            ``build.POLICIES``; the default is the best measured one (see
+            ``BENCHMARKS.md``).
+        recent_depth: states refreshed per token by the ``*recent`` policies;
+            negative means unbounded (exact recency, O(depth) per token).
+        parallel_threshold: batches of at least this many rows run on all
+            cores (numba ``prange``).
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: str = build.DEFAULT_POLICY,
+        recent_depth: int = build.DEFAULT_RECENT_DEPTH,
+        parallel_threshold: int = 64,
+    ) -> None:
+        self.policy = policy
+        self._policy = build.policy_code(policy)
+        self._depth = int(recent_depth)
+        self.parallel_threshold = int(parallel_threshold)
+        self._lock = threading.Lock()
+        self._blobs = typed.List.empty_list(types.int32[::1])
+        self._free: list[int] = []
+        self._slot: dict[Hashable, int] = {}
+        self._building: set[Hashable] = set()
+        self._batch: tuple[Hashable, ...] | None = None  # None: not prepared
+        self._rows = np.empty(0, dtype=np.int32)
+        self._progress = np.empty(0, dtype=np.int32)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def add_request(self, request_id: Hashable, prompt: Any) -> None:
+        """Build the automaton of ``prompt`` (1-D token ids in [0, 2**31)).
+
+        The build runs without the GIL, so calling this from a background
+        thread overlaps with ``extend`` on another thread.
+
+        Raises:
+            KeyError: ``request_id`` is already added (or being added).
+            TypeError, ValueError: ``prompt`` is not 1-D integer ids in range.
+        """
+        tokens = build.as_tokens(prompt, "prompt")
+        with self._lock:
+            if request_id in self._slot or request_id in self._building:
+                raise KeyError(f"request {request_id!r} is already added")
+            self._building.add(request_id)
+        try:
+            blob = self._build_blob(tokens)
+        except BaseException:
+            with self._lock:
+                self._building.discard(request_id)
+            raise
+        with self._lock:
+            self._building.discard(request_id)
+            if self._free:
+                slot = self._free.pop()
+                self._blobs[slot] = blob
+            else:
+                slot = len(self._blobs)
+                self._blobs.append(blob)
+            self._slot[request_id] = slot
+
+    def remove_request(self, request_id: Hashable) -> None:
+        """Free a request's automaton. Raises ``KeyError`` for an unknown id."""
+        with self._lock:
+            slot = self._slot.pop(request_id, None)
+            if slot is None:
+                raise KeyError(f"unknown request {request_id!r}")
+            self._blobs[slot] = _EMPTY_BLOB
+            self._free.append(slot)
+            if self._batch is not None and request_id in self._batch:
+                self._batch = None
+
+    def prepare(self, request_ids: Sequence[Hashable]) -> None:
+        """Set the batch: row ``b`` of the following ``extend`` calls is
+        ``request_ids[b]``. Raises ``KeyError`` for unknown ids and
+        ``ValueError`` for a repeated id."""
+        ids = tuple(request_ids)
+        with self._lock:
+            if len(set(ids)) != len(ids):
+                dup = next(r for i, r in enumerate(ids) if r in ids[:i])
+                raise ValueError(f"request {dup!r} appears twice in the batch")
+            missing = [r for r in ids if r not in self._slot]
+            if missing:
+                raise KeyError(f"unknown request {missing[0]!r}")
+            self._rows = np.array([self._slot[r] for r in ids], dtype=np.int32)
+            self._progress = np.zeros(len(ids), dtype=np.int32)
+            self._batch = ids
+
+    def extend(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any) -> None:
+        """Append accepted tokens, then write match lengths and drafts.
+
+        Args:
+            accepted: int32 [B, K+1], row ``b``'s newly accepted tokens first,
+                padding after (ignored).
+            accepted_lens: int32 [B], how many of ``accepted[b]`` are real,
+                in [0, K+1].
+            match_len_out: int32 [B], written: the length in tokens of the
+                longest suffix of each row's text that also occurred earlier.
+            draft_out: int32 [B, K], written: each row's next K draft tokens,
+                -1 where it has none.
+
+        Numpy arrays or CPU torch tensors; outputs are written in place. B must
+        equal the batch given to ``prepare``. A rejected call changes nothing.
+        """
+        acc = as_int32_array(accepted, "accepted", 2)
+        lens = as_int32_array(accepted_lens, "accepted_lens", 1)
+        mout = as_int32_array(match_len_out, "match_len_out", 1, writable=True)
+        dout = as_int32_array(draft_out, "draft_out", 2, writable=True)
+        with self._lock:
+            if self._batch is None:
+                raise RuntimeError("no batch is prepared (or a request in it was removed): call prepare() first")
+            rows, progress = self._rows, self._progress
+            b = rows.shape[0]
+            k = dout.shape[1]
+            for name, arr, shape in (
+                ("accepted", acc, (b, k + 1)),
+                ("accepted_lens", lens, (b,)),
+                ("match_len_out", mout, (b,)),
+            ):
+                if arr.shape != shape:
+                    raise ValueError(f"{name} must have shape {shape} for batch {b} and K={k}, got {arr.shape}")
+            if dout.shape[0] != b:
+                raise ValueError(f"draft_out must have {b} rows for the prepared batch, got {dout.shape[0]}")
+            code, row, col = check_step(acc, lens, progress)
+            if code == BAD_LEN:
+                raise ValueError(f"accepted_lens[{row}] = {lens[row]} is outside [0, K+1 = {k + 1}]")
+            if code == BAD_TOKEN:
+                raise ValueError(f"accepted[{row}, {col}] = {acc[row, col]} is a negative token id")
+            parallel = b >= self.parallel_threshold
+            while self._run_step(parallel, rows, acc, lens, progress, mout, dout):
+                for r in np.flatnonzero(progress < lens):
+                    slot = rows[r]
+                    self._blobs[slot] = self._grow_blob(self._blobs[slot], int(lens[r] - progress[r]))
+
+    # -- what a drafter kind defines (NgramDrafter overrides these) -----------
+
+    def _build_blob(self, tokens: np.ndarray) -> np.ndarray:
+        return build.ingest(build.new_blob(tokens.shape[0]), tokens, self._policy, self._depth)
+
+    def _grow_blob(self, blob: np.ndarray, more_tokens: int) -> np.ndarray:
+        return build.grow(blob, more_tokens)
+
+    def _blob_tokens(self, blob: np.ndarray) -> int:
+        return int(blob[core.H_N])
+
+    def _run_step(self, parallel, rows, acc, lens, progress, mout, dout) -> int:
+        """Run the step's kernel; return how many rows stopped for lack of room."""
+        run = extend_rows_parallel if parallel else extend_rows
+        return run(self._blobs, rows, acc, lens, progress, mout, dout, self._policy, self._depth)
+
+    # -- inspection ----------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Requests, tokens and host bytes held by the automata."""
+        with self._lock:
+            blobs = [self._blobs[s] for s in self._slot.values()]
+        tokens = sum(self._blob_tokens(b) for b in blobs)
+        nbytes = sum(int(b.nbytes) for b in blobs)
+        return {"requests": len(blobs), "tokens": tokens, "bytes": nbytes}
+
+    def automaton_len(self, request_id: Hashable) -> int:
+        """Tokens in a request's text."""
+        with self._lock:
+            return self._blob_tokens(self._blobs[self._slot[request_id]])
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._slot
+
+    def __len__(self) -> int:
+        return len(self._slot)

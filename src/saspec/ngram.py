@@ -1,0 +1,112 @@
+"""The n-gram prompt-lookup baseline, with the same lifecycle API as ``SpecEngine``.
+
+Like vLLM's ``ngram`` proposer: each step it rescans the request's whole
+context for the earliest earlier occurrence of its last ``n`` tokens, trying
+``n = max_n`` down to ``min_n``, and proposes the tokens that followed. Cost
+per step is O(context length x n), which is what the suffix automaton avoids.
+
+A request's blob is ``[n, tokens...]`` (int32), grown geometrically on the host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .engine import SpecEngine
+
+_GROWTH = 1.5
+
+
+@njit(nogil=True, cache=True)
+def ngram_draft(ctx, n_ctx, min_n, max_n, out, k):
+    """Draft from the earliest earlier occurrence of the longest suffix n-gram.
+
+    ``ctx[:n_ctx]`` is the context. Writes up to ``k`` tokens to ``out[:k]``
+    (-1 after them) and returns (tokens written, n of the matched n-gram).
+    """
+    for n in range(min(max_n, n_ctx - 1), min_n - 1, -1):
+        tail = n_ctx - n
+        for i in range(0, tail):
+            j = 0
+            while j < n and ctx[i + j] == ctx[tail + j]:
+                j += 1
+            if j == n:
+                count = min(k, n_ctx - (i + n))
+                for t in range(count):
+                    out[t] = ctx[i + n + t]
+                for t in range(count, k):
+                    out[t] = -1
+                return count, n
+    for t in range(k):
+        out[t] = -1
+    return 0, 0
+
+
+@njit(inline="always")
+def _row(blob, accepted, lens, progress, match_out, draft_out, b, min_n, max_n):
+    n = blob[0]
+    room = blob.shape[0] - 1 - n
+    if lens[b] - progress[b] > room:
+        return 1
+    for j in range(progress[b], lens[b]):
+        blob[1 + n] = accepted[b, j]
+        n += 1
+    blob[0] = n
+    progress[b] = lens[b]
+    _, m = ngram_draft(blob[1:], n, min_n, max_n, draft_out[b], draft_out.shape[1])
+    match_out[b] = m
+    return 0
+
+
+@njit(nogil=True, cache=True)
+def _step(blobs, rows, accepted, lens, progress, match_out, draft_out, min_n, max_n):
+    blocked = 0
+    for b in range(rows.shape[0]):
+        blocked += _row(blobs[rows[b]], accepted, lens, progress, match_out, draft_out, b, min_n, max_n)
+    return blocked
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _step_parallel(blobs, rows, accepted, lens, progress, match_out, draft_out, min_n, max_n):
+    blocked = 0
+    for b in prange(rows.shape[0]):
+        blocked += _row(blobs[rows[b]], accepted, lens, progress, match_out, draft_out, b, min_n, max_n)
+    return blocked
+
+
+class NgramDrafter(SpecEngine):
+    """Prompt-lookup drafts (the baseline), driven exactly like ``SpecEngine``.
+
+    ``match_len_out`` receives the length n of the matched n-gram (0: none).
+
+    Args:
+        min_n, max_n: n-gram sizes tried, longest first (1 <= min_n <= max_n).
+        parallel_threshold: batches of at least this many rows use all cores.
+    """
+
+    def __init__(self, *, min_n: int = 1, max_n: int = 4, parallel_threshold: int = 64) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        super().__init__(parallel_threshold=parallel_threshold)
+        self.policy = "ngram"
+        self.min_n, self.max_n = int(min_n), int(max_n)
+
+    def _build_blob(self, tokens: np.ndarray) -> np.ndarray:
+        blob = np.empty(1 + tokens.shape[0] + max(64, tokens.shape[0] // 8), dtype=np.int32)
+        blob[0] = tokens.shape[0]
+        blob[1 : 1 + tokens.shape[0]] = tokens
+        return blob
+
+    def _grow_blob(self, blob: np.ndarray, more_tokens: int) -> np.ndarray:
+        n = int(blob[0])
+        new = np.empty(max(1 + n + more_tokens, int(blob.shape[0] * _GROWTH)), dtype=np.int32)
+        new[: 1 + n] = blob[: 1 + n]
+        return new
+
+    def _blob_tokens(self, blob: np.ndarray) -> int:
+        return int(blob[0])
+
+    def _run_step(self, parallel, rows, acc, lens, progress, mout, dout) -> int:
+        run = _step_parallel if parallel else _step
+        return run(self._blobs, rows, acc, lens, progress, mout, dout, self.min_n, self.max_n)

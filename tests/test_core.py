@@ -1,0 +1,184 @@
+"""The automaton core against the brute-force oracle, at every prefix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from numba import njit
+
+from oracle import draft, follow_starts, matches
+from saspec import SuffixAutomaton, core
+from saspec.build import grow, new_blob
+
+K = 6
+
+
+@njit(boundscheck=True)
+def run_core(buf, tokens, policy, depth, k):
+    """Feed tokens one by one; record (match length, start, draft) after each."""
+    n = tokens.shape[0]
+    m = np.zeros(n, np.int32)
+    start = np.zeros(n, np.int32)
+    drafts = np.zeros((n, k), np.int32)
+    counts = np.zeros(n, np.int32)
+    for i in range(n):
+        if core.extend(buf, tokens[i], policy, depth) != core.APPENDED:
+            return m, start, drafts, counts, i
+        m[i] = core.match_len(buf)
+        start[i] = buf[core.H_MATCH_POS]
+        counts[i] = core.draft(buf, drafts[i], k)
+    return m, start, drafts, counts, n
+
+
+@njit
+def init_blob(buf, cap_tok, cap_st, ht_size):
+    core.init(buf, cap_tok, cap_st, ht_size)
+
+
+def worst_case_blob(n):
+    """A blob that can never run out of room for n tokens (2n states, 3n edges)."""
+    buf = np.empty(core.layout_words(n, 2 * n + 1, 4 * n + 8), dtype=np.int32)
+    init_blob(buf, n, 2 * n + 1, 4 * n + 8)
+    return buf
+
+
+def feed(tokens, policy, depth=-1):
+    toks = np.asarray(tokens, dtype=np.int32)
+    buf = worst_case_blob(len(toks))
+    m, start, drafts, counts, done = run_core(buf, toks, policy, depth, K)
+    assert done == len(toks)
+    return m, start, drafts, counts
+
+
+def check_sequence(tokens):
+    """Compare all four policies with the oracle at every prefix."""
+    ref = matches(tokens)
+    ms = [r[0] for r in ref]
+    expected_starts = {
+        core.FIRST_OCC: [r[1] + 1 if r[0] else -1 for r in ref],
+        core.RECENT: [r[2] + 1 if r[0] else -1 for r in ref],
+        core.FOLLOW_FIRST: follow_starts(tokens, "first"),
+        core.FOLLOW_RECENT: follow_starts(tokens, "recent"),
+    }
+    for policy, starts in expected_starts.items():
+        m, start, drafts, counts = feed(tokens, policy)
+        assert m.tolist() == ms, policy
+        assert start.tolist() == starts, policy
+        for i, s in enumerate(starts):
+            assert drafts[i].tolist() == draft(tokens, i + 1, s, K), (policy, i)
+            assert counts[i] == (K if s >= 0 else 0)
+    # Bounded recency: lengths exact, each draft from a real earlier occurrence.
+    for depth in (0, 1, 3):
+        m, start, _, _ = feed(tokens, core.FOLLOW_RECENT, depth)
+        assert m.tolist() == ms
+        for i, (mi, s) in enumerate(zip(m, start)):
+            if mi:
+                e = s - 1
+                assert e < i and tokens[e - mi + 1 : e + 1] == tokens[i - mi + 1 : i + 1]
+
+
+def repetitive(draw):
+    block = draw(st.lists(st.integers(0, 50), min_size=1, max_size=8))
+    copies = draw(st.integers(1, 6))
+    seq = []
+    for _ in range(copies):
+        b = list(block)
+        for _ in range(draw(st.integers(0, 2))):
+            b[draw(st.integers(0, len(b) - 1))] = draw(st.integers(0, 50))
+        seq += b
+    return seq[:48]
+
+
+PROFILE = settings(max_examples=3400, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+@PROFILE
+@given(st.lists(st.integers(0, 2), max_size=40))
+def test_small_alphabet(tokens):
+    check_sequence(tokens)
+
+
+@PROFILE
+@given(st.lists(st.sampled_from([0, 1, 7, 2**31 - 1, 2**30, 123456789]), max_size=40))
+def test_huge_token_ids(tokens):
+    check_sequence(tokens)
+
+
+@PROFILE
+@given(st.composite(repetitive)())
+def test_repetitive(tokens):
+    check_sequence(tokens)
+
+
+def test_longer_random_sequences():
+    rng = np.random.default_rng(1)
+    for alphabet in (2, 5, 1000):
+        for _ in range(20):
+            check_sequence(rng.integers(0, alphabet, 120).tolist())
+
+
+def test_degenerate_runs():
+    check_sequence([3] * 60)
+    check_sequence([1, 2] * 40)
+
+
+def test_growth_keeps_the_automaton():
+    rng = np.random.default_rng(2)
+    tokens = np.tile(rng.integers(0, 30, 50), 20).astype(np.int32)
+    grown = SuffixAutomaton(policy="first")
+    for chunk in np.array_split(tokens, 37):  # many small blobs, many grow() calls
+        grown.extend(chunk)
+    whole = SuffixAutomaton(tokens, policy="first")
+    assert grown.match() == whole.match()
+    assert grown.draft(9).tolist() == whole.draft(9).tolist()
+    assert grown.num_states == whole.num_states
+    assert grown.tokens.tolist() == tokens.tolist()
+
+
+def test_grow_rehashes_into_a_larger_table():
+    buf = new_blob(0)
+    tokens = np.arange(200, dtype=np.int32) % 17
+    m, start, _, _, done = run_core(buf, tokens, core.FIRST_OCC, -1, K)
+    assert 0 < done < 200  # the small blob filled up
+    big = grow(buf, 200 - done)
+    assert big[core.H_HT_SIZE] > buf[core.H_HT_SIZE]
+    m2, start2, _, _, done2 = run_core(big, tokens[done:], core.FIRST_OCC, -1, K)
+    assert done2 == 200 - done
+    ref = matches(tokens.tolist())
+    assert m[:done].tolist() + m2.tolist() == [r[0] for r in ref]
+
+
+@njit(boundscheck=True)
+def fill_fixed(buf, tokens, out):
+    for i in range(tokens.shape[0]):
+        core.extend_fixed(buf, tokens[i], core.FIRST_OCC, -1)
+    return core.match_len(buf), core.draft(buf, out, out.shape[0])
+
+
+def test_fixed_capacity_overflow_stops_and_reports_no_match():
+    words = core.layout_words(10, 21, 40)
+    buf = np.full(words, 7, dtype=np.int32)
+    init_blob(buf, 10, 21, 40)
+    out = np.zeros(4, np.int32)
+    m, count = fill_fixed(buf, np.array([1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1], np.int32), out)
+    assert buf[core.H_OVERFLOW] == 1 and buf[core.H_N] == 10
+    assert m == 0 and count == 0 and out.tolist() == [-1] * 4
+
+
+@pytest.mark.parametrize("policy", ["first", "recent", "follow-first", "follow-recent"])
+def test_suffix_automaton_class(policy):
+    sa = SuffixAutomaton([5, 6, 7, 8, 5, 6], policy=policy)
+    assert len(sa) == 6 and sa.match() == (2, 2)
+    assert sa.draft(3).tolist() == [7, 8, 5]
+    sa.extend(np.array([9], dtype=np.int64))
+    assert sa.match() == (0, -1) and sa.draft(3).size == 0
+    assert sa.nbytes == sa._buf.nbytes and "tokens=7" in repr(sa)
+
+
+def test_suffix_automaton_accepts_torch():
+    torch = pytest.importorskip("torch")
+    sa = SuffixAutomaton(torch.tensor([1, 2, 1]))
+    sa.extend(torch.tensor([2], dtype=torch.int32))
+    assert sa.match() == (2, 2)

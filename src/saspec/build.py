@@ -32,7 +32,7 @@ MAX_TOKEN = 2**31 - 1
 GROWTH = 1.5
 _STATES_PER_TOKEN = 1.9
 _EDGES_PER_TOKEN = 2.4
-_MIN_TOKENS = 64
+_MIN_HEADROOM = 256
 
 
 def policy_code(policy: str) -> int:
@@ -49,8 +49,10 @@ def _table_size(edges: int) -> int:
 
 
 def new_blob(expected_tokens: int = 0) -> np.ndarray:
-    """An empty automaton sized for about ``expected_tokens`` tokens."""
-    n = max(int(expected_tokens), _MIN_TOKENS)
+    """An empty automaton sized for about ``expected_tokens`` tokens plus
+    headroom for the tokens decoding will add (1/16 more, at least 256)."""
+    n = int(expected_tokens)
+    n += max(_MIN_HEADROOM, n // 16)
     cap_st = int(_STATES_PER_TOKEN * n) + 2
     ht_size = _table_size(int(_EDGES_PER_TOKEN * n))
     buf = np.empty(core.layout_words(n, cap_st, ht_size), dtype=np.int32)

@@ -31,19 +31,39 @@ def matches(text):
     return out
 
 
-def follow_starts(text, base):
-    """Continuation starts of the follow-* policies ('first' or 'recent' base)."""
+def near_starts(text, base, window=8, max_check=32):
+    """Continuation starts of the near-* policies ('first' or 'recent' base),
+    from their definition: keep an anchor (the copy source's expected
+    position); use it when it continues the match, else an end of the match
+    within ``window`` of it (nearest first, matches up to ``max_check`` long),
+    else the base policy's occurrence."""
     starts = []
-    prev_m, prev_start = 0, -1
-    for i, (m, first, recent, _) in enumerate(matches(text)):
-        if m == 0:
-            start = -1
-        elif prev_m > 0 and text[prev_start] == text[i]:
-            start = prev_start + 1
+    anchor, prev_m = -1, 0
+    for i, (m, first, recent, ends) in enumerate(matches(text)):
+        e = -1
+        if m > 0 and anchor >= 0:
+            if text[anchor] == text[i] and (prev_m > 0 or m <= 1):
+                e = anchor
+                assert e in ends
+            elif m <= max_check:
+                for d in range(window + 1):
+                    if anchor + d in ends:
+                        e = anchor + d
+                        break
+                    if d > 0 and anchor - d in ends:
+                        e = anchor - d
+                        break
+        if m > 0 and e < 0:
+            e = first if base == "first" else recent
+        start = e + 1 if m > 0 else -1
+        if start >= 0:
+            anchor = start
+        elif anchor >= 0 and anchor + 1 < i + 1:
+            anchor += 1
         else:
-            start = (first if base == "first" else recent) + 1
+            anchor = -1
         starts.append(start)
-        prev_m, prev_start = m, start
+        prev_m = m
     return starts
 
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from oracle import draft, follow_starts, matches
+from oracle import draft, matches, near_starts
 from saspec import SuffixAutomaton, core
 from saspec.build import grow, new_blob
 
@@ -59,8 +59,8 @@ def check_sequence(tokens):
     expected_starts = {
         core.FIRST_OCC: [r[1] + 1 if r[0] else -1 for r in ref],
         core.RECENT: [r[2] + 1 if r[0] else -1 for r in ref],
-        core.FOLLOW_FIRST: follow_starts(tokens, "first"),
-        core.FOLLOW_RECENT: follow_starts(tokens, "recent"),
+        core.NEAR_FIRST: near_starts(tokens, "first"),
+        core.NEAR_RECENT: near_starts(tokens, "recent"),
     }
     for policy, starts in expected_starts.items():
         m, start, drafts, counts = feed(tokens, policy)
@@ -71,7 +71,7 @@ def check_sequence(tokens):
             assert counts[i] == (K if s >= 0 else 0)
     # Bounded recency: lengths exact, each draft from a real earlier occurrence.
     for depth in (0, 1, 3):
-        m, start, _, _ = feed(tokens, core.FOLLOW_RECENT, depth)
+        m, start, _, _ = feed(tokens, core.NEAR_RECENT, depth)
         assert m.tolist() == ms
         for i, (mi, s) in enumerate(zip(m, start)):
             if mi:
@@ -139,13 +139,13 @@ def test_growth_keeps_the_automaton():
 
 def test_grow_rehashes_into_a_larger_table():
     buf = new_blob(0)
-    tokens = np.arange(200, dtype=np.int32) % 17
+    tokens = np.arange(900, dtype=np.int32) % 17
     m, start, _, _, done = run_core(buf, tokens, core.FIRST_OCC, -1, K)
-    assert 0 < done < 200  # the small blob filled up
-    big = grow(buf, 200 - done)
+    assert 0 < done < 900  # the small blob filled up
+    big = grow(buf, 900 - done)
     assert big[core.H_HT_SIZE] > buf[core.H_HT_SIZE]
     m2, start2, _, _, done2 = run_core(big, tokens[done:], core.FIRST_OCC, -1, K)
-    assert done2 == 200 - done
+    assert done2 == 900 - done
     ref = matches(tokens.tolist())
     assert m[:done].tolist() + m2.tolist() == [r[0] for r in ref]
 
@@ -167,7 +167,7 @@ def test_fixed_capacity_overflow_stops_and_reports_no_match():
     assert m == 0 and count == 0 and out.tolist() == [-1] * 4
 
 
-@pytest.mark.parametrize("policy", ["first", "recent", "follow-first", "follow-recent"])
+@pytest.mark.parametrize("policy", ["first", "recent", "near-first", "near-recent"])
 def test_suffix_automaton_class(policy):
     sa = SuffixAutomaton([5, 6, 7, 8, 5, 6], policy=policy)
     assert len(sa) == 6 and sa.match() == (2, 2)

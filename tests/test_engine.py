@@ -28,7 +28,7 @@ def reference_draft(sa: SuffixAutomaton, k: int) -> list[int]:
     return d + [-1] * (k - len(d))
 
 
-@pytest.mark.parametrize("policy", ["first", "follow-recent"])
+@pytest.mark.parametrize("policy", ["first", "near-recent"])
 @pytest.mark.parametrize("parallel_threshold", [1, 1000])
 def test_interleaved_lifecycle_matches_single_automata(policy, parallel_threshold):
     rng = np.random.default_rng(0)

@@ -20,11 +20,11 @@ from . import core
 POLICIES: dict[str, int] = {
     "first": core.FIRST_OCC,
     "recent": core.RECENT,
-    "follow-first": core.FOLLOW_FIRST,
-    "follow-recent": core.FOLLOW_RECENT,
+    "near-first": core.NEAR_FIRST,
+    "near-recent": core.NEAR_RECENT,
 }
-DEFAULT_POLICY = "follow-recent"
-DEFAULT_RECENT_DEPTH = 16
+DEFAULT_POLICY = "near-first"
+DEFAULT_RECENT_DEPTH = 4
 MAX_TOKEN = 2**31 - 1
 
 # Sizing: the automaton of n tokens has at most 2n states and 3n edges, but
@@ -159,7 +159,7 @@ class SuffixAutomaton:
     Args:
         tokens: initial tokens (list, numpy array or CPU torch tensor of ints).
         policy: which earlier occurrence drafts are copied from: ``"first"``,
-            ``"recent"``, ``"follow-first"`` or ``"follow-recent"`` (see ``core``).
+            ``"recent"``, ``"near-first"`` or ``"near-recent"`` (see ``core``).
         recent_depth: bound on the states whose recency is refreshed per token
             for the ``*recent`` policies; negative means unbounded (exact).
     """

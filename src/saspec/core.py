@@ -43,11 +43,14 @@ Occurrence policies (``policy`` argument):
   still real, end position, so the match length stays exact and the draft is
   still the continuation of a true earlier occurrence; only its recency is
   approximate. Cost per token: O(depth).
-* ``FOLLOW_FIRST`` / ``FOLLOW_RECENT``: keep copying from the occurrence the
-  previous draft came from while the new token continues it; otherwise fall back
-  to the base policy. When the followed occurrence continues, it is an
-  occurrence of the new longest suffix (the match grows by exactly one), so the
-  length stays exact.
+* ``NEAR_FIRST`` / ``NEAR_RECENT``: prefer the occurrence at or near the copy
+  source the previous drafts came from (the *anchor*), else the base policy.
+  Merely following the previous occurrence while it continues changes nothing
+  (the earliest or latest occurrence of a suffix stays the earliest or latest
+  when both grow by the same token); what helps is re-finding the source after
+  an edit: the anchor keeps advancing through unmatched tokens, and positions
+  within ``NEAR_WINDOW`` of it are checked for the new suffix. Every candidate
+  is verified, so the draft is still a real occurrence of the longest match.
 
 Capacity. ``extend`` first checks, without writing anything, that the token fits
 (one text word, two states, the new edges within the table's load limit). If
@@ -74,7 +77,8 @@ H_OVERFLOW = 9  # 1 once a fixed-capacity blob ran out of room
 H_O_TEXT = 10  # word offsets of the regions
 H_O_STATES = 11
 H_O_SLOTS = 12
-HEADER = 16  # words 13-15 are reserved
+H_ANCHOR = 13  # NEAR_* policies: where the copy source is expected to continue; -1 if none
+HEADER = 16  # words 14-15 are reserved
 
 STATE_WORDS = 4
 LEN = 0  # length of the state's longest string
@@ -90,8 +94,10 @@ NEXT = 3  # next slot in SRC's chain, -1 at the end
 # Occurrence policies.
 FIRST_OCC = 0
 RECENT = 1
-FOLLOW_FIRST = 2
-FOLLOW_RECENT = 3
+NEAR_FIRST = 2
+NEAR_RECENT = 3
+NEAR_WINDOW = 8  # NEAR_*: how far from the anchor, in tokens, to look for the suffix
+NEAR_MAX_CHECK = 32  # NEAR_*: longest match verified token by token near the anchor
 
 # extend() results.
 NO_ROOM = 0
@@ -126,6 +132,7 @@ def init(buf, cap_tok, cap_st, ht_size):
     buf[H_HT_SIZE] = ht_size
     buf[H_NSTATES] = 1
     buf[H_MATCH_POS] = -1
+    buf[H_ANCHOR] = -1
     buf[H_O_TEXT] = HEADER
     buf[H_O_STATES] = HEADER + cap_tok
     buf[H_O_SLOTS] = HEADER + cap_tok + STATE_WORDS * cap_st
@@ -301,21 +308,71 @@ def extend_fixed(buf, token, policy, depth):
 
 
 @register_jitable
+def _ends_with_suffix(buf, e, m):
+    """True when the m tokens ending at text position e equal the text's last m."""
+    text = buf[H_O_TEXT]
+    last = buf[H_N] - 1
+    if e < m - 1 or e >= last:
+        return False
+    for j in range(m):
+        if buf[text + e - j] != buf[text + last - j]:
+            return False
+    return True
+
+
+@register_jitable
+def _near(buf, token, m):
+    """NEAR_* policies: an end position of the matched m-suffix at or near the
+    anchor (the copy source's expected position), or -1.
+
+    The anchor continues when its token is the new one and its agreement with
+    the text covers the whole match; otherwise positions within NEAR_WINDOW of
+    it are checked token by token (matches up to NEAR_MAX_CHECK long), nearest
+    first. This re-finds the copy source after an edit (a replaced, inserted or
+    deleted token), where the longest-suffix occurrence is often elsewhere.
+    """
+    anchor = buf[H_ANCHOR]
+    if anchor < 0:
+        return -1
+    prev_m = buf[H_MATCH_LEN]
+    if buf[buf[H_O_TEXT] + anchor] == token and (prev_m > 0 or m <= 1):
+        return anchor  # the source continues: it agrees on prev_m + 1 >= m tokens
+    if m > NEAR_MAX_CHECK:
+        return -1
+    for d in range(NEAR_WINDOW + 1):
+        if _ends_with_suffix(buf, anchor + d, m):
+            return anchor + d
+        if d > 0 and _ends_with_suffix(buf, anchor - d, m):
+            return anchor - d
+    return -1
+
+
+@register_jitable
 def _update_match(buf, token, policy, depth):
     """Record the match for the text that just gained ``token`` at position n-1."""
     n = buf[H_N]
     s = buf[state(buf, buf[H_LAST]) + LINK]
     m = buf[state(buf, s) + LEN]
-    prev_start = buf[H_MATCH_POS]
     start = -1
     if m > 0:
-        if policy >= FOLLOW_FIRST and buf[H_MATCH_LEN] > 0 and buf[buf[H_O_TEXT] + prev_start] == token:
-            start = prev_start + 1
+        e = -1
+        if policy >= NEAR_FIRST:
+            e = _near(buf, token, m)
+        if e < 0:
+            e = buf[state(buf, s) + POS]
+        start = e + 1
+    if policy >= NEAR_FIRST:
+        # Without a match the copy source is assumed to advance in step.
+        anchor = buf[H_ANCHOR]
+        if start >= 0:
+            buf[H_ANCHOR] = start
+        elif anchor >= 0 and anchor + 1 < n:
+            buf[H_ANCHOR] = anchor + 1
         else:
-            start = buf[state(buf, s) + POS] + 1
+            buf[H_ANCHOR] = -1
     buf[H_MATCH_LEN] = m
     buf[H_MATCH_POS] = start
-    if policy == RECENT or policy == FOLLOW_RECENT:
+    if policy == RECENT or policy == NEAR_RECENT:
         # The states on the suffix-link path of the text are exactly those that
         # gain end position n-1; their old POS was read above.
         d = 0
@@ -381,5 +438,5 @@ def copy_into(src, dst):
             if src[w + SRC] != -1:
                 t = src[w + TOK]
                 _put(dst, find_slot(dst, src[w + SRC], t), src[w + SRC], t, src[w + DST])
-    for h in (H_N, H_NSTATES, H_LAST, H_MATCH_LEN, H_MATCH_POS, H_OVERFLOW):
+    for h in (H_N, H_NSTATES, H_LAST, H_MATCH_LEN, H_MATCH_POS, H_OVERFLOW, H_ANCHOR):
         dst[h] = src[h]

@@ -1,0 +1,495 @@
+"""`saspec simulate`: how many tokens per target forward pass each drafter and
+hybrid policy gives, on real tokenized workloads.
+
+Greedy speculative decoding against a fixed output is exact for deterministic
+drafters: at each step the drafter proposes K tokens, the target accepts the
+longest prefix that matches the output plus one token of its own, and the
+accepted tokens go back to the drafter.
+
+Two ways of running it, which give identical results for the SA (tested):
+
+* ``stepwise``: the literal loop, batched over traces with the engine API.
+  Used for the n-gram baseline.
+* ``sa_positions`` + ``walk``: the SA's match and draft at output position
+  ``pos`` depend only on the text before ``pos`` (the core processes tokens one
+  at a time whatever the step boundaries), so one batched pass that feeds the
+  outputs one token per ``SpecEngine.extend`` call records, for every position,
+  the match length and how many draft tokens would be accepted there. Every
+  selection policy is then a cheap walk over those arrays, so a threshold sweep
+  costs one SA pass, not one per threshold.
+
+The modeled neural drafter (an MTP/EAGLE stand-in) gets draft position i right
+with probability p[i] given the previous ones were right. Its draws are fixed
+per (seed, trace, output position), so every policy sees the same neural
+drafter at the same place: comparisons are paired.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from . import NgramDrafter, SpecEngine
+from .build import DEFAULT_RECENT_DEPTH, POLICIES
+
+DEFAULT_P = (0.85, 0.75, 0.65, 0.6, 0.55, 0.5, 0.5, 0.5)
+DEFAULT_THRESHOLDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+DEFAULT_THRESHOLD = 4
+
+# walk() selection modes
+NEURAL, SA, HYBRID, ADAPTIVE, TREE, NONE = 0, 1, 2, 3, 4, 5
+
+
+@dataclass
+class Flat:
+    """A workload's outputs as one flat int32 array: trace i is
+    ``tokens[offsets[i]:offsets[i+1]]``."""
+
+    prompts: list[np.ndarray]
+    tokens: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def of(cls, traces) -> Flat:
+        outs = [np.asarray(t.output, dtype=np.int32) for t in traces]
+        offsets = np.zeros(len(outs) + 1, dtype=np.int64)
+        np.cumsum([len(o) for o in outs], out=offsets[1:])
+        return cls([np.asarray(t.prompt, dtype=np.int32) for t in traces], np.concatenate(outs), offsets)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+# -- per-position drafter quality ------------------------------------------------
+
+
+@njit(cache=True)
+def _record(drafts, mout, tokens, offs, t, match, accepted):
+    """For every row still producing position t: store its match length and
+    how many leading draft tokens equal the output from t on."""
+    k = drafts.shape[1]
+    for b in range(drafts.shape[0]):
+        p, end = offs[b, 0] + t, offs[b, 1]
+        if p >= end:
+            continue
+        a = 0
+        while a < k and p + a < end and drafts[b, a] == tokens[p + a]:
+            a += 1
+        accepted[p] = a
+        match[p] = mout[b]
+
+
+@njit(cache=True)
+def _next_tokens(tokens, offs, t, acc, lens):
+    """Load output token t of every row into acc[:, 0] (lens 1), or lens 0 past its end."""
+    for b in range(lens.shape[0]):
+        p = offs[b, 0] + t
+        if p < offs[b, 1]:
+            acc[b, 0] = tokens[p]
+            lens[b] = 1
+        else:
+            lens[b] = 0
+
+
+def sa_positions(flat: Flat, k: int, policy: str, recent_depth: int = DEFAULT_RECENT_DEPTH) -> tuple[np.ndarray, np.ndarray]:
+    """Match length and accepted draft tokens at every output position.
+
+    Feeds all traces' outputs one token per ``SpecEngine.extend`` call, the
+    batch being every trace still producing output (longest first, re-prepared
+    as the batch halves). Returns (match, accepted), int32 arrays aligned with
+    ``flat.tokens``.
+    """
+    eng = SpecEngine(policy=policy, recent_depth=recent_depth)
+    order = np.argsort(-flat.lengths, kind="stable")
+    for i in order:
+        eng.add_request(int(i), flat.prompts[i])
+    lengths = flat.lengths[order]
+    starts = flat.offsets[:-1][order]
+    ends = flat.offsets[1:][order]
+    match = np.zeros(flat.tokens.shape[0], np.int32)
+    accepted = np.zeros(flat.tokens.shape[0], np.int32)
+    b = 0
+    for t in range(int(lengths.max(initial=0))):
+        live = int(np.searchsorted(-lengths, -t, side="left"))  # rows with length > t
+        if b == 0 or live <= b // 2:
+            b = live
+            eng.prepare(order[:b].tolist())
+            acc = np.zeros((b, k + 1), np.int32)
+            lens = np.zeros(b, np.int32)
+            mout = np.zeros(b, np.int32)
+            dout = np.zeros((b, k), np.int32)
+            offs = np.stack([starts[:b], ends[:b]], axis=1)
+            if t > 0:  # the new batch continues from the previous token
+                _next_tokens(flat.tokens, offs, t - 1, acc, lens)
+        eng.extend(acc, lens, mout, dout)  # drafts for position t
+        _record(dout, mout, flat.tokens, offs, t, match, accepted)
+        _next_tokens(flat.tokens, offs, t, acc, lens)
+    return match, accepted
+
+
+def neural_positions(flat: Flat, p: tuple[float, ...], seed: int) -> np.ndarray:
+    """Accepted tokens of the modeled neural drafter at every output position:
+    the number of leading draft positions i with u[i] < p[i], u ~ U(0,1) drawn
+    per (seed, trace, position). int32, aligned with ``flat.tokens``."""
+    out = np.empty(flat.tokens.shape[0], np.int32)
+    probs = np.asarray(p, dtype=np.float64)
+    for i in range(len(flat.prompts)):
+        s, e = flat.offsets[i], flat.offsets[i + 1]
+        u = np.random.default_rng([seed, i]).random((e - s, probs.size))
+        ok = u < probs
+        out[s:e] = np.where(ok.all(axis=1), probs.size, ok.argmin(axis=1))
+    return out
+
+
+# -- policies as walks over the per-position arrays ------------------------------
+
+
+@njit(cache=True)
+def _bucket(m):
+    """Match-length bucket for the adaptive policy's statistics: 0..15."""
+    if m < 8:
+        return m
+    b = 8
+    v = 16
+    while m >= v and b < 15:
+        b += 1
+        v *= 2
+    return b
+
+
+@njit(cache=True)
+def walk(offsets, match, sa_acc, nn_acc, k, mode, threshold, hist, prior_nn):
+    """Replay greedy speculative decoding over every trace with one selection
+    rule; return (steps, sa_steps, extra_verified).
+
+    ``hist[a]`` counts steps that accepted ``a`` tokens (bonus included).
+    Modes: NEURAL, SA, HYBRID (SA if match >= threshold), ADAPTIVE (the source
+    with the higher expected accepted length, estimated online), TREE (SA and
+    neural drafts verified together when SA has a match >= threshold), NONE.
+    """
+    steps = 0
+    sa_steps = 0
+    extra = 0
+    # ADAPTIVE state: global SA acceptance by match bucket, per-request EMAs.
+    g_sum = np.zeros(16)
+    g_cnt = np.zeros(16)
+    for i in range(16):  # prior: a match of length m predicts about m/2 tokens
+        g_sum[i] = min(k, max(1, i)) * 0.5
+        g_cnt[i] = 1.0
+    for tr in range(offsets.shape[0] - 1):
+        pos = offsets[tr]
+        end = offsets[tr + 1]
+        r_nn = prior_nn
+        r_sa_ratio = 1.0
+        while pos < end:
+            m = match[pos]
+            a_sa = sa_acc[pos] if m > 0 else 0
+            a_nn = nn_acc[pos]
+            use_sa = False
+            if mode == SA:
+                use_sa = True
+            elif mode == HYBRID:
+                use_sa = m >= threshold
+            elif mode == ADAPTIVE:
+                if m > 0:
+                    bk = _bucket(m)
+                    use_sa = r_sa_ratio * g_sum[bk] / g_cnt[bk] > r_nn
+            if mode == NONE:
+                a = 0
+            elif mode == TREE:
+                if m >= threshold:
+                    a = max(a_sa, a_nn)
+                    extra += k - min(a_sa, a_nn)
+                    use_sa = a_sa > a_nn
+                else:
+                    a = a_nn
+            elif use_sa:
+                a = a_sa
+            else:
+                a = a_nn
+            a = min(a, end - pos - 1) + 1
+            if mode == ADAPTIVE:
+                # After verification the next a tokens are known, so both
+                # sources' acceptance is observed (capped at a when it matched
+                # everything that is known).
+                o_sa = min(a_sa, a)
+                o_nn = min(a_nn, a)
+                if m > 0:
+                    bk = _bucket(m)
+                    expect = g_sum[bk] / g_cnt[bk]
+                    g_sum[bk] += o_sa
+                    g_cnt[bk] += 1.0
+                    r_sa_ratio = 0.7 * r_sa_ratio + 0.3 * (o_sa + 0.5) / (expect + 0.5)
+                r_nn = 0.8 * r_nn + 0.2 * o_nn
+            hist[a] += 1
+            steps += 1
+            if use_sa:
+                sa_steps += 1
+            pos += a
+    return steps, sa_steps, extra
+
+
+def stepwise(flat: Flat, drafter: SpecEngine, k: int, hist: np.ndarray | None = None) -> int:
+    """The literal loop with one drafter alone: returns the number of steps.
+
+    All traces decode together as one batch through the engine API; a finished
+    trace stays in the batch with nothing accepted.
+    """
+    ids = list(range(len(flat.prompts)))
+    for i, p in zip(ids, flat.prompts):
+        drafter.add_request(i, p)
+    drafter.prepare(ids)
+    b = len(ids)
+    acc = np.zeros((b, k + 1), np.int32)
+    lens = np.zeros(b, np.int32)
+    mout = np.zeros(b, np.int32)
+    dout = np.zeros((b, k), np.int32)
+    pos = np.zeros(b, np.int64)
+    remaining = flat.lengths.copy()
+    steps = 0
+    while remaining.any():
+        drafter.extend(acc, lens, mout, dout)
+        steps += _accept(dout, flat.tokens, flat.offsets, pos, remaining, acc, lens,
+                         hist if hist is not None else np.zeros(k + 2, np.int64))
+    return steps
+
+
+@njit(cache=True)
+def _accept(drafts, tokens, offsets, pos, remaining, acc, lens, hist):
+    """Verify each live row's draft against its output; load the accepted
+    tokens (matching prefix + the target's own token) into acc/lens."""
+    k = drafts.shape[1]
+    live = 0
+    for b in range(drafts.shape[0]):
+        if remaining[b] == 0:
+            lens[b] = 0
+            continue
+        start = offsets[b] + pos[b]
+        a = 0
+        while a < k and a < remaining[b] - 1 and drafts[b, a] == tokens[start + a]:
+            a += 1
+        a += 1
+        for j in range(a):
+            acc[b, j] = tokens[start + j]
+        lens[b] = a
+        pos[b] += a
+        remaining[b] -= a
+        hist[a] += 1
+        live += 1
+    return live
+
+
+# -- a workload's table ----------------------------------------------------------
+
+
+def simulate_workload(
+    flat: Flat,
+    k: int = 8,
+    p: tuple[float, ...] = DEFAULT_P,
+    thresholds: tuple[int, ...] = DEFAULT_THRESHOLDS,
+    threshold: int = DEFAULT_THRESHOLD,
+    sa_policies: tuple[str, ...] = tuple(POLICIES),
+    hybrid_policy: str | None = None,
+    seed: int = 0,
+    ngram: bool = True,
+    progress=None,
+) -> dict:
+    """All drafters and policies on one workload.
+
+    Returns {"rows": [...], "sweep": {policy: [(T, AL), ...]}, "tokens": int,
+    "seconds": {...}}. AL is output tokens per target forward pass (bonus
+    token included), which is also the speed-up in target calls over no
+    drafting.
+    """
+    if len(p) < k:
+        raise ValueError(f"need a neural acceptance probability per draft position: len(p)={len(p)} < K={k}")
+    p = tuple(p[:k])
+    n_tok = int(flat.tokens.shape[0])
+    rows: list[dict] = []
+    seconds: dict[str, float] = {}
+    hybrid_policy = hybrid_policy or sa_policies[-1]
+    nn_acc = neural_positions(flat, p, seed)
+    prior_nn = float(np.mean(nn_acc))
+
+    def add(name, steps, sa_steps=0, extra=0, hist=None):
+        row = {"drafter": name, "AL": n_tok / steps, "steps": int(steps), "sa_frac": sa_steps / steps,
+               "extra_per_step": extra / steps}
+        if hist is not None:
+            row["hist"] = hist[1:].tolist()
+        rows.append(row)
+
+    def run_walk(match, sa_acc, mode, thr):
+        hist = np.zeros(k + 2, np.int64)
+        s, sa_s, ex = walk(flat.offsets, match, sa_acc, nn_acc, k, mode, thr, hist, prior_nn)
+        return s, sa_s, ex, hist
+
+    zeros = np.zeros_like(nn_acc)
+    add("none", *run_walk(zeros, zeros, NONE, 0))
+    add("neural", *run_walk(zeros, zeros, NEURAL, 0))
+    if ngram:
+        t0 = time.perf_counter()
+        hist = np.zeros(k + 2, np.int64)
+        add("ngram", stepwise(flat, NgramDrafter(), k, hist), hist=hist)
+        seconds["ngram"] = time.perf_counter() - t0
+        if progress:
+            progress.update(1)
+    sweep = {}
+    for policy in sa_policies:
+        t0 = time.perf_counter()
+        match, sa_acc = sa_positions(flat, k, policy)
+        seconds[f"sa:{policy}"] = time.perf_counter() - t0
+        add(f"sa:{policy}", *run_walk(match, sa_acc, SA, 1))
+        sweep[policy] = [(t, n_tok / run_walk(match, sa_acc, HYBRID, t)[0]) for t in thresholds]
+        if policy == hybrid_policy:
+            add(f"hybrid:T={threshold}", *run_walk(match, sa_acc, HYBRID, threshold))
+            best_t, _ = max(sweep[policy], key=lambda x: x[1])
+            add(f"hybrid:best-T={best_t}", *run_walk(match, sa_acc, HYBRID, best_t))
+            add("hybrid:adaptive", *run_walk(match, sa_acc, ADAPTIVE, 0))
+            add(f"tree:T={threshold}", *run_walk(match, sa_acc, TREE, threshold))
+        if progress:
+            progress.update(1)
+    return {"rows": rows, "sweep": sweep, "tokens": n_tok, "seconds": seconds}
+
+
+# -- the command -----------------------------------------------------------------
+
+DEFAULT_SIZES = {"code-edits": 200, "humaneval": 164, "humaneval-edit": 164, "chat": 300}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workloads", default=",".join(DEFAULT_SIZES),
+                   help="comma-separated: code-edits, humaneval, humaneval-edit, chat, or a traces .jsonl path")
+    p.add_argument("--size", type=int, default=None, help="traces per workload (default: per-workload sizes)")
+    p.add_argument("-k", "--k", type=int, default=8, help="draft tokens per step (K)")
+    p.add_argument("--threshold", type=int, default=DEFAULT_THRESHOLD, help="hybrid: SA when match >= T")
+    p.add_argument("--thresholds", default=",".join(map(str, DEFAULT_THRESHOLDS)), help="thresholds to sweep")
+    p.add_argument("--p", default=",".join(map(str, DEFAULT_P)),
+                   help="modeled neural drafter: P(position i right | all before right), comma-separated")
+    p.add_argument("--policies", default=",".join(POLICIES), help="SA occurrence policies to compare")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-ngram", action="store_true", help="skip the n-gram baseline")
+    p.add_argument("--out", default="saspec-out", help="directory for plots and results.json")
+    p.add_argument("--json", metavar="PATH", help="write the results JSON here (default: OUT/results.json)")
+    p.add_argument("--no-plots", action="store_true")
+
+
+def load_workloads(names: list[str], size: int | None, seed: int) -> dict[str, Flat]:
+    """Build (or load) the named workloads; skip, with a message, those whose
+    optional data is not installed."""
+    from . import workloads as wl
+    from .tokenizers import get_tokenizer
+
+    tok = None
+    out = {}
+    for name in names:
+        if name.endswith(".jsonl"):
+            w = wl.load_traces(name)
+            out[Path(name).stem] = Flat.of(w.traces)
+            continue
+        tok = tok or get_tokenizer()
+        try:
+            w = wl.build_workload(name, tok, size or DEFAULT_SIZES.get(name, 100), seed)
+        except wl.WorkloadUnavailable as e:
+            print(f"skipping workload {name!r}: {e}")
+            continue
+        out[name] = Flat.of(w.traces)
+    return out
+
+
+def format_results(results: dict[str, dict]) -> str:
+    lines = ["| workload | drafter | AL (tokens/forward) | speed-up vs none | SA steps | extra verified/step |",
+             "|---|---|---|---|---|---|"]
+    for name, res in results.items():
+        base = next(r["AL"] for r in res["rows"] if r["drafter"] == "none")
+        for r in res["rows"]:
+            lines.append(f"| {name} | {r['drafter']} | {r['AL']:.3f} | {r['AL'] / base:.2f}x | "
+                         f"{r['sa_frac']:.0%} | {r['extra_per_step']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict], out: Path) -> list[Path]:
+    """AL against threshold per workload, and AL by drafter/policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.6), squeeze=False)
+    for ax, (name, res) in zip(axes[0], results.items()):
+        neural = next(r["AL"] for r in res["rows"] if r["drafter"] == "neural")
+        for policy, pts in res["sweep"].items():
+            ax.plot([t for t, _ in pts], [a for _, a in pts], marker="o", label=f"hybrid ({policy})")
+        ax.axhline(neural, color="gray", ls="--", label="neural only")
+        ax.set_xscale("log", base=2)
+        ax.set_title(name)
+        ax.set_xlabel("threshold T (SA when match >= T)")
+        ax.set_ylabel("accepted tokens per step")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out / "al_vs_threshold.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    drafters = [r["drafter"] for r in next(iter(results.values()))["rows"]]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(drafters) * len(results) / 2), 4))
+    width = 0.8 / len(results)
+    for j, (name, res) in enumerate(results.items()):
+        al = {r["drafter"]: r["AL"] for r in res["rows"]}
+        ax.bar(np.arange(len(drafters)) + j * width, [al.get(d, 0) for d in drafters], width, label=name)
+    ax.set_xticks(np.arange(len(drafters)) + 0.4 - width / 2, drafters, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("accepted tokens per step (AL)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out / "al_by_policy.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def main(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    names = [n for n in args.workloads.split(",") if n]
+    policies = tuple(x for x in args.policies.split(",") if x)
+    for pol in policies:
+        if pol not in POLICIES:
+            raise SystemExit(f"unknown SA policy {pol!r}; expected some of {', '.join(POLICIES)}")
+    p = tuple(float(x) for x in args.p.split(","))
+    thresholds = tuple(int(x) for x in args.thresholds.split(","))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.perf_counter()
+    flats = load_workloads(names, args.size, args.seed)
+    build_s = time.perf_counter() - t0
+    results = {}
+    t0 = time.perf_counter()
+    with tqdm(total=len(flats) * (len(policies) + (0 if args.no_ngram else 1)), desc="simulating", unit="pass") as bar:
+        for name, flat in flats.items():
+            bar.set_postfix_str(name)
+            results[name] = simulate_workload(flat, args.k, p, thresholds, args.threshold, policies,
+                                              seed=args.seed, ngram=not args.no_ngram, progress=bar)
+    sim_s = time.perf_counter() - t0
+    print()
+    print(format_results(results))
+    sa_tokens = sum(r["tokens"] for r in results.values()) * len(policies)
+    sa_seconds = sum(v for r in results.values() for key, v in r["seconds"].items() if key.startswith("sa:"))
+    print(f"\nworkloads built in {build_s:.1f} s; simulated in {sim_s:.1f} s; "
+          f"SA passes: {sa_tokens / max(sa_seconds, 1e-9) / 1e6:.2f} M output tokens/s")
+    summary = {"args": {k: v for k, v in vars(args).items() if not callable(v)}, "build_seconds": build_s, "simulate_seconds": sim_s,
+               "sa_tokens_per_second": sa_tokens / max(sa_seconds, 1e-9), "workloads": results}
+    json_path = Path(args.json) if args.json else out / "results.json"
+    json_path.write_text(json.dumps(summary, indent=1))
+    print(f"results: {json_path}")
+    if not args.no_plots and results:
+        for path in plot(results, out):
+            print(f"plot: {path}")
+    return 0

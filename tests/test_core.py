@@ -139,13 +139,13 @@ def test_growth_keeps_the_automaton():
 
 def test_grow_rehashes_into_a_larger_table():
     buf = new_blob(0)
-    tokens = np.arange(900, dtype=np.int32) % 17
+    tokens = np.arange(3000, dtype=np.int32) % 17
     m, start, _, _, done = run_core(buf, tokens, core.FIRST_OCC, -1, K)
-    assert 0 < done < 900  # the small blob filled up
-    big = grow(buf, 900 - done)
+    assert 0 < done < 3000  # the small blob filled up
+    big = grow(buf, 3000 - done)
     assert big[core.H_HT_SIZE] > buf[core.H_HT_SIZE]
     m2, start2, _, _, done2 = run_core(big, tokens[done:], core.FIRST_OCC, -1, K)
-    assert done2 == 900 - done
+    assert done2 == 3000 - done
     ref = matches(tokens.tolist())
     assert m[:done].tolist() + m2.tolist() == [r[0] for r in ref]
 

@@ -40,6 +40,19 @@ def code_like_prompt(n: int, seed: int = 0, block: int = 2000, vocab: int = 5000
     return np.concatenate(copies)[:n]
 
 
+def warm_up() -> None:
+    """Compile (or load from cache) every kernel the benchmarks time, growth included."""
+    tokens = code_like_prompt(3000)
+    for policy in ("first", "near-first"):
+        SuffixAutomaton(policy=policy).extend(tokens)
+    for drafter in (SpecEngine(), NgramDrafter(), SpecEngine(parallel_threshold=1), NgramDrafter(parallel_threshold=1)):
+        drafter.add_request(0, tokens[:10])
+        drafter.prepare([0])
+        acc = np.zeros((1, 600), np.int32)
+        acc[0] = tokens[:600]
+        drafter.extend(acc, np.array([600], np.int32), np.zeros(1, np.int32), np.zeros((1, 599), np.int32))
+
+
 def best_time(fn: Callable[[], object], repeat: int) -> float:
     """Fastest of ``repeat`` runs, in seconds (the least disturbed by other load)."""
     best = float("inf")
@@ -74,23 +87,39 @@ def bench_ingest(sizes: list[int], policies: list[str], repeat: int = 3) -> list
     return rows
 
 
-def _step_loop(drafter: SpecEngine, prompts: list[np.ndarray], k: int, accepted_per_step: int, steps: int) -> float:
-    """Mean seconds per ``extend`` call over ``steps`` decode steps, each row
-    accepting ``accepted_per_step`` tokens copied from its own prompt (so both
-    drafters find matches, as in copy-heavy decoding)."""
-    b = len(prompts)
+def _accepted_stream(prompts: list[np.ndarray], k: int, accepted: int, steps: int, mode: str) -> np.ndarray:
+    """int32 [steps, B, k+1]: each step's accepted tokens per row.
+
+    ``copy``: each row copies its own prompt from a random offset, jumping to
+    a new offset every 16 steps (copy-heavy decoding, the case SA drafting is
+    for); ``random``: uniform random ids (every step starts new branches, the
+    automaton's most expensive case).
+    """
+    rng = np.random.default_rng(0)
+    out = np.zeros((steps, len(prompts), k + 1), np.int32)
+    for i, p in enumerate(prompts):
+        if mode == "random":
+            out[:, i, :accepted] = rng.integers(0, VOCAB, (steps, accepted))
+            continue
+        pos = 0
+        for s in range(steps):
+            if s % 16 == 0 or pos + accepted > len(p):
+                pos = int(rng.integers(0, len(p) - accepted))
+            out[s, i, :accepted] = p[pos : pos + accepted]
+            pos += accepted
+    return out
+
+
+def _step_loop(drafter: SpecEngine, prompts: list[np.ndarray], acc: np.ndarray) -> float:
+    """Mean seconds per ``extend`` call over the steps in ``acc`` [steps, B, K+1],
+    each row accepting as many tokens as ``acc`` has non-padding columns."""
+    steps, b, k1 = acc.shape
     for i, p in enumerate(prompts):
         drafter.add_request(i, p)
     drafter.prepare(list(range(b)))
-    rng = np.random.default_rng(0)
-    acc = np.zeros((steps, b, k + 1), np.int32)
-    for s in range(steps):
-        for i, p in enumerate(prompts):
-            start = rng.integers(0, len(p) - accepted_per_step)
-            acc[s, i, :accepted_per_step] = p[start : start + accepted_per_step]
-    lens = np.full(b, accepted_per_step, np.int32)
+    lens = np.full(b, ACCEPTED, np.int32)
     mout = np.zeros(b, np.int32)
-    dout = np.zeros((b, k), np.int32)
+    dout = np.zeros((b, k1 - 1), np.int32)
     drafter.extend(acc[0], lens, mout, dout)  # compile / warm
     t0 = time.perf_counter()
     for s in range(1, steps):
@@ -98,30 +127,35 @@ def _step_loop(drafter: SpecEngine, prompts: list[np.ndarray], k: int, accepted_
     return (time.perf_counter() - t0) / (steps - 1)
 
 
+ACCEPTED = 3
+
+
 def bench_step(
-    batches: list[int], contexts: list[int], k: int = 8, accepted: int = 3, steps: int = 200, policy: str | None = None
+    batches: list[int], contexts: list[int], k: int = 8, steps: int = 200, modes: tuple[str, ...] = ("copy", "random")
 ) -> list[dict]:
-    """Microseconds per request-step of ``extend`` (Python call included) for
-    the SA engine and the n-gram baseline on the same batch."""
+    """Microseconds per request-step of ``extend`` (Python call included), with
+    3 accepted tokens per row and K draft tokens, for the SA engine and the
+    n-gram baseline on the same batch and the same tokens."""
     rows = []
     for ctx in contexts:
         for b in batches:
             prompts = [code_like_prompt(ctx, seed=i) for i in range(b)]
-            sa = SpecEngine() if policy is None else SpecEngine(policy=policy)
-            ng = NgramDrafter()
-            n_steps = steps if ctx * b <= 2_000_000 else max(20, steps // 10)
-            t_sa = _step_loop(sa, prompts, k, accepted, n_steps)
-            t_ng = _step_loop(ng, prompts, k, accepted, max(5, n_steps // 4))
-            rows.append(
-                {
-                    "context": ctx,
-                    "batch": b,
-                    "sa_us_per_request_step": t_sa / b * 1e6,
-                    "sa_us_per_call": t_sa * 1e6,
-                    "ngram_us_per_request_step": t_ng / b * 1e6,
-                    "ngram_over_sa": t_ng / t_sa,
-                }
-            )
+            n_steps = steps if ctx * b <= 2_000_000 else max(40, steps // 5)
+            for mode in modes:
+                acc = _accepted_stream(prompts, k, ACCEPTED, n_steps, mode)
+                t_sa = _step_loop(SpecEngine(), prompts, acc)
+                t_ng = _step_loop(NgramDrafter(), prompts, acc[: max(5, n_steps // 4)])
+                rows.append(
+                    {
+                        "context": ctx,
+                        "batch": b,
+                        "tokens": mode,
+                        "sa_us_per_request_step": t_sa / b * 1e6,
+                        "sa_us_per_call": t_sa * 1e6,
+                        "ngram_us_per_request_step": t_ng / b * 1e6,
+                        "ngram_over_sa": t_ng / t_sa,
+                    }
+                )
     return rows
 
 
@@ -155,6 +189,7 @@ def run(quick: bool = False) -> dict[str, list[dict]]:
     """All three benchmarks; ``quick`` shrinks them to a smoke run."""
     from .build import DEFAULT_POLICY
 
+    warm_up()
     if quick:
         return {
             "ingest": bench_ingest([1000, 20_000], [DEFAULT_POLICY], repeat=1),

@@ -32,7 +32,8 @@ MAX_TOKEN = 2**31 - 1
 GROWTH = 1.5
 _STATES_PER_TOKEN = 1.9
 _EDGES_PER_TOKEN = 2.4
-_MIN_HEADROOM = 256
+_MIN_HEADROOM = 1024
+_TABLE_GROWTH = 2.0  # re-inserting every edge is the costly part of growth: do it rarely
 
 
 def policy_code(policy: str) -> int:
@@ -50,7 +51,7 @@ def _table_size(edges: int) -> int:
 
 def new_blob(expected_tokens: int = 0) -> np.ndarray:
     """An empty automaton sized for about ``expected_tokens`` tokens plus
-    headroom for the tokens decoding will add (1/16 more, at least 256)."""
+    headroom for the tokens decoding will add (1/16 more, at least 1024)."""
     n = int(expected_tokens)
     n += max(_MIN_HEADROOM, n // 16)
     cap_st = int(_STATES_PER_TOKEN * n) + 2
@@ -78,9 +79,9 @@ def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:
     cap_st = grown(cap_st, ns + 2 + int(_STATES_PER_TOKEN * more))
     need_edges = used + 2 + int(_EDGES_PER_TOKEN * more)
     if core.max_used(ht) < need_edges:
-        ht = max(_table_size(need_edges), int(ht * GROWTH))
+        ht = max(_table_size(need_edges), int(ht * _TABLE_GROWTH))
     elif (cap_tok, cap_st) == (int(buf[core.H_CAP_TOK]), int(buf[core.H_CAP_ST])):
-        ht = int(ht * GROWTH)  # nothing else is short: one token needs many edges
+        ht = int(ht * _TABLE_GROWTH)  # nothing else is short: one token needs many edges
     new = np.empty(core.layout_words(cap_tok, cap_st, ht), dtype=np.int32)
     _init(new, cap_tok, cap_st, ht)
     _copy_into(buf, new)

@@ -200,32 +200,15 @@ def _put(buf, w, src, token, dst):
 
 
 @register_jitable
-def _room_for(buf, token):
-    """True when appending ``token`` fits in the blob's capacities (read only).
-
-    Walks the same path ``extend`` will, counting the edges it will add.
-    """
-    ns = buf[H_NSTATES]
-    if buf[H_N] >= buf[H_CAP_TOK] or ns + 2 > buf[H_CAP_ST]:
-        return False
-    need = 0
-    p = buf[H_LAST]
-    w = 0
-    while p != -1:
-        w = find_slot(buf, p, token)
-        if buf[w + SRC] != -1:
-            break
-        need += 1
-        p = buf[state(buf, p) + LINK]
-    if p != -1:
-        q = state(buf, buf[w + DST])
-        if buf[state(buf, p) + LEN] + 1 != buf[q + LEN]:
-            slots = buf[H_O_SLOTS]
-            i = buf[q + FIRST]
-            while i != -1:
-                need += 1
-                i = buf[slots + SLOT_WORDS * i + NEXT]
-    return buf[H_USED] + need <= max_used(buf[H_HT_SIZE])
+def _chain_len(buf, s):
+    """Number of edges leaving state s."""
+    slots = buf[H_O_SLOTS]
+    count = 0
+    i = buf[state(buf, s) + FIRST]
+    while i != -1:
+        count += 1
+        i = buf[slots + SLOT_WORDS * i + NEXT]
+    return count
 
 
 @register_jitable
@@ -235,60 +218,96 @@ def extend(buf, token, policy, depth):
     Returns ``APPENDED``; ``NO_ROOM`` (nothing written) when a capacity would be
     exceeded; ``OVERFLOWED`` when the blob already overflowed. ``token`` must be
     in [0, 2**31); callers validate.
+
+    A read-only first pass walks the suffix-link path and counts the edges the
+    token will add, so the capacity check happens before any write; the slots
+    it found are reused by the second pass.
     """
     if buf[H_OVERFLOW] != 0:
         return OVERFLOWED
-    if not _room_for(buf, token):
-        return NO_ROOM
     n = buf[H_N]
+    ns = buf[H_NSTATES]
+    if n >= buf[H_CAP_TOK] or ns + 2 > buf[H_CAP_ST]:
+        return NO_ROOM
     last = buf[H_LAST]
-    buf[buf[H_O_TEXT] + n] = token
 
-    cur = buf[H_NSTATES]
-    buf[H_NSTATES] = cur + 1
-    c = state(buf, cur)
-    buf[c + LEN] = buf[state(buf, last) + LEN] + 1
-    buf[c + POS] = n
-    buf[c + FIRST] = -1
-
-    p = last
+    # Pass 1 (read only): states on the path from `last` that lack a `token`
+    # edge get one to the new state; the first that has one, p, decides the
+    # link. Remember the first two empty slots found.
+    k = 0
     w = 0
+    w0 = -1
+    w1 = -1
+    p = last
     while p != -1:
         w = find_slot(buf, p, token)
         if buf[w + SRC] != -1:
             break
-        _put(buf, w, p, token, cur)
+        if k == 0:
+            w0 = w
+        elif k == 1:
+            w1 = w
+        k += 1
         p = buf[state(buf, p) + LINK]
+    q = -1
+    clone = False
+    need = k
+    if p != -1:
+        q = buf[w + DST]
+        clone = buf[state(buf, p) + LEN] + 1 != buf[state(buf, q) + LEN]
+        if clone:
+            need += _chain_len(buf, q)
+    if buf[H_USED] + need > max_used(buf[H_HT_SIZE]):
+        return NO_ROOM
+
+    # Pass 2: write.
+    buf[buf[H_O_TEXT] + n] = token
+    cur = ns
+    c = state(buf, cur)
+    buf[c + LEN] = buf[state(buf, last) + LEN] + 1
+    buf[c + POS] = n
+    buf[c + FIRST] = -1
+    ns += 1
+    r = last
+    for j in range(k):
+        if j == 0:
+            wj = w0
+        elif j == 1 and w1 != w0:  # w1 is still empty unless it was w0
+            wj = w1
+        else:
+            wj = find_slot(buf, r, token)
+        _put(buf, wj, r, token, cur)
+        r = buf[state(buf, r) + LINK]
     if p == -1:
         buf[c + LINK] = 0
+    elif not clone:
+        buf[c + LINK] = q
     else:
-        q = buf[w + DST]
         qr = state(buf, q)
-        if buf[state(buf, p) + LEN] + 1 == buf[qr + LEN]:
-            buf[c + LINK] = q
-        else:
-            clone = buf[H_NSTATES]
-            buf[H_NSTATES] = clone + 1
-            cl = state(buf, clone)
-            buf[cl + LEN] = buf[state(buf, p) + LEN] + 1
-            buf[cl + LINK] = buf[qr + LINK]
-            buf[cl + POS] = buf[qr + POS]
-            buf[cl + FIRST] = -1
-            slots = buf[H_O_SLOTS]
-            i = buf[qr + FIRST]
-            while i != -1:
-                e = slots + SLOT_WORDS * i
-                t = buf[e + TOK]
-                _put(buf, find_slot(buf, clone, t), clone, t, buf[e + DST])
-                i = buf[e + NEXT]
-            while p != -1:
-                w = find_slot(buf, p, token)
-                if buf[w + SRC] == -1 or buf[w + DST] != q:
-                    break
-                buf[w + DST] = clone
-                p = buf[state(buf, p) + LINK]
-            buf[qr + LINK] = clone
-            buf[c + LINK] = clone
+        cl = state(buf, ns)
+        buf[cl + LEN] = buf[state(buf, p) + LEN] + 1
+        buf[cl + LINK] = buf[qr + LINK]
+        buf[cl + POS] = buf[qr + POS]
+        buf[cl + FIRST] = -1
+        slots = buf[H_O_SLOTS]
+        i = buf[qr + FIRST]
+        while i != -1:
+            e = slots + SLOT_WORDS * i
+            t = buf[e + TOK]
+            _put(buf, find_slot(buf, ns, t), ns, t, buf[e + DST])
+            i = buf[e + NEXT]
+        buf[w + DST] = ns  # slot w, p's edge, has not moved: slots never do
+        p = buf[state(buf, p) + LINK]
+        while p != -1:
+            w = find_slot(buf, p, token)
+            if buf[w + SRC] == -1 or buf[w + DST] != q:
+                break
+            buf[w + DST] = ns
+            p = buf[state(buf, p) + LINK]
+        buf[qr + LINK] = ns
+        buf[c + LINK] = ns
+        ns += 1
+    buf[H_NSTATES] = ns
     buf[H_LAST] = cur
     buf[H_N] = n + 1
     _update_match(buf, token, policy, depth)

@@ -106,7 +106,8 @@ def sa_positions(flat: Flat, k: int, policy: str, recent_depth: int = DEFAULT_RE
     as the batch halves). Returns (match, accepted), int32 arrays aligned with
     ``flat.tokens``.
     """
-    eng = SpecEngine(policy=policy, recent_depth=recent_depth)
+    # Serial: the steps are short and the simulator should not fight other work for cores.
+    eng = SpecEngine(policy=policy, recent_depth=recent_depth, parallel_threshold=2**31)
     order = np.argsort(-flat.lengths, kind="stable")
     for i in order:
         eng.add_request(int(i), flat.prompts[i])
@@ -336,7 +337,7 @@ def simulate_workload(
     if ngram:
         t0 = time.perf_counter()
         hist = np.zeros(k + 2, np.int64)
-        add("ngram", stepwise(flat, NgramDrafter(), k, hist), hist=hist)
+        add("ngram", stepwise(flat, NgramDrafter(parallel_threshold=2**31), k, hist), hist=hist)
         seconds["ngram"] = time.perf_counter() - t0
         if progress:
             progress.update(1)

@@ -1,4 +1,9 @@
-"""SpecEngine's batch lifecycle: results, validation, threads."""
+"""SpecEngine's batch lifecycle: results, validation, threads.
+
+Tests taking the ``backend`` fixture (tests/conftest.py) run on the CPU backend
+and on the CUDA backend (numba's CUDA simulator by default, a real GPU with
+SASPEC_TEST_CUDA=device), expecting the same results.
+"""
 
 from __future__ import annotations
 
@@ -30,9 +35,11 @@ def reference_draft(sa: SuffixAutomaton, k: int) -> list[int]:
 
 @pytest.mark.parametrize("policy", ["first", "near-recent"])
 @pytest.mark.parametrize("parallel_threshold", [1, 1000])
-def test_interleaved_lifecycle_matches_single_automata(policy, parallel_threshold):
+def test_interleaved_lifecycle_matches_single_automata(policy, parallel_threshold, backend):
+    if backend.cuda and parallel_threshold == 1:
+        pytest.skip("parallel_threshold is a CPU-backend setting")
     rng = np.random.default_rng(0)
-    eng = SpecEngine(policy=policy, parallel_threshold=parallel_threshold)
+    eng = backend.engine(policy=policy, parallel_threshold=parallel_threshold)
     refs: dict[int, SuffixAutomaton] = {}
     next_id = 0
     for step in range(300):
@@ -56,7 +63,7 @@ def test_interleaved_lifecycle_matches_single_automata(policy, parallel_threshol
                 text = refs[rid].tokens
                 chunk = text[rng.integers(0, len(text)) :][: lens[b]]
                 acc[b, : len(chunk)] = chunk
-        eng.extend(acc, lens, mout, dout)
+        backend.extend(eng, acc, lens, mout, dout)
         for b, rid in enumerate(ids):
             ref = refs[rid]
             ref.extend(acc[b, : lens[b]])
@@ -68,15 +75,16 @@ def test_interleaved_lifecycle_matches_single_automata(policy, parallel_threshol
     assert stats["tokens"] == sum(len(r) for r in refs.values())
 
 
-def test_torch_tensors_are_written_in_place():
+def test_torch_tensors_are_written_in_place(backend):
     torch = pytest.importorskip("torch")
-    eng = SpecEngine()
+    eng = backend.engine()
     eng.add_request("r", torch.tensor([4, 5, 6, 4, 5]))
     eng.prepare(["r"])
-    acc = torch.tensor([[6, 0, 0, 0, 0, 0]], dtype=torch.int32)
-    lens = torch.tensor([1], dtype=torch.int32)
-    mout = torch.zeros(1, dtype=torch.int32)
-    dout = torch.zeros((1, K), dtype=torch.int32)
+    dev = "cuda" if backend.on_device else "cpu"
+    acc = torch.tensor([[6, 0, 0, 0, 0, 0]], dtype=torch.int32, device=dev)
+    lens = torch.tensor([1], dtype=torch.int32, device=dev)
+    mout = torch.zeros(1, dtype=torch.int32, device=dev)
+    dout = torch.zeros((1, K), dtype=torch.int32, device=dev)
     eng.extend(acc, lens, mout, dout)
     assert mout.tolist() == [3] and dout.tolist() == [[4, 5, 6, 4, 5]]
 
@@ -113,21 +121,26 @@ def test_ngram_drafter_matches_brute_force():
 
 
 def snapshot(eng: SpecEngine):
-    blobs = {rid: eng._blobs[slot].copy() for rid, slot in eng._slot.items()}
-    return blobs, eng._batch, eng.stats()
+    return eng._blob_copies(), eng._batch, eng.stats()
 
 
 def assert_unchanged(eng, snap):
     blobs, batch, stats = snap
     assert eng._batch == batch and eng.stats() == stats
-    assert set(blobs) == set(eng._slot)
+    now = eng._blob_copies()
+    assert set(blobs) == set(now)
     for rid, blob in blobs.items():
-        assert np.array_equal(eng._blobs[eng._slot[rid]], blob)
+        assert np.array_equal(now[rid], blob)
 
 
 @pytest.fixture
-def eng():
-    e = SpecEngine()
+def bk(backend):
+    return backend
+
+
+@pytest.fixture
+def eng(bk):
+    e = bk.engine()
     e.add_request("a", [1, 2, 3, 1, 2])
     e.add_request("b", [7, 7, 7])
     e.prepare(["a", "b"])
@@ -172,68 +185,78 @@ def test_prepare_duplicate(eng):
     rejects(eng, ValueError, "appears twice", eng.prepare, ["a", "b", "a"])
 
 
-def test_extend_without_prepare():
-    e = SpecEngine()
+def test_extend_without_prepare(bk):
+    e = bk.engine()
     e.add_request("a", [1, 2])
-    rejects(e, RuntimeError, "prepare", e.extend, *step_arrays(1))
+    rejects(e, RuntimeError, "prepare", bk.extend, e, *step_arrays(1))
 
 
-def test_extend_after_removing_a_batch_request(eng):
+def test_extend_after_removing_a_batch_request(eng, bk):
     eng.remove_request("b")
-    rejects(eng, RuntimeError, "prepare", eng.extend, *step_arrays(2))
+    rejects(eng, RuntimeError, "prepare", bk.extend, eng, *step_arrays(2))
 
 
 @pytest.mark.parametrize("which", range(4))
-def test_extend_wrong_dtype(eng, which):
+def test_extend_wrong_dtype(eng, bk, which):
     arrays = list(step_arrays(2))
     arrays[which] = arrays[which].astype(np.int64)
-    rejects(eng, TypeError, "int32", eng.extend, *arrays)
+    rejects(eng, TypeError, "int32", bk.extend, eng, *arrays)
 
 
 @pytest.mark.parametrize("which", range(4))
-def test_extend_not_an_array(eng, which):
+def test_extend_not_an_array(eng, bk, which):
     arrays = list(step_arrays(2))
     arrays[which] = arrays[which].tolist()
-    rejects(eng, TypeError, "numpy array or torch tensor", eng.extend, *arrays)
+    rejects(eng, TypeError, "numpy array or torch tensor|torch CUDA tensor", bk.extend, eng, *arrays)
 
 
 @pytest.mark.parametrize("which", range(4))
-def test_extend_wrong_ndim(eng, which):
+def test_extend_wrong_ndim(eng, bk, which):
     arrays = list(step_arrays(2))
     arrays[which] = arrays[which][..., None]
-    rejects(eng, ValueError, "-D", eng.extend, *arrays)
+    rejects(eng, ValueError, "-D", bk.extend, eng, *arrays)
 
 
 @pytest.mark.parametrize("which, shape", [(0, (2, K)), (0, (3, K + 1)), (1, (3,)), (2, (1,)), (3, (3, K))])
-def test_extend_wrong_shape(eng, which, shape):
+def test_extend_wrong_shape(eng, bk, which, shape):
     arrays = list(step_arrays(2))
     arrays[which] = np.zeros(shape, np.int32)
-    rejects(eng, ValueError, "shape|rows", eng.extend, *arrays)
+    rejects(eng, ValueError, "shape|rows", bk.extend, eng, *arrays)
 
 
 @pytest.mark.parametrize("which", range(4))
-def test_extend_not_contiguous(eng, which):
+def test_extend_not_contiguous(eng, bk, which):
     arrays = list(step_arrays(2))
     a = arrays[which]
     arrays[which] = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), np.int32)[..., ::2]
-    rejects(eng, ValueError, "contiguous", eng.extend, *arrays)
+    rejects(eng, ValueError, "contiguous", bk.extend, eng, *arrays)
 
 
 @pytest.mark.parametrize("which", [2, 3])
-def test_extend_read_only_output(eng, which):
+def test_extend_read_only_output(eng, bk, which):
+    if bk.on_device:
+        pytest.skip("torch tensors have no read-only flag")
     arrays = list(step_arrays(2))
     arrays[which].flags.writeable = False
-    rejects(eng, ValueError, "writable", eng.extend, *arrays)
+    rejects(eng, ValueError, "writable", bk.extend, eng, *arrays)
+
+
+# The CUDA backend reads no values on the host (that would sync): it clamps
+# lengths and stops a row at a negative token instead (tests/test_cuda.py).
 
 
 @pytest.mark.parametrize("bad_len", [K + 2, -1])
 def test_extend_accepted_lens_out_of_range(eng, bad_len):
+    if eng.backend != "cpu":
+        pytest.skip("value checks are CPU-backend only")
     acc, lens, mout, dout = step_arrays(2)
     lens[:] = [1, bad_len]
     rejects(eng, ValueError, r"accepted_lens\[1\]", eng.extend, acc, lens, mout, dout)
 
 
 def test_extend_negative_token(eng):
+    if eng.backend != "cpu":
+        pytest.skip("value checks are CPU-backend only")
     acc, lens, mout, dout = step_arrays(2)
     lens[:] = [2, 3]
     acc[0, :2] = [4, 4]
@@ -243,6 +266,8 @@ def test_extend_negative_token(eng):
 
 
 def test_extend_rejects_gpu_tensor_on_cpu_backend(eng):
+    if eng.backend != "cpu":
+        pytest.skip("CPU-backend rule")
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU tensor")

@@ -37,6 +37,7 @@ from numba import njit
 
 from . import NgramDrafter, SpecEngine
 from .build import DEFAULT_RECENT_DEPTH, POLICIES
+from .select import N_BUCKETS, adaptive_init, adaptive_observe, adaptive_prefers_sa
 
 DEFAULT_P = (0.85, 0.75, 0.65, 0.6, 0.55, 0.5, 0.5, 0.5)
 DEFAULT_THRESHOLDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -153,19 +154,6 @@ def neural_positions(flat: Flat, p: tuple[float, ...], seed: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _bucket(m):
-    """Match-length bucket for the adaptive policy's statistics: 0..15."""
-    if m < 8:
-        return m
-    b = 8
-    v = 16
-    while m >= v and b < 15:
-        b += 1
-        v *= 2
-    return b
-
-
-@njit(cache=True)
 def walk(offsets, match, sa_acc, nn_acc, k, mode, threshold, hist, prior_nn):
     """Replay greedy speculative decoding over every trace with one selection
     rule; return (steps, sa_steps, extra_verified).
@@ -179,11 +167,9 @@ def walk(offsets, match, sa_acc, nn_acc, k, mode, threshold, hist, prior_nn):
     sa_steps = 0
     extra = 0
     # ADAPTIVE state: global SA acceptance by match bucket, per-request EMAs.
-    g_sum = np.zeros(16)
-    g_cnt = np.zeros(16)
-    for i in range(16):  # prior: a match of length m predicts about m/2 tokens
-        g_sum[i] = min(k, max(1, i)) * 0.5
-        g_cnt[i] = 1.0
+    g_sum = np.zeros(N_BUCKETS)
+    g_cnt = np.zeros(N_BUCKETS)
+    adaptive_init(g_sum, g_cnt, k)
     for tr in range(offsets.shape[0] - 1):
         pos = offsets[tr]
         end = offsets[tr + 1]
@@ -199,9 +185,7 @@ def walk(offsets, match, sa_acc, nn_acc, k, mode, threshold, hist, prior_nn):
             elif mode == HYBRID:
                 use_sa = m >= threshold
             elif mode == ADAPTIVE:
-                if m > 0:
-                    bk = _bucket(m)
-                    use_sa = r_sa_ratio * g_sum[bk] / g_cnt[bk] > r_nn
+                use_sa = adaptive_prefers_sa(g_sum, g_cnt, r_sa_ratio, r_nn, m)
             if mode == NONE:
                 a = 0
             elif mode == TREE:
@@ -217,18 +201,9 @@ def walk(offsets, match, sa_acc, nn_acc, k, mode, threshold, hist, prior_nn):
                 a = a_nn
             a = min(a, end - pos - 1) + 1
             if mode == ADAPTIVE:
-                # After verification the next a tokens are known, so both
-                # sources' acceptance is observed (capped at a when it matched
-                # everything that is known).
-                o_sa = min(a_sa, a)
-                o_nn = min(a_nn, a)
-                if m > 0:
-                    bk = _bucket(m)
-                    expect = g_sum[bk] / g_cnt[bk]
-                    g_sum[bk] += o_sa
-                    g_cnt[bk] += 1.0
-                    r_sa_ratio = 0.7 * r_sa_ratio + 0.3 * (o_sa + 0.5) / (expect + 0.5)
-                r_nn = 0.8 * r_nn + 0.2 * o_nn
+                # After verification the next a tokens are known: both drafts
+                # are scored against them (capped at a when all matched).
+                r_sa_ratio, r_nn = adaptive_observe(g_sum, g_cnt, r_sa_ratio, r_nn, m, min(a_sa, a), min(a_nn, a))
             hist[a] += 1
             steps += 1
             if use_sa:

@@ -161,15 +161,26 @@ def find_slot(buf, src, token):
     where it would be inserted. Terminates because the table is never full."""
     size = buf[H_HT_SIZE]
     slots = buf[H_O_SLOTS]
-    i = (_hash(src, token) * size) >> 32  # maps the hash onto [0, size) without a division
+    i = probe_start(src, token, size)
     while True:
         w = slots + SLOT_WORDS * i
         s = buf[w + SRC]
         if s == -1 or (s == src and buf[w + TOK] == token):
             return w
-        i += 1
-        if i == size:
-            i = 0
+        i = probe_next(i, size)
+
+
+@register_jitable
+def probe_start(src, token, size):
+    """First slot probed for edge (src, token) in a table of ``size`` slots."""
+    return (_hash(src, token) * size) >> 32  # maps the hash onto [0, size) without a division
+
+
+@register_jitable
+def probe_next(i, size):
+    """The slot probed after ``i``: linear probing, wrapping around."""
+    i += 1
+    return 0 if i == size else i
 
 
 @register_jitable

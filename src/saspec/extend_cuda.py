@@ -157,12 +157,10 @@ def link_kernel(pool, stage, n_req, o_states, o_slots, ht_size):
             w = edges + EDGE_WORDS * e
             src = stage[w]
             token = stage[w + 1]
-            # The probe sequence of core.find_slot: linear from the hashed slot.
-            i = (core._hash(int64(src), int64(token)) * ht_size) >> 32
+            # core.find_slot's probe sequence, claiming the first empty slot.
+            i = core.probe_start(int64(src), int64(token), ht_size)
             while cuda.atomic.cas(buf, o_slots + core.SLOT_WORDS * i + core.SRC, -1, src) != -1:
-                i += 1
-                if i == ht_size:
-                    i = 0
+                i = core.probe_next(i, ht_size)
             s = o_slots + core.SLOT_WORDS * i
             buf[s + core.TOK] = token
             buf[s + core.DST] = stage[w + 2]

@@ -294,9 +294,9 @@ def simulate_workload(
     nn_acc = neural_positions(flat, p, seed)
     prior_nn = float(np.mean(nn_acc))
 
-    def add(name, steps, sa_steps=0, extra=0, hist=None):
+    def add(name, steps, sa_steps=0, extra=0, hist=None, note=""):
         row = {"drafter": name, "AL": n_tok / steps, "steps": int(steps), "sa_frac": sa_steps / steps,
-               "extra_per_step": extra / steps}
+               "extra_per_step": extra / steps, "note": note}
         if hist is not None:
             row["hist"] = hist[1:].tolist()
         rows.append(row)
@@ -326,7 +326,7 @@ def simulate_workload(
         if policy == hybrid_policy:
             add(f"hybrid:T={threshold}", *run_walk(match, sa_acc, HYBRID, threshold))
             best_t, _ = max(sweep[policy], key=lambda x: x[1])
-            add(f"hybrid:best-T={best_t}", *run_walk(match, sa_acc, HYBRID, best_t))
+            add("hybrid:best-T", *run_walk(match, sa_acc, HYBRID, best_t), note=f"T={best_t}")
             add("hybrid:adaptive", *run_walk(match, sa_acc, ADAPTIVE, 0))
             add(f"tree:T={threshold}", *run_walk(match, sa_acc, TREE, threshold))
         if progress:
@@ -385,8 +385,24 @@ def format_results(results: dict[str, dict]) -> str:
     for name, res in results.items():
         base = next(r["AL"] for r in res["rows"] if r["drafter"] == "none")
         for r in res["rows"]:
-            lines.append(f"| {name} | {r['drafter']} | {r['AL']:.3f} | {r['AL'] / base:.2f}x | "
+            label = f"{r['drafter']} ({r['note']})" if r.get("note") else r["drafter"]
+            lines.append(f"| {name} | {label} | {r['AL']:.3f} | {r['AL'] / base:.2f}x | "
                          f"{r['sa_frac']:.0%} | {r['extra_per_step']:.2f} |")
+    return "\n".join(lines)
+
+
+def format_summary(results: dict[str, dict], threshold: int) -> str:
+    """Per workload, the ratios the targets are stated in (same run)."""
+    lines = ["| workload | hybrid T={t} / neural | adaptive / neural | tree / neural | best SA policy / first |".format(t=threshold),
+             "|---|---|---|---|---|"]
+    for name, res in results.items():
+        al = {r["drafter"]: r["AL"] for r in res["rows"]}
+        sa = {d[3:]: v for d, v in al.items() if d.startswith("sa:")}
+        best = max(sa, key=sa.get) if sa else None
+        ratio = f"{sa[best] / sa['first']:.3f}x ({best})" if best and "first" in sa else "-"
+        def r(key):
+            return f"{al[key] / al['neural']:.3f}x" if key in al else "-"
+        lines.append(f"| {name} | {r(f'hybrid:T={threshold}')} | {r('hybrid:adaptive')} | {r(f'tree:T={threshold}')} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -456,6 +472,8 @@ def main(args: argparse.Namespace) -> int:
     sim_s = time.perf_counter() - t0
     print()
     print(format_results(results))
+    print()
+    print(format_summary(results, args.threshold))
     sa_tokens = sum(r["tokens"] for r in results.values()) * len(policies)
     sa_seconds = sum(v for r in results.values() for key, v in r["seconds"].items() if key.startswith("sa:"))
     print(f"\nworkloads built in {build_s:.1f} s; simulated in {sim_s:.1f} s; "

@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from . import NgramDrafter, SpecEngine
-from .build import DEFAULT_RECENT_DEPTH, POLICIES
+from .build import DEFAULT_POLICY, DEFAULT_RECENT_DEPTH, POLICIES
 from .select import N_BUCKETS, adaptive_init, adaptive_observe, adaptive_prefers_sa
 
 DEFAULT_P = (0.85, 0.75, 0.65, 0.6, 0.55, 0.5, 0.5, 0.5)
@@ -290,7 +290,8 @@ def simulate_workload(
     n_tok = int(flat.tokens.shape[0])
     rows: list[dict] = []
     seconds: dict[str, float] = {}
-    hybrid_policy = hybrid_policy or sa_policies[-1]
+    if hybrid_policy is None:  # the engine's default, else the last one compared
+        hybrid_policy = DEFAULT_POLICY if DEFAULT_POLICY in sa_policies else sa_policies[-1]
     nn_acc = neural_positions(flat, p, seed)
     prior_nn = float(np.mean(nn_acc))
 
@@ -407,7 +408,8 @@ def format_summary(results: dict[str, dict], threshold: int) -> str:
 
 
 def plot(results: dict[str, dict], out: Path) -> list[Path]:
-    """AL against threshold per workload, and AL by drafter/policy."""
+    """AL against threshold per workload, AL by drafter/policy, and the
+    distribution of tokens accepted per step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -441,6 +443,21 @@ def plot(results: dict[str, dict], out: Path) -> list[Path]:
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "al_by_policy.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.4), squeeze=False)
+    for ax, (name, res) in zip(axes[0], results.items()):
+        for r in res["rows"]:
+            if r["drafter"] in ("neural", "sa:first", "hybrid:adaptive") and "hist" in r:
+                h = np.asarray(r["hist"], float)
+                ax.plot(np.arange(1, h.size + 1), h / h.sum(), marker=".", label=r["drafter"])
+        ax.set_title(name)
+        ax.set_xlabel("tokens accepted in a step")
+        ax.set_ylabel("fraction of steps")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out / "accepted_distribution.png")
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
     return paths

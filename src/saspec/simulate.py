@@ -318,6 +318,7 @@ def simulate_workload(
         if progress:
             progress.update(1)
     sweep = {}
+    hybrid_arrays = None
     for policy in sa_policies:
         t0 = time.perf_counter()
         match, sa_acc = sa_positions(flat, k, policy)
@@ -325,13 +326,16 @@ def simulate_workload(
         add(f"sa:{policy}", *run_walk(match, sa_acc, SA, 1))
         sweep[policy] = [(t, n_tok / run_walk(match, sa_acc, HYBRID, t)[0]) for t in thresholds]
         if policy == hybrid_policy:
-            add(f"hybrid:T={threshold}", *run_walk(match, sa_acc, HYBRID, threshold))
-            best_t, _ = max(sweep[policy], key=lambda x: x[1])
-            add("hybrid:best-T", *run_walk(match, sa_acc, HYBRID, best_t), note=f"T={best_t}")
-            add("hybrid:adaptive", *run_walk(match, sa_acc, ADAPTIVE, 0))
-            add(f"tree:T={threshold}", *run_walk(match, sa_acc, TREE, threshold))
+            hybrid_arrays = match, sa_acc
         if progress:
             progress.update(1)
+    if hybrid_arrays is not None:
+        match, sa_acc = hybrid_arrays
+        add(f"hybrid:T={threshold}", *run_walk(match, sa_acc, HYBRID, threshold))
+        best_t, _ = max(sweep[hybrid_policy], key=lambda x: x[1])
+        add("hybrid:best-T", *run_walk(match, sa_acc, HYBRID, best_t), note=f"T={best_t}")
+        add("hybrid:adaptive", *run_walk(match, sa_acc, ADAPTIVE, 0))
+        add(f"tree:T={threshold}", *run_walk(match, sa_acc, TREE, threshold))
     return {"rows": rows, "sweep": sweep, "tokens": n_tok, "seconds": seconds}
 
 

@@ -128,6 +128,7 @@ def _step_loop(drafter: SpecEngine, prompts: list[np.ndarray], acc: np.ndarray) 
 
 
 ACCEPTED = 3
+SERIAL = 2**31  # a parallel_threshold no batch reaches
 
 
 def bench_step(
@@ -143,15 +144,16 @@ def bench_step(
             n_steps = steps if ctx * b <= 2_000_000 else max(40, steps // 5)
             for mode in modes:
                 acc = _accepted_stream(prompts, k, ACCEPTED, n_steps, mode)
-                t_sa = _step_loop(SpecEngine(), prompts, acc)
-                t_ng = _step_loop(NgramDrafter(), prompts, acc[: max(5, n_steps // 4)])
+                t_sa = _step_loop(SpecEngine(parallel_threshold=SERIAL), prompts, acc)
+                t_par = _step_loop(SpecEngine(parallel_threshold=1), prompts, acc) if b >= 8 else float("nan")
+                t_ng = _step_loop(NgramDrafter(parallel_threshold=SERIAL), prompts, acc[: max(5, n_steps // 4)])
                 rows.append(
                     {
                         "context": ctx,
                         "batch": b,
                         "tokens": mode,
                         "sa_us_per_request_step": t_sa / b * 1e6,
-                        "sa_us_per_call": t_sa * 1e6,
+                        "sa_parallel_us_per_request_step": t_par / b * 1e6,
                         "ngram_us_per_request_step": t_ng / b * 1e6,
                         "ngram_over_sa": t_ng / t_sa,
                     }

@@ -437,9 +437,13 @@ def draft(buf, out, k):
             out[j] = -1
         return 0
     text = buf[H_O_TEXT]
-    period = buf[H_N] - start
+    end = buf[H_N]
+    i = start
     for j in range(k):
-        out[j] = buf[text + start + j % period]
+        out[j] = buf[text + i]
+        i += 1
+        if i == end:  # wrap: the period is end - start (no division)
+            i = start
     return k
 
 

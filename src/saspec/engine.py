@@ -68,7 +68,10 @@ class SpecEngine:
         recent_depth: states refreshed per token by the ``*recent`` policies;
             negative means unbounded (exact recency, O(depth) per token).
         parallel_threshold: batches of at least this many rows run on all
-            cores (numba ``prange``); CPU backend only.
+            cores (numba ``prange``); CPU backend only. Parallel steps only
+            pay off on idle cores: with OpenMP's default spin-waiting, a
+            machine whose cores are shared made them 10-100x slower than
+            serial (BENCHMARKS.md); ``OMP_WAIT_POLICY=passive`` avoids that.
         backend: ``"cpu"`` (host memory, numpy arrays or CPU tensors) or
             ``"cuda"`` (device slots, torch CUDA tensors; needs numba-cuda:
             ``pip install 'saspec[cuda]'``).
@@ -85,7 +88,7 @@ class SpecEngine:
         *,
         policy: str = build.DEFAULT_POLICY,
         recent_depth: int = build.DEFAULT_RECENT_DEPTH,
-        parallel_threshold: int = 64,
+        parallel_threshold: int = 256,
         backend: str = "cpu",
         max_slots: int | None = None,
         max_seq_len: int | None = None,

@@ -85,7 +85,7 @@ class NgramDrafter(SpecEngine):
         parallel_threshold: batches of at least this many rows use all cores.
     """
 
-    def __init__(self, *, min_n: int = 1, max_n: int = 4, parallel_threshold: int = 64) -> None:
+    def __init__(self, *, min_n: int = 1, max_n: int = 4, parallel_threshold: int = 256) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         super().__init__(parallel_threshold=parallel_threshold)

@@ -148,6 +148,28 @@ def as_tokens(tokens: Any, name: str = "tokens") -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
+def as_int32_array(x: Any, name: str, ndim: int, *, writable: bool = False, where: str = "for backend 'cpu'") -> np.ndarray:
+    """View a numpy array or CPU torch tensor as a C-contiguous int32 numpy array
+    without copying, or raise a ``TypeError``/``ValueError`` naming the problem."""
+    if type(x).__module__.startswith("torch"):
+        if x.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor {where}, got device {x.device}")
+        if x.requires_grad:
+            raise ValueError(f"{name} must not require grad")
+        x = x.numpy()
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array or torch tensor, got {type(x).__name__}")
+    if x.dtype != np.int32:
+        raise TypeError(f"{name} must have dtype int32, got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if writable and not x.flags.writeable:
+        raise ValueError(f"{name} must be writable")
+    return x
+
+
 class SuffixAutomaton:
     """The suffix automaton of one growing token sequence.
 

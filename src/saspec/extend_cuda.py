@@ -47,6 +47,7 @@ import numpy as np
 from numba import cuda, int32, int64
 
 from . import core
+from .build import as_int32_array
 
 # Upload descriptors, one per uploaded request, at the start of the device
 # staging buffer: DESC_WORDS int32 words each.
@@ -409,23 +410,7 @@ class SimDevice:
         kernel[grid, block](*args)
 
     def check(self, x: Any, name: str, ndim: int, writable: bool = False) -> np.ndarray:
-        if type(x).__module__.startswith("torch"):
-            if x.device.type != "cpu":
-                raise ValueError(f"{name} must be a CPU tensor under the CUDA simulator, got device {x.device}")
-            if x.requires_grad:
-                raise ValueError(f"{name} must not require grad")
-            x = x.numpy()
-        if not isinstance(x, np.ndarray):
-            raise TypeError(f"{name} must be a numpy array or torch tensor, got {type(x).__name__}")
-        if x.dtype != np.int32:
-            raise TypeError(f"{name} must have dtype int32, got {x.dtype}")
-        if x.ndim != ndim:
-            raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
-        if not x.flags.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous")
-        if writable and not x.flags.writeable:
-            raise ValueError(f"{name} must be writable")
-        return x
+        return as_int32_array(x, name, ndim, writable=writable, where="under the CUDA simulator")
 
 
 class _HostStage:

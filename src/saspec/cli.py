@@ -1,4 +1,4 @@
-"""The ``saspec`` command line: ``saspec simulate``, ``saspec bench``."""
+"""The ``saspec`` command line: simulate, bench, models, generate, bench-e2e."""
 
 from __future__ import annotations
 
@@ -40,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="acceptance simulator on real tokenized workloads (the main job)")
     add_arguments(p)
     p.set_defaults(func=_simulate)
-    from .e2e import add_commands as _add_e2e; _add_e2e(sub)
+
+    from .e2e import add_commands  # models, generate, bench-e2e (torch imported only when they run)
+
+    add_commands(sub)
     return parser
 
 

@@ -1,0 +1,559 @@
+"""Greedy speculative decoding over Hugging Face causal LMs, written out.
+
+No framework: one loop, a few drafters, and the target's ``DynamicCache``.
+The output is token-identical to plain greedy decoding (``model.generate(
+do_sample=False)``) for every drafter, because every emitted token is the
+target's own argmax given everything before it.
+
+State of one sequence::
+
+    seq     prompt + generated tokens (python ints)
+    target  KV cache over seq[:cached]; after each step cached == len(seq) - 1
+            (the newest token, the target's own last pick, is fed with the next
+            step's drafts)
+
+One step::
+
+    drafts = drafter.propose(seq)                  # up to K tokens that may follow seq
+    logits = target(seq[cached:] + drafts)          # ONE forward; keep the last len(drafts)+1 rows
+    picks  = argmax(logits)                         # picks[i]: target's token after seq + drafts[:i]
+    n      = longest prefix with drafts[:n] == picks[:n]
+    seq   += drafts[:n] + [picks[n]]                # n accepted drafts + the bonus token
+    crop the target cache to len(seq) - 1; drafter.update(seq)
+
+The first step feeds the whole prompt, so prefill and the first verification
+(of drafts made from the prompt alone) are the same forward; this is also what
+``saspec.simulate`` models, so the SA-only acceptance of the loop and of the
+simulator agree on the same output.
+
+Drafters: :class:`NoDrafter`, :class:`ModelDrafter` (a small LM with its own KV
+cache), :class:`SADrafter` (a :class:`~saspec.SpecEngine` suffix automaton),
+and :class:`HybridDrafter` (the SA when its match is at least ``T`` tokens,
+otherwise the small LM, which then catches up on the tokens it did not see in
+one forward).
+
+Batch: the loop runs one sequence. Drafter state is per sequence and the SA
+already goes through the engine's batch API, so a batched loop needs a
+ragged/padded target forward and per-row cache crops; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from .models import EOS_IDS
+from .simulate import DEFAULT_THRESHOLD
+
+DRAFTERS = ("none", "draft", "sa", "hybrid")
+
+
+# -- stats -----------------------------------------------------------------------
+
+
+@dataclass
+class GenStats:
+    """What one generation did.
+
+    ``target_forwards`` counts every target forward, the first (prefill) one
+    included; ``al`` is ``new_tokens / target_forwards`` (tokens per target
+    forward, the same quantity ``saspec simulate`` reports). Step counts are
+    per draft source: ``sa``, ``draft`` (the small LM) or ``none`` (no draft).
+    Times are seconds of wall clock.
+    """
+
+    new_tokens: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    steps: dict[str, int] = field(default_factory=lambda: {"sa": 0, "draft": 0, "none": 0})
+    drafted: dict[str, int] = field(default_factory=lambda: {"sa": 0, "draft": 0, "none": 0})
+    accepted: dict[str, int] = field(default_factory=lambda: {"sa": 0, "draft": 0, "none": 0})
+    first_step_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def al(self) -> float:
+        return self.new_tokens / max(self.target_forwards, 1)
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.new_tokens / max(self.wall_s, 1e-9)
+
+    def frac(self, source: str) -> float:
+        """Fraction of steps whose draft came from ``source``."""
+        return self.steps.get(source, 0) / max(sum(self.steps.values()), 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"new_tokens": self.new_tokens, "target_forwards": self.target_forwards,
+                "draft_forwards": self.draft_forwards, "al": self.al, "tok_per_s": self.tok_per_s,
+                "wall_s": self.wall_s, "first_step_s": self.first_step_s, "steps": dict(self.steps),
+                "drafted": dict(self.drafted), "accepted": dict(self.accepted),
+                "sa_frac": self.frac("sa"), "draft_frac": self.frac("draft")}
+
+    def summary(self) -> str:
+        return (f"{self.new_tokens} tokens in {self.wall_s:.2f} s = {self.tok_per_s:.2f} tok/s; "
+                f"{self.target_forwards} target forwards, AL {self.al:.2f}; "
+                f"steps SA {self.frac('sa'):.0%} / draft model {self.frac('draft'):.0%} / none {self.frac('none'):.0%}; "
+                f"draft-model forwards {self.draft_forwards}")
+
+
+@dataclass
+class GenResult:
+    """``tokens``: the generated ids (prompt excluded), EOS included when hit."""
+
+    tokens: list[int]
+    stats: GenStats
+
+
+# -- model plumbing --------------------------------------------------------------
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """Name of the KV-cache argument of ``model.forward`` (``cache`` in recent
+    transformers, ``past_key_values`` before)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _new_cache(model: torch.nn.Module) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        return DynamicCache()
+
+
+def _crop(cache: Any, keep: int) -> None:
+    """Keep the first ``keep`` positions of every layer of ``cache``."""
+    remove = cache.get_seq_length() - keep
+    if remove < 0:
+        raise RuntimeError(f"cannot crop a cache of {cache.get_seq_length()} positions to {keep}")
+    if remove:
+        cache.crop(-remove)  # negative: tokens to remove (accepted by old and new transformers)
+
+
+class CausalLM:
+    """A causal LM with a KV cache over one growing sequence.
+
+    ``forward(tokens, keep)`` appends ``tokens`` to the cache and returns the
+    logits of the last ``keep`` of them: float tensor [keep, vocab] in the
+    model's dtype. ``crop(n)`` rolls the cache back to its first ``n``
+    positions.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self._kw = _cache_kwarg(model)
+        self.cache: Any = None
+        self.forwards = 0
+
+    def reset(self) -> None:
+        self.cache = _new_cache(self.model)
+
+    @property
+    def cached(self) -> int:
+        return 0 if self.cache is None else self.cache.get_seq_length()
+
+    def forward(self, tokens: Sequence[int], keep: int) -> torch.Tensor:
+        if self.cache is None:
+            self.reset()
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, T]
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=keep, **{self._kw: self.cache})
+        self.forwards += 1
+        return out.logits[0, -keep:]
+
+    def crop(self, keep: int) -> None:
+        _crop(self.cache, keep)
+
+
+# -- drafters --------------------------------------------------------------------
+
+
+class Drafter(Protocol):
+    """Proposes tokens that may follow a sequence.
+
+    ``begin(prompt)`` starts a sequence; ``propose(seq)`` returns
+    ``(tokens, source)`` with at most ``k`` tokens and ``source`` one of
+    ``"sa"``, ``"draft"``, ``"none"``; ``update(seq, n_new)`` reports that the
+    last ``n_new`` tokens of ``seq`` were appended (verified); ``end()``
+    releases the sequence's state.
+    """
+
+    name: str
+
+    def begin(self, prompt: Sequence[int]) -> None: ...
+
+    def propose(self, seq: list[int]) -> tuple[list[int], str]: ...
+
+    def update(self, seq: list[int], n_new: int) -> None: ...
+
+    def end(self) -> None: ...
+
+
+class NoDrafter:
+    """No drafts: plain greedy decoding, one target forward per token."""
+
+    name = "none"
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(self, seq: list[int]) -> tuple[list[int], str]:
+        return [], "none"
+
+    def update(self, seq: list[int], n_new: int) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+class ModelDrafter:
+    """Greedy drafts from a small causal LM that shares the target's tokenizer.
+
+    Its KV cache lags behind ``seq`` as little as possible: ``propose`` first
+    feeds, in one forward, every token of ``seq`` the cache does not hold
+    (after a rejection, or after steps the hybrid gave to the SA), then drafts
+    one token per forward. Drafting stops after ``k`` tokens, or after a token
+    whose probability under the draft model is below ``stop_below`` (that
+    token is still proposed: verifying it costs little, drafting past it
+    rarely pays).
+    """
+
+    name = "draft"
+
+    def __init__(self, model: torch.nn.Module, k: int = 8, stop_below: float = 0.0) -> None:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        self.lm = CausalLM(model)
+        self.k = k
+        self.stop_below = stop_below
+        self._fed: list[int] = []  # the tokens whose K/V are in the cache
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.lm.reset()
+        self._fed = []
+
+    def propose(self, seq: list[int]) -> tuple[list[int], str]:
+        feed = seq[len(self._fed):]
+        if not feed:
+            raise RuntimeError("draft model cache holds the whole sequence; expected at least the newest token to be new")
+        out: list[int] = []
+        for _ in range(self.k):
+            logits = self.lm.forward(feed, keep=1)[0].float()  # [V]
+            self._fed.extend(feed)
+            tok = int(torch.argmax(logits))
+            out.append(tok)
+            if self.stop_below > 0 and float(torch.softmax(logits, -1)[tok]) < self.stop_below:
+                break
+            feed = [tok]
+        return out, "draft"
+
+    def update(self, seq: list[int], n_new: int) -> None:
+        # Keep the longest prefix of what the cache holds that is still in seq.
+        start = len(seq) - n_new
+        keep = min(len(self._fed), start)
+        while keep < min(len(self._fed), len(seq)) and self._fed[keep] == seq[keep]:
+            keep += 1
+        if keep < len(self._fed):
+            self.lm.crop(keep)
+            del self._fed[keep:]
+
+    def end(self) -> None:
+        self.lm.cache = None
+        self._fed = []
+
+
+class SADrafter:
+    """Drafts from a suffix automaton over the sequence's own tokens (prompt included).
+
+    Each ``propose`` feeds the tokens accepted since the last call to
+    ``SpecEngine.extend`` and reads back the match length (``self.match``, in
+    tokens: the longest suffix of seq seen earlier) and up to ``k`` draft
+    tokens. No draft when the match is empty.
+
+    ``per_match`` > 0 drafts at most ``ceil(per_match * match)`` tokens: a
+    short match rarely continues far, and every drafted token is verified by
+    the target (about 4% of a one-token forward per token on a CPU). 0 always
+    drafts ``k`` (what ``saspec.simulate`` models).
+    """
+
+    name = "sa"
+
+    def __init__(self, k: int = 8, engine: Any = None, per_match: float = 0.0) -> None:
+        from . import SpecEngine
+
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if per_match < 0:
+            raise ValueError(f"per_match must be >= 0, got {per_match}")
+        self.k = k
+        self.per_match = per_match
+        self.engine = engine if engine is not None else SpecEngine()
+        self._rid: object | None = None
+        self._pending: list[int] = []
+        self.match = 0
+        # the engine's batch arrays, B = 1 row
+        self._acc = np.zeros((1, k + 1), np.int32)
+        self._lens = np.zeros(1, np.int32)
+        self._mout = np.zeros(1, np.int32)
+        self._dout = np.full((1, k), -1, np.int32)
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        if self._rid is not None:
+            self.end()
+        self._rid = object()
+        self.engine.add_request(self._rid, np.asarray(prompt, dtype=np.int32))
+        self.engine.prepare([self._rid])
+        self._pending = []
+
+    def lookup(self) -> tuple[int, list[int]]:
+        """Feed pending tokens; return (match length, draft tokens)."""
+        pending = self._pending
+        while True:  # at most K+1 tokens per extend call
+            chunk, pending = pending[: self.k + 1], pending[self.k + 1:]
+            self._acc[0, : len(chunk)] = chunk
+            self._lens[0] = len(chunk)
+            self.engine.extend(self._acc, self._lens, self._mout, self._dout)
+            if not pending:
+                break
+        self._pending = []
+        self.match = int(self._mout[0])
+        d = self._dout[0]
+        n = int(np.argmax(d < 0)) if (d < 0).any() else self.k
+        n = min(n, sa_draft_len(self.match, self.k, self.per_match))
+        return self.match, d[:n].tolist()
+
+    def propose(self, seq: list[int]) -> tuple[list[int], str]:
+        match, draft = self.lookup()
+        if match == 0 or not draft:
+            return [], "none"
+        return draft, "sa"
+
+    def update(self, seq: list[int], n_new: int) -> None:
+        self._pending.extend(seq[len(seq) - n_new:])
+
+    def end(self) -> None:
+        if self._rid is not None:
+            self.engine.remove_request(self._rid)
+            self._rid = None
+
+
+def sa_draft_len(match: int, k: int, per_match: float) -> int:
+    """How many SA tokens to draft after a match of ``match`` tokens (see :class:`SADrafter`)."""
+    return k if per_match <= 0 else min(k, math.ceil(per_match * match))
+
+
+class HybridDrafter:
+    """The SA's draft when its match is at least ``threshold`` tokens, else the
+    small LM's. The SA sees every accepted token; the small LM runs only on
+    the steps it drafts and catches up on the rest then.
+
+    ``patience`` > 0 also keeps a weak SA match (below ``threshold``) until
+    the SA has failed on that many steps in a row (its draft, used or not,
+    matched none of the accepted tokens). The SA's draft costs nothing to
+    make, the small LM's costs forwards (and a prefill on first use), so
+    where the SA recovers right after a short novel span, as in code edits,
+    the small LM is not worth waking; in prose, where the SA keeps failing,
+    it is. 0 is the plain threshold rule.
+    """
+
+    name = "hybrid"
+
+    def __init__(self, sa: SADrafter, model: ModelDrafter, threshold: int = DEFAULT_THRESHOLD,
+                 patience: int = 0) -> None:
+        self.sa = sa
+        self.model = model
+        self.threshold = threshold
+        self.patience = patience
+        self._sa_draft: list[int] = []
+        self._sa_failures = 0
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.sa.begin(prompt)
+        self.model.begin(prompt)
+        self._sa_draft, self._sa_failures = [], 0
+
+    def propose(self, seq: list[int]) -> tuple[list[int], str]:
+        match, draft = self.sa.lookup()
+        self._sa_draft = draft
+        if draft and (match >= self.threshold or self._sa_failures < self.patience):
+            return draft, "sa"
+        return self.model.propose(seq)
+
+    def update(self, seq: list[int], n_new: int) -> None:
+        new = seq[len(seq) - n_new:]
+        hit = bool(self._sa_draft) and self._sa_draft[0] == new[0]
+        self._sa_failures = 0 if hit else self._sa_failures + 1
+        self.sa.update(seq, n_new)
+        self.model.update(seq, n_new)
+
+    def end(self) -> None:
+        self.sa.end()
+        self.model.end()
+
+
+def make_drafter(kind: str, *, draft_model: torch.nn.Module | None = None, k: int = 8,
+                 draft_k: int | None = None, threshold: int = DEFAULT_THRESHOLD,
+                 stop_below: float = 0.0, per_match: float = 0.0, patience: int = 0) -> Drafter:
+    """A drafter by name (one of :data:`DRAFTERS`). ``k``: SA draft tokens
+    (at most ``per_match`` per matched token when > 0); ``draft_k``: small-LM
+    draft tokens (default ``k``), ``stop_below``: its confidence stop;
+    ``threshold``, ``patience``: the hybrid's rule (see :class:`HybridDrafter`)."""
+    if kind not in DRAFTERS:
+        raise ValueError(f"unknown drafter {kind!r}; choose from {', '.join(DRAFTERS)}")
+    if kind in ("draft", "hybrid") and draft_model is None:
+        raise ValueError(f"drafter {kind!r} needs a draft model")
+    if kind == "none":
+        return NoDrafter()
+    if kind == "sa":
+        return SADrafter(k, per_match=per_match)
+    lm = ModelDrafter(draft_model, draft_k or k, stop_below)
+    if kind == "draft":
+        return lm
+    return HybridDrafter(SADrafter(k, per_match=per_match), lm, threshold, patience)
+
+
+# -- the loop --------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: torch.nn.Module,
+    prompt: Sequence[int],
+    drafter: Drafter,
+    max_new_tokens: int,
+    eos_ids: Sequence[int] = EOS_IDS,
+) -> GenResult:
+    """Greedy decoding of ``target`` after ``prompt`` (token ids), with drafts
+    from ``drafter`` verified one target forward per step.
+
+    Stops after ``max_new_tokens`` tokens or at the first token in ``eos_ids``
+    (included in the output), exactly like ``generate(do_sample=False)``.
+    """
+    prompt = [int(t) for t in prompt]
+    if not prompt:
+        raise ValueError("prompt is empty")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    stop = set(int(e) for e in eos_ids)
+    lm = CausalLM(target)
+    lm.reset()
+    stats = GenStats()
+    draft_lm = _draft_lm(drafter)
+    draft_forwards0 = draft_lm.forwards if draft_lm else 0
+    seq = list(prompt)
+    t0 = time.perf_counter()
+    drafter.begin(prompt)
+    try:
+        while True:
+            drafts, source = drafter.propose(seq)
+            drafts = drafts[: max_new_tokens - (len(seq) - len(prompt)) - 1]  # never verify past the limit
+            feed = seq[lm.cached:] + drafts
+            picks = torch.argmax(lm.forward(feed, keep=len(drafts) + 1), dim=-1).tolist()  # [len(drafts)+1]
+            n = 0
+            while n < len(drafts) and drafts[n] == picks[n]:
+                n += 1
+            new = drafts[:n] + [picks[n]]
+            for i, t in enumerate(new):  # stop at EOS
+                if t in stop:
+                    new = new[: i + 1]
+                    break
+            seq.extend(new)
+            lm.crop(len(seq) - 1)
+            stats.steps[source] += 1
+            stats.drafted[source] += len(drafts)
+            stats.accepted[source] += min(n, len(new))
+            if stats.target_forwards == 0:
+                stats.first_step_s = time.perf_counter() - t0
+            stats.target_forwards += 1
+            if len(seq) - len(prompt) >= max_new_tokens or new[-1] in stop:
+                break
+            drafter.update(seq, len(new))
+    finally:
+        drafter.end()
+    stats.wall_s = time.perf_counter() - t0
+    stats.new_tokens = len(seq) - len(prompt)
+    stats.draft_forwards = (draft_lm.forwards - draft_forwards0) if draft_lm else 0
+    return GenResult(seq[len(prompt):], stats)
+
+
+def _draft_lm(drafter: Drafter) -> CausalLM | None:
+    if isinstance(drafter, ModelDrafter):
+        return drafter.lm
+    if isinstance(drafter, HybridDrafter):
+        return drafter.model.lm
+    return None
+
+
+# -- Hugging Face baselines --------------------------------------------------------
+
+
+@contextmanager
+def count_forwards(model: torch.nn.Module) -> Iterator[list[int]]:
+    """Count calls of ``model.forward`` inside the block: yields a one-element list."""
+    counter = [0]
+
+    def hook(module, args, kwargs, output):
+        counter[0] += 1
+
+    handle = model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield counter
+    finally:
+        handle.remove()
+
+
+@torch.inference_mode()
+def hf_generate(
+    target: torch.nn.Module,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    eos_ids: Sequence[int] = EOS_IDS,
+    *,
+    assistant: torch.nn.Module | None = None,
+    prompt_lookup: int | None = None,
+) -> GenResult:
+    """Greedy ``target.generate`` (plain, with ``assistant_model=assistant``, or
+    with ``prompt_lookup_num_tokens=prompt_lookup``), timed, with its target
+    forwards counted. Step sources are not known for HF and stay zero."""
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=next(target.parameters()).device)
+    kwargs: dict[str, Any] = {}
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant
+    if prompt_lookup is not None:
+        kwargs["prompt_lookup_num_tokens"] = prompt_lookup
+    eos = list(eos_ids) or None
+    stats = GenStats()
+    with count_forwards(target) as n_target:
+        with count_forwards(assistant) if assistant is not None else _nullcount() as n_draft:
+            t0 = time.perf_counter()
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                  max_new_tokens=max_new_tokens, eos_token_id=eos,
+                                  pad_token_id=eos[0] if eos else 0, temperature=None, top_p=None, top_k=None,
+                                  **kwargs)
+            stats.wall_s = time.perf_counter() - t0
+    tokens = out[0, ids.shape[1]:].tolist()
+    if eos:  # generate pads finished rows; a single row stops at its EOS anyway
+        for i, t in enumerate(tokens):
+            if t in eos:
+                tokens = tokens[: i + 1]
+                break
+    stats.new_tokens = len(tokens)
+    stats.target_forwards = n_target[0]
+    stats.draft_forwards = n_draft[0]
+    return GenResult(tokens, stats)
+
+
+@contextmanager
+def _nullcount() -> Iterator[list[int]]:
+    yield [0]

@@ -1,0 +1,271 @@
+"""The speculative decoding loop is token-identical to plain greedy decoding.
+
+Tiny Qwen2-architecture models (2 layers, hidden 64), randomly initialised
+with fixed seeds, fp32, built from a ``Qwen2Config``: nothing is downloaded.
+
+"Successor" models make greedy output predictable enough to steer the SA: the
+embedding is large and random, and the LM head row of ``succ[t]`` is token
+``t``'s embedding, so the argmax after token ``t`` is ``succ[t]`` (the random
+attention/MLP layers only perturb the hidden state slightly, but they are
+computed, cached and cropped like in any model).
+
+* cycle: ``succ`` is a permutation made of cycles, and the prompt walks one of
+  them, so the output loops and the SA drafts long accepted runs;
+* count: ``succ[t] = t + 1`` and the prompt avoids the tokens the output will
+  count through, so no output token was seen before: the SA never matches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from saspec.generate import (  # noqa: E402
+    DRAFTERS,
+    HybridDrafter,
+    ModelDrafter,
+    SADrafter,
+    hf_generate,
+    make_drafter,
+    speculative_generate,
+)
+
+V = 256
+NO_EOS: tuple[int, ...] = ()
+
+
+def tiny_model(seed: int, succ: np.ndarray | None = None) -> torch.nn.Module:
+    """A 2-layer Qwen2 LM with vocabulary V; with ``succ`` a successor model (see module doc)."""
+    cfg = transformers.Qwen2Config(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                                   tie_word_embeddings=False, use_cache=True)
+    torch.manual_seed(seed)
+    model = transformers.Qwen2ForCausalLM(cfg).float().eval()
+    if succ is not None:
+        g = torch.Generator().manual_seed(seed + 1)
+        emb = torch.randn(V, 64, generator=g)
+        head = torch.empty_like(emb)
+        head[torch.as_tensor(succ)] = emb  # row succ[t] = emb[t]
+        with torch.no_grad():
+            model.model.embed_tokens.weight.copy_(emb)
+            model.lm_head.weight.copy_(head)
+    return model
+
+
+def cycles(lengths: list[int], seed: int) -> np.ndarray:
+    """A permutation of range(V) made of cycles of the given lengths, the remaining tokens one more cycle."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(V)
+    succ = np.empty(V, np.int64)
+    start = 0
+    for n in [*lengths, V - sum(lengths)]:
+        cyc = order[start:start + n]
+        succ[cyc] = np.roll(cyc, -1)
+        start += n
+    return succ
+
+
+COUNT = (np.arange(V) + 1) % V
+CYCLE = cycles([13, 29], seed=5)
+
+
+def cycle_start(succ: np.ndarray, length: int) -> int:
+    """Smallest token on a cycle of ``length`` tokens of the permutation ``succ``."""
+    for t in range(V):
+        if walk(succ, t, length + 1)[-1] == t and len(set(walk(succ, t, length))) == length:
+            return t
+    raise ValueError(f"no cycle of length {length}")
+
+
+def walk(succ: np.ndarray, start: int, n: int) -> list[int]:
+    out = [start]
+    for _ in range(n - 1):
+        out.append(int(succ[out[-1]]))
+    return out
+
+
+def perturbed(succ: np.ndarray, frac: float, seed: int) -> np.ndarray:
+    """``succ`` with about ``frac`` of its entries swapped around (still a permutation)."""
+    rng = np.random.default_rng(seed)
+    out = succ.copy()
+    idx = rng.choice(V, size=int(frac * V), replace=False)
+    out[idx] = out[rng.permutation(idx)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, torch.nn.Module]:
+    return {
+        "random": tiny_model(0),
+        "cycle": tiny_model(1, CYCLE),
+        "count": tiny_model(2, COUNT),
+        "draft-close": tiny_model(3, perturbed(CYCLE, 0.3, 7)),
+        "draft-count": tiny_model(4, perturbed(COUNT, 0.3, 8)),
+        "draft-random": tiny_model(5),
+    }
+
+
+def greedy(model, prompt, max_new_tokens, eos=NO_EOS) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                         eos_token_id=list(eos) or None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+RNG = np.random.default_rng(0)
+PROMPTS = {
+    # cycle model, prompt walks the 29-cycle twice after some noise: SA matches from the start
+    "loop": ("cycle", RNG.integers(0, V, 20).tolist() + walk(CYCLE, cycle_start(CYCLE, 29), 58)),
+    # cycle model, prompt off the 13-cycle but for its last token: the output runs the
+    # 13-cycle, which the SA matches from its second lap on
+    "enter-loop": ("cycle", [t for t in RNG.integers(0, V, 45).tolist() if t not in walk(CYCLE, cycle_start(CYCLE, 13), 13)]
+                   + [cycle_start(CYCLE, 13)]),
+    # counting model: prompt tokens from [200, 256) then 0; output 1, 2, 3, ... never seen before
+    "count": ("count", RNG.integers(200, V, 30).tolist() + [0]),
+    # a plain random model
+    "random": ("random", RNG.integers(0, V, 25).tolist()),
+}
+DRAFT_FOR = {"cycle": "draft-close", "count": "draft-count", "random": "draft-random"}
+
+
+def run(models, prompt_name, kind, max_new=60, eos=NO_EOS, **kw):
+    target_name, prompt = PROMPTS[prompt_name]
+    drafter = make_drafter(kind, draft_model=models[DRAFT_FOR[target_name]], **kw)
+    return speculative_generate(models[target_name], prompt, drafter, max_new, eos)
+
+
+@pytest.mark.parametrize("kind", DRAFTERS)
+@pytest.mark.parametrize("prompt_name", list(PROMPTS))
+def test_identical_to_hf_greedy(models, prompt_name, kind):
+    target_name, prompt = PROMPTS[prompt_name]
+    res = run(models, prompt_name, kind, k=5)
+    assert res.tokens == greedy(models[target_name], prompt, 60)
+    st = res.stats
+    assert st.new_tokens == 60
+    assert sum(st.steps.values()) == st.target_forwards
+    assert 1.0 <= st.al <= 6.0
+    if kind == "none":
+        assert st.target_forwards == 60
+    if kind in ("none", "sa"):
+        assert st.draft_forwards == 0
+
+
+def test_sa_fires_on_repetitive_output(models):
+    for prompt_name in ("loop", "enter-loop"):
+        for kind in ("sa", "hybrid"):
+            st = run(models, prompt_name, kind, k=8).stats
+            assert st.steps["sa"] > 0, (prompt_name, kind)
+            assert st.accepted["sa"] / st.steps["sa"] > 1.0, (prompt_name, kind)
+            assert st.al > 2.0, (prompt_name, kind, st.al)
+    # the prompt already holds the loop: nearly every step is a full SA draft
+    st = run(models, "loop", "sa", k=8).stats
+    assert st.al > 6.0
+    assert st.frac("sa") == 1.0
+
+
+def test_sa_never_fires_on_new_tokens(models):
+    target_name, prompt = PROMPTS["count"]
+    out = run(models, "count", "none").tokens
+    assert out == list(range(1, 61))  # the model counts, and no output token occurs earlier
+    for kind in ("sa", "hybrid"):
+        st = run(models, "count", kind, k=8).stats
+        assert st.steps["sa"] == 0
+        assert st.drafted["sa"] == 0
+    st = run(models, "count", "sa", k=8).stats
+    assert st.target_forwards == 60  # nothing drafted: plain greedy
+    st = run(models, "count", "hybrid", k=8).stats
+    assert st.frac("draft") == 1.0 and st.al > 1.5  # the close draft model carries it
+    st = run(models, "count", "hybrid", k=8, patience=5).stats
+    assert st.frac("draft") == 1.0  # patience never holds back the draft model when the SA has no draft
+
+
+def test_hybrid_runs_draft_model_only_when_picked(models):
+    draft_only = run(models, "enter-loop", "draft", k=8).stats
+    hybrid = run(models, "enter-loop", "hybrid", k=8).stats
+    assert hybrid.steps["sa"] > 0 and hybrid.steps["draft"] > 0
+    assert hybrid.draft_forwards < draft_only.draft_forwards
+    assert hybrid.al >= draft_only.al
+
+
+def test_eos_stops_like_hf(models):
+    target_name, prompt = PROMPTS["count"]
+    expected = greedy(models[target_name], prompt, 60, eos=(17,))
+    assert expected == list(range(1, 18))
+    for kind in DRAFTERS:
+        res = run(models, "count", kind, eos=(17,), k=6)
+        assert res.tokens == expected, kind
+    target_name, prompt = PROMPTS["loop"]
+    eos = (int(greedy(models[target_name], prompt, 30)[25]),)  # a token inside a long accepted SA run
+    expected = greedy(models[target_name], prompt, 60, eos=eos)
+    for kind in DRAFTERS:
+        assert run(models, "loop", kind, eos=eos, k=8).tokens == expected, kind
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 7, 9, 10])
+def test_max_new_tokens_boundaries(models, max_new):
+    target_name, prompt = PROMPTS["loop"]
+    expected = greedy(models[target_name], prompt, max_new)
+    for kind in DRAFTERS:
+        res = run(models, "loop", kind, max_new=max_new, k=8)
+        assert res.tokens == expected, kind
+        assert res.stats.new_tokens == max_new
+
+
+def test_draft_k_larger_than_sa_k_and_early_stop(models):
+    """More accepted tokens per step than the SA's K+1 (fed to the engine in chunks),
+    and the draft model's confidence stop."""
+    target_name, prompt = PROMPTS["enter-loop"]
+    expected = greedy(models[target_name], prompt, 80)
+    draft = models[DRAFT_FOR[target_name]]
+    drafter = HybridDrafter(SADrafter(k=3), ModelDrafter(draft, k=12), threshold=2)
+    assert speculative_generate(models[target_name], prompt, drafter, 80, NO_EOS).tokens == expected
+    drafter = ModelDrafter(draft, k=12, stop_below=0.9)
+    res = speculative_generate(models[target_name], prompt, drafter, 80, NO_EOS)
+    assert res.tokens == expected
+
+
+@pytest.mark.parametrize("prompt_name", list(PROMPTS))
+def test_sa_draft_capped_per_matched_token(models, prompt_name):
+    target_name, prompt = PROMPTS[prompt_name]
+    expected = greedy(models[target_name], prompt, 60)
+    for kind in ("sa", "hybrid"):
+        res = run(models, prompt_name, kind, k=8, per_match=1.5, threshold=2)
+        assert res.tokens == expected, kind
+    for patience in (1, 3):
+        res = run(models, prompt_name, "hybrid", k=8, per_match=2.0, patience=patience)
+        assert res.tokens == expected, patience
+    sa = SADrafter(k=8, per_match=1.0)
+    sa.begin(prompt)
+    seq = list(prompt)
+    for t in expected[:20]:
+        draft, source = sa.propose(seq)
+        assert len(draft) <= sa.match
+        seq.append(t)
+        sa.update(seq, 1)
+    sa.end()
+
+
+def test_hf_baselines_match(models):
+    target_name, prompt = PROMPTS["enter-loop"]
+    target, draft = models[target_name], models[DRAFT_FOR[target_name]]
+    expected = greedy(target, prompt, 40)
+    plain = hf_generate(target, prompt, 40, NO_EOS)
+    assert plain.tokens == expected and plain.stats.target_forwards == 40
+    lookup = hf_generate(target, prompt, 40, NO_EOS, prompt_lookup=5)
+    assert lookup.tokens == expected and lookup.stats.target_forwards < 40
+    assisted = hf_generate(target, prompt, 40, NO_EOS, assistant=draft)
+    assert assisted.tokens == expected and assisted.stats.draft_forwards > 0
+
+
+def test_bad_arguments(models):
+    with pytest.raises(ValueError, match="unknown drafter"):
+        make_drafter("eagle")
+    with pytest.raises(ValueError, match="needs a draft model"):
+        make_drafter("hybrid")
+    with pytest.raises(ValueError, match="prompt is empty"):
+        speculative_generate(models["random"], [], make_drafter("none"), 5)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        speculative_generate(models["random"], [1, 2], make_drafter("none"), 0)

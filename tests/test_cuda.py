@@ -21,18 +21,11 @@ from numba import njit
 from saspec import SpecEngine, core
 from saspec.build import DEFAULT_POLICY, policy_code
 from saspec.select import select_drafts, select_drafts_np
+from test_engine import step_arrays
 
 K = 5
 device_only = pytest.mark.skipif(os.environ.get("SASPEC_TEST_CUDA", "sim") != "device", reason="needs a real GPU")
 
-
-def step_arrays(b, k=K):
-    return (
-        np.zeros((b, k + 1), np.int32),
-        np.zeros(b, np.int32),
-        np.full(b, -7, np.int32),
-        np.full((b, k), -7, np.int32),
-    )
 
 
 def no_draft(k=K):

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 
-def test_readme_example_runs(capsys):
+def test_readme_example_runs():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     promised = re.search(r"print\(.*\)\s+# (.*)", code).group(1).strip()

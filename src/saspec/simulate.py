@@ -419,6 +419,12 @@ def plot(results: dict[str, dict], out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def save(fig, name: str) -> Path:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+        return out / name
+
     paths = []
     fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.6), squeeze=False)
     for ax, (name, res) in zip(axes[0], results.items()):
@@ -431,10 +437,7 @@ def plot(results: dict[str, dict], out: Path) -> list[Path]:
         ax.set_xlabel("threshold T (SA when match >= T)")
         ax.set_ylabel("accepted tokens per step")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(out / "al_vs_threshold.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save(fig, "al_vs_threshold.png"))
 
     drafters = [r["drafter"] for r in next(iter(results.values()))["rows"]]
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(drafters) * len(results) / 2), 4))
@@ -445,10 +448,7 @@ def plot(results: dict[str, dict], out: Path) -> list[Path]:
     ax.set_xticks(np.arange(len(drafters)) + 0.4 - width / 2, drafters, rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("accepted tokens per step (AL)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out / "al_by_policy.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save(fig, "al_by_policy.png"))
 
     fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.4), squeeze=False)
     for ax, (name, res) in zip(axes[0], results.items()):
@@ -460,10 +460,7 @@ def plot(results: dict[str, dict], out: Path) -> list[Path]:
         ax.set_xlabel("tokens accepted in a step")
         ax.set_ylabel("fraction of steps")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(out / "accepted_distribution.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save(fig, "accepted_distribution.png"))
     return paths
 
 

@@ -21,9 +21,9 @@ import time
 import numpy as np
 from numba import njit
 
-from saspec import workloads as wl
-from saspec.simulate import SA, Flat, sa_positions, walk
-from saspec.tokenizers import get_tokenizer
+from saspec.evidence import workloads as wl
+from saspec.evidence.simulate import SA, Flat, sa_positions, walk
+from saspec.evidence.tokenizers import get_tokenizer
 
 K = 8
 

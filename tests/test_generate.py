@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from saspec.generate import (  # noqa: E402
+from saspec.evidence.generate import (  # noqa: E402
     DRAFTERS,
     HybridDrafter,
     ModelDrafter,

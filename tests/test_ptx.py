@@ -32,7 +32,7 @@ cc = (int(sys.argv[1]), int(sys.argv[2]))
 dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
 
 from numba import cuda
-from saspec import extend_cuda
+from saspec.device import extend as extend_cuda
 
 assert not cuda.config.ENABLE_CUDASIM
 out = {}
@@ -75,7 +75,7 @@ def ptx_reports() -> dict[tuple[int, int], dict]:
 
 @pytest.mark.parametrize("cc", TARGETS, ids=lambda cc: f"sm_{cc[0]}{cc[1]}")
 def test_every_kernel_compiles_to_ptx(ptx_reports, cc):
-    from saspec import extend_cuda
+    from saspec.device import extend as extend_cuda
 
     report = ptx_reports[cc]
     assert set(report) == set(extend_cuda.KERNELS)

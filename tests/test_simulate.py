@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from saspec import SpecEngine
-from saspec.simulate import (
+from saspec.evidence.simulate import (
     ADAPTIVE,
     HYBRID,
     NEURAL,
@@ -126,7 +126,7 @@ def test_sa_positions_hand_computed():
 
 
 def test_simulate_command_end_to_end(tmp_path, capsys):
-    from saspec.cli import main
+    from saspec.evidence.cli import main
 
     rc = main(["simulate", "--workloads", "humaneval,humaneval-edit", "--size", "6", "--thresholds", "1,4",
                "--out", str(tmp_path)])
@@ -142,8 +142,8 @@ def test_simulate_command_end_to_end(tmp_path, capsys):
 
 
 def test_simulate_replays_recorded_traces(tmp_path, capsys):
-    from saspec.cli import main
-    from saspec.workloads import Trace, save_traces
+    from saspec.evidence.cli import main
+    from saspec.evidence.workloads import Trace, save_traces
 
     traces = [Trace(prompt=np.array([1, 2, 3, 4] * 5, np.int32), output=np.array([1, 2, 3, 4] * 10, np.int32), meta={})]
     path = tmp_path / "rec.jsonl"

@@ -1,4 +1,4 @@
-"""Tests for saspec.tokenizers and saspec.workloads."""
+"""Tests for saspec.evidence.tokenizers and saspec.evidence.workloads."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from saspec import workloads as W
-from saspec.tokenizers import (
+from saspec.evidence import workloads as W
+from saspec.evidence.tokenizers import (
     QWEN25_SPECIAL_TOKENS,
     HFTokenizer,
     QwenTokenizer,

@@ -1,37 +1,26 @@
 """saspec: speculative-decoding drafts from a suffix automaton over each request's own tokens.
 
-The automaton core (``saspec.core``) is written once as numba ``register_jitable``
-functions and compiled for the host (``numba.njit``) and the GPU (``numba.cuda``).
+The package is laid out by what each part is for:
+
+* the library an inference engine imports: ``core`` (the automaton, written once
+  as numba ``register_jitable`` functions), ``build`` (host automata),
+  ``engine`` (``SpecEngine``: add / prepare / extend / remove), ``extend`` (the
+  host batch kernels), ``select`` (the hybrid choice) and ``ngram`` (the n-gram
+  baseline);
+* ``saspec.device``: the CUDA backend (device slot pool, uploads, kernels);
+* ``saspec.integrations``: one thin module per inference engine;
+* ``saspec.evidence``: workloads, simulator, benchmarks, model set-up and the
+  reference speculative loop. The library never imports it.
 """
 
-import hashlib as _hashlib
-from pathlib import Path as _Path
+from . import _numba_cache
 
-
-def _drop_stale_numba_cache() -> None:
-    """Numba keys its on-disk cache by each jitted module's own source file, so
-    an edit to the shared core would not invalidate the kernels that inline it.
-    Key the cache on the core's hash too: when it changed, drop saspec's cache."""
-    here = _Path(__file__).parent
-    cache = here / "__pycache__"
-    stamp = cache / "core.sha256"
-    digest = _hashlib.sha256((here / "core.py").read_bytes()).hexdigest()
-    try:
-        if stamp.exists() and stamp.read_text() == digest:
-            return
-        for f in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
-            f.unlink()
-        cache.mkdir(exist_ok=True)
-        stamp.write_text(digest)
-    except OSError:  # a read-only install: numba then caches elsewhere or not at all
-        pass
-
-
-_drop_stale_numba_cache()
+_numba_cache.install()
 
 from .build import POLICIES, SuffixAutomaton  # noqa: E402
 from .engine import SpecEngine  # noqa: E402
 from .ngram import NgramDrafter  # noqa: E402
+from .select import select_drafts  # noqa: E402
 
-__all__ = ["POLICIES", "NgramDrafter", "SpecEngine", "SuffixAutomaton"]
+__all__ = ["POLICIES", "NgramDrafter", "SpecEngine", "SuffixAutomaton", "select_drafts"]
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ backend keeps the blobs in a ``numba.typed.List`` indexed by slot, so the whole
 batch is processed by one jitted call with no Python loop over rows.
 
 ``SpecEngine(backend="cuda", max_slots=..., max_seq_len=...)`` keeps the
-automata on the GPU instead (see ``prepare`` and ``extend_cuda``): requests are
+automata on the GPU instead (see ``device.prepare`` and ``device.extend``): requests are
 still built on the host by ``add_request``; ``prepare`` moves the batch's new
 requests into fixed-size device slots, after which the device copy is the only
 one; ``extend`` is one kernel launch on torch's current stream, taking torch
@@ -326,6 +326,6 @@ def _device_pool(backend: str, max_slots: Any, max_seq_len: Any, device: Any, po
         raise ValueError("backend='cuda' needs max_slots and max_seq_len (device memory is reserved up front)")
     if importlib.util.find_spec("numba_cuda") is None:
         raise ImportError("backend='cuda' needs numba-cuda: pip install 'saspec[cuda]'")
-    from .prepare import DevicePool
+    from .device.prepare import DevicePool
 
     return DevicePool(max_slots, max_seq_len, policy, depth, device)

@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from . import NgramDrafter, SpecEngine
-from .build import DEFAULT_POLICY, DEFAULT_RECENT_DEPTH, POLICIES
-from .select import N_BUCKETS, adaptive_init, adaptive_observe, adaptive_prefers_sa
+from .. import NgramDrafter, SpecEngine
+from ..build import DEFAULT_POLICY, DEFAULT_RECENT_DEPTH, POLICIES
+from ..select import N_BUCKETS, adaptive_init, adaptive_observe, adaptive_prefers_sa
 
 DEFAULT_P = (0.85, 0.75, 0.65, 0.6, 0.55, 0.5, 0.5, 0.5)
 DEFAULT_THRESHOLDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import NgramDrafter, SpecEngine, SuffixAutomaton
+from .. import NgramDrafter, SpecEngine, SuffixAutomaton
 
 VOCAB = 151_936
 
@@ -189,7 +189,7 @@ def format_table(rows: list[dict]) -> str:
 
 def run(quick: bool = False) -> dict[str, list[dict]]:
     """All three benchmarks; ``quick`` shrinks them to a smoke run."""
-    from .build import DEFAULT_POLICY
+    from ..build import DEFAULT_POLICY
 
     warm_up()
     if quick:

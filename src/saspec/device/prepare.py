@@ -18,7 +18,7 @@ size than the host's, so the host blob is not copied as is: ``pack`` writes
 the header (with the device layout), the text, the states (edge chains reset)
 and the occupied edges compacted to (SRC, TOK, DST) records into a pinned
 staging buffer, O(request) words; one async copy sends them, and two kernels
-(``extend_cuda.unpack_kernel``, ``link_kernel``) rebuild the table and the
+(``device.extend.unpack_kernel``, ``link_kernel``) rebuild the table and the
 chains in the slot. After the upload the device copy is authoritative: the
 host blob is dropped (it would be stale after the next step), and the request
 stays resident until ``remove_request`` frees its slot. A slot that is reused
@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from . import core
-from . import extend_cuda as kc
+from .. import core
+from . import extend as kc
 
 # Slot words are indexed with int32 offsets on the device.
 MAX_SLOT_WORDS = 2**31 - 1

@@ -23,7 +23,7 @@ One step::
 
 The first step feeds the whole prompt, so prefill and the first verification
 (of drafts made from the prompt alone) are the same forward; this is also what
-``saspec.simulate`` models, so the SA-only acceptance of the loop and of the
+``saspec.evidence.simulate`` models, so the SA-only acceptance of the loop and of the
 simulator agree on the same output.
 
 Drafters: :class:`NoDrafter`, :class:`ModelDrafter` (a small LM with its own KV
@@ -284,13 +284,13 @@ class SADrafter:
     ``per_match`` > 0 drafts at most ``ceil(per_match * match)`` tokens: a
     short match rarely continues far, and every drafted token is verified by
     the target (about 4% of a one-token forward per token on a CPU). 0 always
-    drafts ``k`` (what ``saspec.simulate`` models).
+    drafts ``k`` (what ``saspec.evidence.simulate`` models).
     """
 
     name = "sa"
 
     def __init__(self, k: int = 8, engine: Any = None, per_match: float = 0.0) -> None:
-        from . import SpecEngine
+        from .. import SpecEngine
 
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")

@@ -14,7 +14,7 @@ Outputs (``--out``): ``e2e.md`` (tables), ``e2e.png`` (plot), ``e2e.json``
 of each prompt, in the simulator's format: ``saspec simulate --workloads
 OUT/traces.jsonl`` replays them) and ``runs.jsonl`` (every run's own output,
 same format). The bench also replays its traces through
-``saspec.simulate`` and compares the simulator's SA-only acceptance length
+``saspec.evidence.simulate`` and compares the simulator's SA-only acceptance length
 with the loop's measured one.
 """
 
@@ -291,7 +291,7 @@ def _bench(args: argparse.Namespace) -> int:
     import numpy as np
 
     from . import simulate
-    from .build import DEFAULT_POLICY
+    from ..build import DEFAULT_POLICY
     from .tokenizers import get_tokenizer
     from .workloads import Trace, save_traces
 

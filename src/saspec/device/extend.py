@@ -46,8 +46,15 @@ from typing import Any
 import numpy as np
 from numba import cuda, int32, int64
 
-from . import core
-from .build import as_int32_array
+from .. import _numba_cache, core
+from ..build import as_int32_array
+
+try:  # numba-cuda keeps its own copy of numba's cache locators; the simulator has none
+    from numba.cuda.core import caching as _cuda_caching
+except ImportError:
+    _cuda_caching = None
+if _cuda_caching is not None:
+    _numba_cache.install(_cuda_caching)
 
 # Upload descriptors, one per uploaded request, at the start of the device
 # staging buffer: DESC_WORDS int32 words each.

@@ -182,3 +182,35 @@ def test_suffix_automaton_accepts_torch():
     sa = SuffixAutomaton(torch.tensor([1, 2, 1]))
     sa.extend(torch.tensor([2], dtype=torch.int32))
     assert sa.match() == (2, 2)
+
+
+@njit(boundscheck=True)
+def extend_one(buf, token, policy, depth):
+    return core.extend(buf, token, policy, depth)
+
+
+def _occupied(buf):
+    """Edge-table slots in use, counted from the table itself."""
+    o, size = int(buf[core.H_O_SLOTS]), int(buf[core.H_HT_SIZE])
+    return int(np.count_nonzero(buf[o + core.SRC : o + core.SLOT_WORDS * size : core.SLOT_WORDS] != -1))
+
+
+@pytest.mark.parametrize("tokens", [[1, 2, 2], [1, 2, 2, 2, 1, 2, 2, 3, 1, 2], [0, 1, 0, 1, 1, 0, 1, 1, 1, 0]])
+def test_capacity_check_counts_the_clone_edge_of_a_state_on_the_path(tokens):
+    """Appending 2 to [1, 2] clones the state of the whole text, which lies on
+    the suffix-link path and gains the new edge before it is copied. For every
+    small table: the load limit is never exceeded, and NO_ROOM writes nothing."""
+    toks = np.asarray(tokens, np.int32)
+    n = len(toks)
+    for ht in range(4, 4 * n + 8):
+        buf = np.empty(core.layout_words(n, 2 * n + 1, ht), np.int32)
+        init_blob(buf, n, 2 * n + 1, ht)
+        for t in toks:
+            before = buf.copy()
+            r = extend_one(buf, t, core.FIRST_OCC, -1)
+            used = _occupied(buf)
+            assert used == buf[core.H_USED] <= core.max_used(ht), (ht, r)
+            if r == core.NO_ROOM:
+                assert np.array_equal(buf, before), ht
+                break
+            assert r == core.APPENDED

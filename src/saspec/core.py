@@ -265,9 +265,17 @@ def extend(buf, token, policy, depth):
     need = k
     if p != -1:
         q = buf[w + DST]
-        clone = buf[state(buf, p) + LEN] + 1 != buf[state(buf, q) + LEN]
+        lq = buf[state(buf, q) + LEN]
+        clone = buf[state(buf, p) + LEN] + 1 != lq
         if clone:
+            # The clone copies q's edges as they are after the first loop below:
+            # if q itself lies on the path it has gained the `token` edge by then.
             need += _chain_len(buf, q)
+            r = last
+            while r != p and buf[state(buf, r) + LEN] > lq:
+                r = buf[state(buf, r) + LINK]
+            if r == q:
+                need += 1
     if buf[H_USED] + need > max_used(buf[H_HT_SIZE]):
         return NO_ROOM
 

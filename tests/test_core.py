@@ -199,18 +199,39 @@ def _occupied(buf):
 def test_capacity_check_counts_the_clone_edge_of_a_state_on_the_path(tokens):
     """Appending 2 to [1, 2] clones the state of the whole text, which lies on
     the suffix-link path and gains the new edge before it is copied. For every
-    small table: the load limit is never exceeded, and NO_ROOM writes nothing."""
+    small table: the load limit is never exceeded, NO_ROOM writes nothing, and
+    NO_ROOM comes only when the token's edges really do not fit (the same
+    automaton in a large table needs more slots than the limit)."""
     toks = np.asarray(tokens, np.int32)
     n = len(toks)
-    for ht in range(4, 4 * n + 8):
+    for ht in range(1, 4 * n + 8):
         buf = np.empty(core.layout_words(n, 2 * n + 1, ht), np.int32)
         init_blob(buf, n, 2 * n + 1, ht)
+        ref = worst_case_blob(n)
         for t in toks:
             before = buf.copy()
             r = extend_one(buf, t, core.FIRST_OCC, -1)
+            assert extend_one(ref, t, core.FIRST_OCC, -1) == core.APPENDED
             used = _occupied(buf)
             assert used == buf[core.H_USED] <= core.max_used(ht), (ht, r)
             if r == core.NO_ROOM:
                 assert np.array_equal(buf, before), ht
+                assert ref[core.H_USED] > core.max_used(ht), ht
                 break
-            assert r == core.APPENDED
+            assert r == core.APPENDED and buf[core.H_USED] == ref[core.H_USED]
+
+
+def test_at_most_one_table_edge_per_token():
+    """The bound the device slot size rests on: every state but the text's own
+    keeps its first edge inline, so the table holds at most n edges."""
+    rng = np.random.default_rng(3)
+    fib, prev = [0], [1]
+    while len(fib) < 300:
+        fib, prev = fib + prev, fib
+    seqs = [[0] + [1] * 200, fib[:300], list(range(50)) * 4] + [rng.integers(0, a, 300).tolist() for a in (2, 3, 5, 40)]
+    for seq in seqs:
+        toks = np.asarray(seq, np.int32)
+        buf = worst_case_blob(len(toks))
+        for i, t in enumerate(toks):
+            assert extend_one(buf, t, core.FIRST_OCC, -1) == core.APPENDED
+            assert buf[core.H_USED] <= i + 1 and buf[core.H_NSTATES] <= max(2 * (i + 1) - 1, 2)

@@ -27,12 +27,16 @@ DEFAULT_POLICY = "near-first"
 DEFAULT_RECENT_DEPTH = 4
 MAX_TOKEN = 2**31 - 1
 
-# Sizing: the automaton of n tokens has at most 2n states and 3n edges, but
-# real text needs far fewer; start near the typical need and grow by GROWTH.
+# Sizing: the automaton of n tokens has at most 2n states and n table edges
+# (second and later edges of a state, see ``core``); real text needs fewer
+# states (random text about 1.0-1.3 per token, repetitive text up to 1.9) and
+# about 0.4 (repetitive) to 1.0 (random) table edges per token. A blob starts
+# at the typical need of its tokens plus headroom for the tokens decoding will
+# add, and grows by GROWTH.
 GROWTH = 1.5
 _STATES_PER_TOKEN = 1.9
-_EDGES_PER_TOKEN = 2.4
-_MIN_HEADROOM = 1024
+_EDGES_PER_TOKEN = 1.0  # table edges
+_MIN_HEADROOM = 64
 _TABLE_GROWTH = 2.0  # re-inserting every edge is the costly part of growth: do it rarely
 
 
@@ -45,13 +49,14 @@ def policy_code(policy: str) -> int:
 
 
 def _table_size(edges: int) -> int:
-    """Slots needed to hold ``edges`` edges under the 3/4 load limit."""
+    """Slots needed to hold ``edges`` table edges under the 3/4 load limit."""
     return max(4, (4 * edges) // 3 + 2)
 
 
 def new_blob(expected_tokens: int = 0) -> np.ndarray:
     """An empty automaton sized for about ``expected_tokens`` tokens plus
-    headroom for the tokens decoding will add (1/16 more, at least 1024)."""
+    headroom for the tokens decoding will add (1/16 more, at least 64): about
+    75-80 bytes per token. Later growth is geometric (``grow``)."""
     n = int(expected_tokens)
     n += max(_MIN_HEADROOM, n // 16)
     cap_st = int(_STATES_PER_TOKEN * n) + 2

@@ -12,18 +12,30 @@ request by copying it into a larger blob, see ``build.grow``)::
 
     [0, HEADER)           header words, the H_* indices below
     text   [cap_tok]      the tokens, 0 <= t < 2**31
-    states [4 * cap_st]   one record per state: (LEN, LINK, POS, FIRST)
-    slots  [4 * ht_size]  the edge hash table, one record per slot: (SRC, TOK, DST, NEXT)
+    states [4 * cap_st]   hot record per state: (LEN, LINK, TOK, DST)
+    aux    [2 * cap_st]   cold record per state: (POS, MORE)
+    slots  [4 * ht_size]  the edge table for second and later edges: (SRC, TOK, DST, NEXT)
 
-The three regions are flat arrays. States and slots are 4-word records rather
-than four parallel arrays because every access to them is random: one record is
-one cache line on the host and one memory transaction on the GPU, which made
-ingestion of large prompts about 1.5x faster than parallel arrays.
+Edges. Most states have one outgoing edge, so each state's *first* edge lives
+in its hot record: TOK is its token and DST encodes its target and whether the
+state has more edges. ``DST == 0``: no edge (state 0, the root, is never a
+target, so 0 is free); ``DST > 0``: the only edge is TOK -> DST; ``DST < 0``: the
+first edge is TOK -> -DST and the state's other edges are in the table. A
+transition is therefore one read of the record, and only a state with two or
+more edges whose first edge does not match probes the table. The pre-check and
+the suffix-link walks read nothing but hot records unless a state branches.
 
-The edge table is open addressing with linear probing keyed by (SRC, TOK); a
-slot's SRC is -1 while it is empty. Slots are never deleted, so a slot index is
-stable and doubles as a node of the state's edge chain (FIRST, NEXT) that
-cloning walks to copy a state's edges.
+The table is one open-addressing hash table with linear probing keyed by
+(SRC, TOK); a slot's SRC is -1 while it is empty. Slots are never deleted, so a
+slot index is stable and doubles as a node of the state's chain of table edges
+(head MORE in the aux record, then NEXT; -1 ends it), which cloning walks to
+copy a state's edges. An automaton of n tokens has at most n table edges:
+every state but the one of the whole text has an inline first edge, and the
+edges number at most states - 1 + n.
+
+The hot record is 16 bytes and 16-byte aligned (four per 64-byte cache line on
+the host, one 32-byte sector on the GPU); POS and MORE are read once per token
+and per clone, so they live apart and do not dilute the records the walks touch.
 
 Matching. After each appended token the longest suffix of the text that also
 ends earlier is the state ``link[last]``, and its length is ``length[link[last]]``
@@ -78,17 +90,21 @@ H_O_TEXT = 10  # word offsets of the regions
 H_O_STATES = 11
 H_O_SLOTS = 12
 H_ANCHOR = 13  # NEAR_* policies: where the copy source is expected to continue; -1 if none
-HEADER = 16  # words 14-15 are reserved
+H_O_AUX = 14
+HEADER = 16  # word 15 is reserved
 
-STATE_WORDS = 4
+STATE_WORDS = 4  # hot record
 LEN = 0  # length of the state's longest string
 LINK = 1  # suffix link, -1 for the root
-POS = 2  # end position of the chosen occurrence
-FIRST = 3  # first slot of the state's edge chain, -1 if none
+TOK = 2  # token of the first edge
+DST = 3  # first edge's target: 0 none, > 0 the only edge, < 0 -target with more edges in the table
+AUX_WORDS = 2  # cold record
+POS = 0  # end position of the chosen occurrence
+MORE = 1  # first slot of the chain of the state's table edges, -1 if none
 SLOT_WORDS = 4
 SRC = 0  # -1 while the slot is empty
-TOK = 1
-DST = 2
+S_TOK = 1
+S_DST = 2
 NEXT = 3  # next slot in SRC's chain, -1 at the end
 
 # Occurrence policies.
@@ -108,7 +124,7 @@ OVERFLOWED = 2
 @register_jitable
 def layout_words(cap_tok, cap_st, ht_size):
     """Total int32 words of a blob with these capacities."""
-    return HEADER + cap_tok + STATE_WORDS * cap_st + SLOT_WORDS * ht_size
+    return HEADER + cap_tok + (STATE_WORDS + AUX_WORDS) * cap_st + SLOT_WORDS * ht_size
 
 
 @register_jitable
@@ -123,7 +139,7 @@ def init(buf, cap_tok, cap_st, ht_size):
     """Lay out an empty automaton (root state only) in ``buf``.
 
     ``buf`` must hold at least ``layout_words(cap_tok, cap_st, ht_size)`` words,
-    with ``cap_st >= 1`` and ``ht_size >= 4``.
+    with ``cap_st >= 1`` and ``ht_size >= 1``.
     """
     for i in range(HEADER):
         buf[i] = 0
@@ -135,12 +151,16 @@ def init(buf, cap_tok, cap_st, ht_size):
     buf[H_ANCHOR] = -1
     buf[H_O_TEXT] = HEADER
     buf[H_O_STATES] = HEADER + cap_tok
-    buf[H_O_SLOTS] = HEADER + cap_tok + STATE_WORDS * cap_st
+    buf[H_O_AUX] = HEADER + cap_tok + STATE_WORDS * cap_st
+    buf[H_O_SLOTS] = HEADER + cap_tok + (STATE_WORDS + AUX_WORDS) * cap_st
     root = buf[H_O_STATES]
     buf[root + LEN] = 0
     buf[root + LINK] = -1
-    buf[root + POS] = -1
-    buf[root + FIRST] = -1
+    buf[root + TOK] = 0
+    buf[root + DST] = 0
+    a = buf[H_O_AUX]
+    buf[a + POS] = -1
+    buf[a + MORE] = -1
     slots = buf[H_O_SLOTS]
     for i in range(ht_size):
         buf[slots + SLOT_WORDS * i + SRC] = -1
@@ -157,15 +177,15 @@ def _hash(src, token):
 
 @register_jitable
 def find_slot(buf, src, token):
-    """Word offset of the slot holding edge (src, token), or of the empty slot
-    where it would be inserted. Terminates because the table is never full."""
+    """Word offset of the table slot holding edge (src, token), or of the empty
+    slot where it would be inserted. Terminates because the table is never full."""
     size = buf[H_HT_SIZE]
     slots = buf[H_O_SLOTS]
     i = probe_start(src, token, size)
     while True:
         w = slots + SLOT_WORDS * i
         s = buf[w + SRC]
-        if s == -1 or (s == src and buf[w + TOK] == token):
+        if s == -1 or (s == src and buf[w + S_TOK] == token):
             return w
         i = probe_next(i, size)
 
@@ -185,37 +205,105 @@ def probe_next(i, size):
 
 @register_jitable
 def state(buf, s):
-    """Word offset of state ``s``'s record."""
+    """Word offset of state ``s``'s hot record."""
     return buf[H_O_STATES] + STATE_WORDS * s
+
+
+@register_jitable
+def aux(buf, s):
+    """Word offset of state ``s``'s cold record."""
+    return buf[H_O_AUX] + AUX_WORDS * s
+
+
+@register_jitable
+def edge(buf, src, token):
+    """Where edge (src, token) is, as one int.
+
+    ``>= 0``: the word offset of the word holding its target (the record's DST
+    word, whose value may be negated, or a slot's DST word). Absent: ``-1`` if
+    it would be src's inline first edge; ``-2`` if it would go into the table
+    (src has one edge, so the table was not probed); ``<= -3``: ``-3 - value``
+    is the word offset of the empty table slot where it would go.
+    """
+    r = state(buf, src)
+    d = buf[r + DST]
+    if d == 0:
+        return -1
+    if buf[r + TOK] == token:
+        return r + DST
+    if d > 0:
+        return -2
+    w = find_slot(buf, src, token)
+    if buf[w + SRC] == -1:
+        return -3 - w
+    return w + S_DST
 
 
 @register_jitable
 def transition(buf, src, token):
     """Target state of edge (src, token), or -1."""
+    r = state(buf, src)
+    d = buf[r + DST]
+    if d == 0:
+        return -1
+    if buf[r + TOK] == token:
+        return d if d > 0 else -d
+    if d > 0:
+        return -1
     w = find_slot(buf, src, token)
     if buf[w + SRC] == -1:
         return -1
-    return buf[w + DST]
+    return buf[w + S_DST]
 
 
 @register_jitable
-def _put(buf, w, src, token, dst):
-    """Fill the empty slot at word offset ``w`` and chain it to ``src``."""
-    rec = state(buf, src)
+def _target(buf, e):
+    """Target state stored at edge word ``e`` (see ``edge``)."""
+    d = buf[e]
+    return d if d > 0 else -d
+
+
+@register_jitable
+def _retarget(buf, e, dst):
+    """Point the edge at word ``e`` to ``dst``, keeping the record's more-edges sign."""
+    buf[e] = dst if buf[e] > 0 else -dst
+
+
+@register_jitable
+def _put_slot(buf, w, src, token, dst):
+    """Fill the empty table slot at word offset ``w`` with edge (src, token, dst),
+    chain it to ``src`` and mark src's record as having table edges."""
+    a = aux(buf, src)
     buf[w + SRC] = src
-    buf[w + TOK] = token
-    buf[w + DST] = dst
-    buf[w + NEXT] = buf[rec + FIRST]
-    buf[rec + FIRST] = (w - buf[H_O_SLOTS]) // SLOT_WORDS
+    buf[w + S_TOK] = token
+    buf[w + S_DST] = dst
+    buf[w + NEXT] = buf[a + MORE]
+    buf[a + MORE] = (w - buf[H_O_SLOTS]) // SLOT_WORDS
     buf[H_USED] += 1
+    r = state(buf, src)
+    if buf[r + DST] > 0:
+        buf[r + DST] = -buf[r + DST]
+
+
+@register_jitable
+def _add_edge(buf, e, src, token, dst):
+    """Add the absent edge (src, token, dst) where ``e = edge(buf, src, token)`` said."""
+    if e == -1:
+        r = state(buf, src)
+        buf[r + TOK] = token
+        buf[r + DST] = dst
+    elif e == -2:
+        _put_slot(buf, find_slot(buf, src, token), src, token, dst)
+    else:
+        _put_slot(buf, -3 - e, src, token, dst)
 
 
 @register_jitable
 def _chain_len(buf, s):
-    """Number of edges leaving state s."""
+    """Number of state s's edges in the table (all but its first)."""
     slots = buf[H_O_SLOTS]
     count = 0
-    i = buf[state(buf, s) + FIRST]
+    i = buf[aux(buf, s) + MORE]
     while i != -1:
         count += 1
         i = buf[slots + SLOT_WORDS * i + NEXT]
@@ -230,9 +318,9 @@ def extend(buf, token, policy, depth):
     exceeded; ``OVERFLOWED`` when the blob already overflowed. ``token`` must be
     in [0, 2**31); callers validate.
 
-    A read-only first pass walks the suffix-link path and counts the edges the
-    token will add, so the capacity check happens before any write; the slots
-    it found are reused by the second pass.
+    A read-only first pass walks the suffix-link path and counts the table
+    slots the token will fill, so the capacity check happens before any write;
+    the places it found are reused by the second pass.
     """
     if buf[H_OVERFLOW] != 0:
         return OVERFLOWED
@@ -243,38 +331,43 @@ def extend(buf, token, policy, depth):
     last = buf[H_LAST]
 
     # Pass 1 (read only): states on the path from `last` that lack a `token`
-    # edge get one to the new state; the first that has one, p, decides the
-    # link. Remember the first two empty slots found.
+    # edge get one to the new state (inline if they have no edge yet, else in
+    # the table); the first that has one, p, decides the link. Remember where
+    # the first two new edges go.
     k = 0
-    w = 0
-    w0 = -1
-    w1 = -1
+    need = 0
+    e = 0
+    e0 = -1
+    e1 = -1
     p = last
     while p != -1:
-        w = find_slot(buf, p, token)
-        if buf[w + SRC] != -1:
+        e = edge(buf, p, token)
+        if e >= 0:
             break
+        if e != -1:
+            need += 1
         if k == 0:
-            w0 = w
+            e0 = e
         elif k == 1:
-            w1 = w
+            e1 = e
         k += 1
         p = buf[state(buf, p) + LINK]
     q = -1
     clone = False
-    need = k
     if p != -1:
-        q = buf[w + DST]
+        q = _target(buf, e)
         lq = buf[state(buf, q) + LEN]
         clone = buf[state(buf, p) + LEN] + 1 != lq
         if clone:
-            # The clone copies q's edges as they are after the first loop below:
-            # if q itself lies on the path it has gained the `token` edge by then.
+            # The clone copies q's edges as they are after the first loop
+            # below: its first inline, the others into the table. If q lies on
+            # the path it has gained the `token` edge by then, a table edge
+            # unless it was q's first.
             need += _chain_len(buf, q)
             r = last
             while r != p and buf[state(buf, r) + LEN] > lq:
                 r = buf[state(buf, r) + LINK]
-            if r == q:
+            if r == q and buf[state(buf, q) + DST] != 0:
                 need += 1
     if buf[H_USED] + need > max_used(buf[H_HT_SIZE]):
         return NO_ROOM
@@ -284,18 +377,21 @@ def extend(buf, token, policy, depth):
     cur = ns
     c = state(buf, cur)
     buf[c + LEN] = buf[state(buf, last) + LEN] + 1
-    buf[c + POS] = n
-    buf[c + FIRST] = -1
+    buf[c + TOK] = 0
+    buf[c + DST] = 0
+    ca = aux(buf, cur)
+    buf[ca + POS] = n
+    buf[ca + MORE] = -1
     ns += 1
     r = last
     for j in range(k):
         if j == 0:
-            wj = w0
-        elif j == 1 and w1 != w0:  # w1 is still empty unless it was w0
-            wj = w1
+            ej = e0
+        elif j == 1 and (e1 > -3 or e1 != e0):  # a slot found empty stays so unless e0 took it
+            ej = e1
         else:
-            wj = find_slot(buf, r, token)
-        _put(buf, wj, r, token, cur)
+            ej = edge(buf, r, token)
+        _add_edge(buf, ej, r, token, cur)
         r = buf[state(buf, r) + LINK]
     if p == -1:
         buf[c + LINK] = 0
@@ -303,25 +399,30 @@ def extend(buf, token, policy, depth):
         buf[c + LINK] = q
     else:
         qr = state(buf, q)
+        qa = aux(buf, q)
         cl = state(buf, ns)
+        cla = aux(buf, ns)
         buf[cl + LEN] = buf[state(buf, p) + LEN] + 1
         buf[cl + LINK] = buf[qr + LINK]
-        buf[cl + POS] = buf[qr + POS]
-        buf[cl + FIRST] = -1
+        buf[cl + TOK] = buf[qr + TOK]
+        d = buf[qr + DST]
+        buf[cl + DST] = d if d > 0 else -d
+        buf[cla + POS] = buf[qa + POS]
+        buf[cla + MORE] = -1
         slots = buf[H_O_SLOTS]
-        i = buf[qr + FIRST]
+        i = buf[qa + MORE]
         while i != -1:
-            e = slots + SLOT_WORDS * i
-            t = buf[e + TOK]
-            _put(buf, find_slot(buf, ns, t), ns, t, buf[e + DST])
-            i = buf[e + NEXT]
-        buf[w + DST] = ns  # slot w, p's edge, has not moved: slots never do
+            w = slots + SLOT_WORDS * i
+            t = buf[w + S_TOK]
+            _put_slot(buf, find_slot(buf, ns, t), ns, t, buf[w + S_DST])
+            i = buf[w + NEXT]
+        _retarget(buf, e, ns)  # p's edge: record words and slots never move
         p = buf[state(buf, p) + LINK]
         while p != -1:
-            w = find_slot(buf, p, token)
-            if buf[w + SRC] == -1 or buf[w + DST] != q:
+            e = edge(buf, p, token)
+            if e < 0 or _target(buf, e) != q:
                 break
-            buf[w + DST] = ns
+            _retarget(buf, e, ns)
             p = buf[state(buf, p) + LINK]
         buf[qr + LINK] = ns
         buf[c + LINK] = ns
@@ -397,7 +498,7 @@ def _update_match(buf, token, policy, depth):
         if policy >= NEAR_FIRST:
             e = _near(buf, token, m)
         if e < 0:
-            e = buf[state(buf, s) + POS]
+            e = buf[aux(buf, s) + POS]
         start = e + 1
     if policy >= NEAR_FIRST:
         # Without a match the copy source is assumed to advance in step.
@@ -415,9 +516,8 @@ def _update_match(buf, token, policy, depth):
         # gain end position n-1; their old POS was read above.
         d = 0
         while s > 0 and d != depth:
-            r = state(buf, s)
-            buf[r + POS] = n - 1
-            s = buf[r + LINK]
+            buf[aux(buf, s) + POS] = n - 1
+            s = buf[state(buf, s) + LINK]
             d += 1
 
 
@@ -459,14 +559,16 @@ def draft(buf, out, k):
 def copy_into(src, dst):
     """Copy the automaton in ``src`` into the freshly ``init``-ed, larger ``dst``.
 
-    A table of the same size is copied word for word; otherwise every edge is
-    re-inserted (chain order is irrelevant to the automaton).
+    A table of the same size is copied word for word; otherwise every table
+    edge is re-inserted (chain order is irrelevant to the automaton).
     """
     ns = src[H_NSTATES]
     for i in range(src[H_N]):
         dst[dst[H_O_TEXT] + i] = src[src[H_O_TEXT] + i]
     for i in range(STATE_WORDS * ns):
         dst[dst[H_O_STATES] + i] = src[src[H_O_STATES] + i]
+    for i in range(AUX_WORDS * ns):
+        dst[dst[H_O_AUX] + i] = src[src[H_O_AUX] + i]
     slots = src[H_O_SLOTS]
     if src[H_HT_SIZE] == dst[H_HT_SIZE]:
         for i in range(SLOT_WORDS * src[H_HT_SIZE]):
@@ -474,11 +576,11 @@ def copy_into(src, dst):
         dst[H_USED] = src[H_USED]
     else:
         for s in range(ns):
-            dst[state(dst, s) + FIRST] = -1
+            dst[aux(dst, s) + MORE] = -1
         for i in range(src[H_HT_SIZE]):
             w = slots + SLOT_WORDS * i
             if src[w + SRC] != -1:
-                t = src[w + TOK]
-                _put(dst, find_slot(dst, src[w + SRC], t), src[w + SRC], t, src[w + DST])
+                t = src[w + S_TOK]
+                _put_slot(dst, find_slot(dst, src[w + SRC], t), src[w + SRC], t, src[w + S_DST])
     for h in (H_N, H_NSTATES, H_LAST, H_MATCH_LEN, H_MATCH_POS, H_OVERFLOW, H_ANCHOR):
         dst[h] = src[h]

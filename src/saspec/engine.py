@@ -42,8 +42,10 @@ class SpecEngine:
 
     Args:
         policy: which earlier occurrence drafts copy from, one of
-            ``build.POLICIES``; the default is the best measured one (see
-            ``BENCHMARKS.md``).
+            ``build.POLICIES``. The default, ``"near-first"``, is the best
+            SA-only policy on the code-edit workloads, by 0.2-0.7% over
+            ``"first"``; ``"recent"``/``"near-recent"`` are about 2% better on
+            HumanEval completions and chat (README, ``BENCHMARKS.md``).
         recent_depth: states refreshed per token by the ``*recent`` policies;
             negative means unbounded (exact recency, O(depth) per token).
         parallel_threshold: batches of at least this many rows run on all
@@ -57,8 +59,8 @@ class SpecEngine:
         max_slots: ``"cuda"`` only, required: requests resident on the device
             at once. Device memory is reserved for all of them at construction.
         max_seq_len: ``"cuda"`` only, required: tokens one request may hold
-            (prompt plus generated); a slot takes ``100 * max_seq_len + 80``
-            bytes. A request that grows past it stops drafting (match 0).
+            (prompt plus generated); a slot takes at most
+            ``73.4 * max_seq_len + 99`` bytes. A request that grows past it stops drafting (match 0).
         device: ``"cuda"`` only: the torch CUDA device; default the current one.
     """
 

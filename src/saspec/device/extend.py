@@ -22,9 +22,10 @@ in ``extend``):
 * ``unpack_kernel`` and ``link_kernel``: rebuild uploaded automata in their
   slots (see ``prepare``). ``unpack_kernel`` clears a reused slot's edge table
   and copies the header, text and states; ``link_kernel`` then inserts every
-  edge in parallel, claiming a table slot with ``atomic.cas`` on its SRC word
-  (open addressing with the probe sequence of ``core.find_slot``) and
-  chaining it to its state with ``atomic.exch`` on the state's FIRST word.
+  table edge in parallel, claiming a table slot with ``atomic.cas`` on its SRC
+  word (open addressing with the probe sequence of ``core.find_slot``) and
+  chaining it to its state with ``atomic.exch`` on the state's MORE word.
+  (First edges travel inside the state records.)
 
 Device adapters: ``TorchDevice`` (a real GPU: memory from torch's caching
 allocator, work on torch's current stream) and ``SimDevice`` (numba's CUDA
@@ -71,8 +72,8 @@ _ARR1 = int32[::1]
 _ARR2 = int32[:, ::1]
 SIGNATURES: dict[str, tuple] = {
     "extend_kernel": (_ARR2, _ARR1, _ARR2, _ARR1, _ARR1, _ARR2, int32, int32),
-    "unpack_kernel": (_ARR2, _ARR1, int32, int32, int32, int32),
-    "link_kernel": (_ARR2, _ARR1, int32, int32, int32, int32),
+    "unpack_kernel": (_ARR2, _ARR1, int32, int32, int32, int32, int32),
+    "link_kernel": (_ARR2, _ARR1, int32, int32, int32, int32, int32),
 }
 
 
@@ -119,9 +120,9 @@ def extend_kernel(pool, rows, accepted, lens, match_out, draft_out, policy, dept
 
 
 @cuda.jit(cache=True)
-def unpack_kernel(pool, stage, n_req, o_states, o_slots, ht_size):
-    """Copy each uploaded request's header, text and states into its slot,
-    clearing the slot's edge table first when ``D_CLEAR`` is set.
+def unpack_kernel(pool, stage, n_req, o_states, o_aux, o_slots, ht_size):
+    """Copy each uploaded request's header, text, hot and cold state records
+    into its slot, clearing the slot's edge table first when ``D_CLEAR`` is set.
 
     Grid: x strides over a request's words, y over the requests. stage:
     int32, ``n_req`` descriptors then the payloads (see ``prepare.pack``).
@@ -134,7 +135,8 @@ def unpack_kernel(pool, stage, n_req, o_states, o_slots, ht_size):
         off = stage[d + D_OFFSET]
         n_clear = ht_size if stage[d + D_CLEAR] != 0 else 0
         head = core.HEADER + stage[off + core.H_N]  # header + text: same offsets in both
-        n_st = core.STATE_WORDS * stage[off + core.H_NSTATES]
+        n_hot = core.STATE_WORDS * stage[off + core.H_NSTATES]
+        n_st = (core.STATE_WORDS + core.AUX_WORDS) * stage[off + core.H_NSTATES]
         for i in range(x0, n_clear + head + n_st, xs):
             if i < n_clear:
                 buf[o_slots + core.SLOT_WORDS * i + core.SRC] = -1
@@ -143,14 +145,17 @@ def unpack_kernel(pool, stage, n_req, o_states, o_slots, ht_size):
                 buf[j] = stage[off + j]
             else:
                 j = i - n_clear - head
-                buf[o_states + j] = stage[off + head + j]
+                if j < n_hot:
+                    buf[o_states + j] = stage[off + head + j]
+                else:
+                    buf[o_aux + j - n_hot] = stage[off + head + j]
 
 
 @cuda.jit(cache=True)
-def link_kernel(pool, stage, n_req, o_states, o_slots, ht_size):
-    """Insert each uploaded request's edges into its slot's table and chains.
+def link_kernel(pool, stage, n_req, o_states, o_aux, o_slots, ht_size):
+    """Insert each uploaded request's table edges into its slot's table and chains.
 
-    Runs after ``unpack_kernel`` (the table is clear, every FIRST is -1). One
+    Runs after ``unpack_kernel`` (the table is clear, every MORE is -1). One
     thread per edge; the edges of an automaton are distinct (SRC, TOK) pairs,
     so a claimed slot never needs its TOK compared.
     """
@@ -160,7 +165,8 @@ def link_kernel(pool, stage, n_req, o_states, o_slots, ht_size):
         d = DESC_WORDS * r
         buf = pool[stage[d + D_SLOT]]
         off = stage[d + D_OFFSET]
-        edges = off + core.HEADER + stage[off + core.H_N] + core.STATE_WORDS * stage[off + core.H_NSTATES]
+        n_st = (core.STATE_WORDS + core.AUX_WORDS) * stage[off + core.H_NSTATES]
+        edges = off + core.HEADER + stage[off + core.H_N] + n_st
         for e in range(x0, stage[d + D_EDGES], xs):
             w = edges + EDGE_WORDS * e
             src = stage[w]
@@ -170,10 +176,10 @@ def link_kernel(pool, stage, n_req, o_states, o_slots, ht_size):
             while cuda.atomic.cas(buf, o_slots + core.SLOT_WORDS * i + core.SRC, -1, src) != -1:
                 i = core.probe_next(i, ht_size)
             s = o_slots + core.SLOT_WORDS * i
-            buf[s + core.TOK] = token
-            buf[s + core.DST] = stage[w + 2]
-            first = o_states + core.STATE_WORDS * src + core.FIRST
-            buf[s + core.NEXT] = cuda.atomic.exch(buf, first, int32(i))
+            buf[s + core.S_TOK] = token
+            buf[s + core.S_DST] = stage[w + 2]
+            more = o_aux + core.AUX_WORDS * src + core.MORE
+            buf[s + core.NEXT] = cuda.atomic.exch(buf, more, int32(i))
 
 
 KERNELS = {"extend_kernel": extend_kernel, "unpack_kernel": unpack_kernel, "link_kernel": link_kernel}

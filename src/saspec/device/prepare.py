@@ -6,17 +6,21 @@ construction from torch's caching allocator, plus the batch's row-to-slot map
 ``rows`` (int32 ``[1 + max_slots]``: the batch size, then each row's slot).
 
 Slot capacity (``slot_layout``): an automaton of n tokens has at most 2n - 1
-states and 3n edges, so a slot with ``cap_tok = max_seq_len``,
-``cap_st = 2 * max_seq_len + 1`` and an edge table of ``4 * max_seq_len``
-slots (3/4 load limit, ``core.max_used``) never runs out of room before
-``max_seq_len`` tokens. That is ``100 * max_seq_len + 80`` bytes per slot.
+states and at most n edges in its table (every state but one keeps its first
+edge in its record, and there are at most states - 1 + n edges), so a slot
+with ``cap_tok = max_seq_len``, ``cap_st = 2 * max_seq_len + 1`` and an edge
+table of ``ceil(4 * max_seq_len / 3)`` slots (3/4 load limit,
+``core.max_used``) never runs out of room before ``max_seq_len`` tokens. That
+is at most ``73.4 * max_seq_len + 99`` bytes per slot (``SlotLayout.nbytes``),
+within ``100 * max_seq_len + 80``.
 
 Upload. ``add_request`` builds a request on the host (``build``), in a blob
 sized for that request. ``prepare`` gives each batch request that is not yet
 on the device a free slot and uploads it. The device table has a different
 size than the host's, so the host blob is not copied as is: ``pack`` writes
-the header (with the device layout), the text, the states (edge chains reset)
-and the occupied edges compacted to (SRC, TOK, DST) records into a pinned
+the header (with the device layout), the text, the hot and cold state records
+(table-edge chains reset) and the occupied table edges compacted to
+(SRC, TOK, DST) records into a pinned
 staging buffer, O(request) words; one async copy sends them, and two kernels
 (``device.extend.unpack_kernel``, ``link_kernel``) rebuild the table and the
 chains in the slot. After the upload the device copy is authoritative: the
@@ -57,7 +61,7 @@ class SlotLayout:
 
     @property
     def nbytes(self) -> int:
-        """Device bytes per slot: ``100 * max_seq_len + 80``."""
+        """Device bytes per slot: at most ``73.4 * max_seq_len + 99``."""
         return 4 * self.words
 
     @property
@@ -65,17 +69,22 @@ class SlotLayout:
         return core.HEADER + self.cap_tok
 
     @property
-    def o_slots(self) -> int:
+    def o_aux(self) -> int:
         return core.HEADER + self.cap_tok + core.STATE_WORDS * self.cap_st
+
+    @property
+    def o_slots(self) -> int:
+        return core.HEADER + self.cap_tok + (core.STATE_WORDS + core.AUX_WORDS) * self.cap_st
 
 
 def slot_layout(max_seq_len: int) -> SlotLayout:
     """The smallest slot that holds any ``max_seq_len`` tokens without ``NO_ROOM``:
-    2n+1 states and a table of 4n slots for at most 3n edges at 3/4 load."""
+    2n+1 states and a table of ceil(4n/3) slots for at most n table edges at
+    3/4 load."""
     n = int(max_seq_len)
     if n < 1:
         raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
-    layout = SlotLayout(n, n, 2 * n + 1, 4 * n)
+    layout = SlotLayout(n, n, 2 * n + 1, (4 * n + 2) // 3)
     if layout.words > MAX_SLOT_WORDS:
         raise ValueError(f"max_seq_len={n} needs {layout.words} words per slot, more than 2**31 - 1")
     return layout
@@ -84,7 +93,7 @@ def slot_layout(max_seq_len: int) -> SlotLayout:
 def payload_words(blob: np.ndarray) -> int:
     """int32 words ``pack`` writes for ``blob``: O(tokens + states + edges)."""
     n, ns, used = int(blob[core.H_N]), int(blob[core.H_NSTATES]), int(blob[core.H_USED])
-    return core.HEADER + n + core.STATE_WORDS * ns + kc.EDGE_WORDS * used
+    return core.HEADER + n + (core.STATE_WORDS + core.AUX_WORDS) * ns + kc.EDGE_WORDS * used
 
 
 @njit(nogil=True, cache=True)
@@ -93,9 +102,9 @@ def pack(blob, out, start, cap_tok, cap_st, ht_size):
 
     Payload (int32): the header for a slot with capacities (cap_tok, cap_st,
     ht_size) (region offsets as ``core.init`` lays them out), the text, the
-    states with FIRST = -1, then one (SRC, TOK, DST) record per occupied edge
-    slot of the host table. Returns -1, writing nothing, if the automaton does
-    not fit those capacities.
+    hot state records as they are, the cold records with MORE = -1, then one
+    (SRC, TOK, DST) record per occupied slot of the host table. Returns -1,
+    writing nothing, if the automaton does not fit those capacities.
     """
     n = blob[core.H_N]
     ns = blob[core.H_NSTATES]
@@ -108,7 +117,8 @@ def pack(blob, out, start, cap_tok, cap_st, ht_size):
     out[start + core.H_HT_SIZE] = ht_size
     out[start + core.H_O_TEXT] = core.HEADER
     out[start + core.H_O_STATES] = core.HEADER + cap_tok
-    out[start + core.H_O_SLOTS] = core.HEADER + cap_tok + core.STATE_WORDS * cap_st
+    out[start + core.H_O_AUX] = core.HEADER + cap_tok + core.STATE_WORDS * cap_st
+    out[start + core.H_O_SLOTS] = core.HEADER + cap_tok + (core.STATE_WORDS + core.AUX_WORDS) * cap_st
     p = start + core.HEADER
     text = blob[core.H_O_TEXT]
     for i in range(n):
@@ -117,16 +127,20 @@ def pack(blob, out, start, cap_tok, cap_st, ht_size):
     states = blob[core.H_O_STATES]
     for i in range(core.STATE_WORDS * ns):
         out[p + i] = blob[states + i]
-    for s in range(ns):
-        out[p + core.STATE_WORDS * s + core.FIRST] = -1
     p += core.STATE_WORDS * ns
+    aux = blob[core.H_O_AUX]
+    for i in range(core.AUX_WORDS * ns):
+        out[p + i] = blob[aux + i]
+    for s in range(ns):
+        out[p + core.AUX_WORDS * s + core.MORE] = -1
+    p += core.AUX_WORDS * ns
     slots = blob[core.H_O_SLOTS]
     for i in range(blob[core.H_HT_SIZE]):
         w = slots + core.SLOT_WORDS * i
         if blob[w + core.SRC] != -1:
             out[p] = blob[w + core.SRC]
-            out[p + 1] = blob[w + core.TOK]
-            out[p + 2] = blob[w + core.DST]
+            out[p + 1] = blob[w + core.S_TOK]
+            out[p + 2] = blob[w + core.S_DST]
             p += kc.EDGE_WORDS
     return p
 
@@ -233,7 +247,8 @@ class DevicePool:
             if stop < 0:
                 raise ValueError(f"request {r!r} does not fit a device slot of max_seq_len={lay.max_seq_len}")
             clear = lay.ht_size if self._used[slots[r]] else 0
-            work = max(work, clear + core.HEADER + int(blob[core.H_N]) + core.STATE_WORDS * int(blob[core.H_NSTATES]))
+            st_words = (core.STATE_WORDS + core.AUX_WORDS) * int(blob[core.H_NSTATES])
+            work = max(work, clear + core.HEADER + int(blob[core.H_N]) + st_words)
             edges = max(edges, int(blob[core.H_USED]))
             end = stop - base
 
@@ -242,7 +257,12 @@ class DevicePool:
         if new:
             dev.copy_from_stage(stage.device, 0, stage, base, upload_words)
             pool, buf = dev.view(self.pool), dev.view(stage.device)
-            n_req, geo = np.int32(len(new)), (np.int32(lay.o_states), np.int32(lay.o_slots), np.int32(lay.ht_size))
+            n_req, geo = np.int32(len(new)), (
+                np.int32(lay.o_states),
+                np.int32(lay.o_aux),
+                np.int32(lay.o_slots),
+                np.int32(lay.ht_size),
+            )
             ys = min(len(new), 65535)
             th, mb = dev.upload_threads, dev.max_upload_blocks
             dev.launch(kc.unpack_kernel, (kc._grid(work, th, mb), ys), th, pool, buf, n_req, *geo)

@@ -15,6 +15,7 @@ captured in ``torch.cuda.graph``. ``select_drafts_np`` is the same in numpy
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -30,14 +31,31 @@ def _check(neural: Any, sa: Any, match_len: Any) -> None:
         raise ValueError(f"match_len must have shape ({neural.shape[0]},), got {tuple(match_len.shape)}")
 
 
-def _scalar_floor(threshold: float) -> float:
-    """The smallest match length a scalar threshold accepts (at least 1);
-    ``inf`` for +inf. Raises ``ValueError`` for NaN."""
-    if math.isnan(threshold):
+def _scalar_floor(threshold: Any) -> int | None:
+    """The smallest match length a scalar threshold accepts (at least 1), as a
+    Python int, or ``None`` when it accepts none (``+inf``).
+
+    Integers are used exactly (no float rounding, no fixed-width wrap); floats
+    are rounded up. Raises ``ValueError`` for NaN and ``TypeError`` for
+    anything that is not a real number (bool counts as an int).
+    """
+    if isinstance(threshold, np.ndarray) and threshold.ndim == 0:
+        threshold = threshold.item()
+    if isinstance(threshold, numbers.Integral):
+        return max(1, int(threshold))
+    if not isinstance(threshold, numbers.Real):
+        raise TypeError(f"threshold must be a real number or an array/tensor, got {type(threshold).__name__}")
+    value = float(threshold)
+    if math.isnan(value):
         raise ValueError("threshold must not be NaN")
-    if math.isinf(threshold):
-        return threshold if threshold > 0 else 1
-    return max(1, math.ceil(threshold))
+    if math.isinf(value):
+        return None if value > 0 else 1
+    return max(1, math.ceil(value))
+
+
+def _never(lo: int | None, top: float) -> bool:
+    """True when no match length up to ``top`` reaches the floor ``lo``."""
+    return lo is None or lo > top
 
 
 def select_drafts(neural: Any, sa: Any, match_len: Any, threshold: Any) -> tuple[Any, Any]:
@@ -48,9 +66,11 @@ def select_drafts(neural: Any, sa: Any, match_len: Any, threshold: Any) -> tuple
         neural: integer tensor [B, K], the neural drafter's tokens.
         sa: integer tensor [B, K], the engine's ``draft_out``.
         match_len: integer tensor [B], the engine's ``match_len_out`` (tokens).
-        threshold: minimum match length in tokens: a python int/float, or a
-            0-d or [B] tensor on the device of ``match_len`` (then a CUDA graph
-            replay picks up its current value). ``float('inf')`` disables the SA.
+        threshold: minimum match length in tokens: a real number (Python or
+            numpy int/float, compared exactly at any magnitude; NaN is
+            rejected), or a 0-d or [B] tensor on the device of ``match_len``
+            (then a CUDA graph replay picks up its current value).
+            ``float('inf')`` disables the SA.
 
     Returns:
         ``(drafts, use_sa)``: drafts [B, K], the dtype torch promotes
@@ -64,11 +84,15 @@ def select_drafts(neural: Any, sa: Any, match_len: Any, threshold: Any) -> tuple
             raise ValueError(f"threshold must be 0-d or [{neural.shape[0]}], got shape {tuple(threshold.shape)}")
         use_sa = (match_len >= threshold) & (match_len > 0)
     else:
-        lo = _scalar_floor(float(threshold))
-        if math.isinf(lo):
+        # Compare with the floor only where it fits match_len's dtype: torch
+        # would wrap a larger Python int to the dtype's width.
+        lo = _scalar_floor(threshold)
+        dt = match_len.dtype
+        top = torch.iinfo(dt).max if not (dt.is_floating_point or dt.is_complex or dt == torch.bool) else math.inf
+        if _never(lo, top):
             use_sa = torch.zeros(match_len.shape, dtype=torch.bool, device=match_len.device)
         else:
-            use_sa = match_len >= int(lo)
+            use_sa = match_len >= lo
     return torch.where(use_sa.unsqueeze(1), sa, neural), use_sa
 
 
@@ -80,8 +104,9 @@ def select_drafts_np(
     neural, sa, match_len = np.asarray(neural), np.asarray(sa), np.asarray(match_len)
     _check(neural, sa, match_len)
     if np.ndim(threshold) == 0:
-        lo = _scalar_floor(float(threshold))
-        use_sa = np.zeros(match_len.shape, bool) if math.isinf(lo) else match_len >= int(lo)
+        lo = _scalar_floor(threshold)
+        top = np.iinfo(match_len.dtype).max if match_len.dtype.kind in "iu" else math.inf
+        use_sa = np.zeros(match_len.shape, bool) if _never(lo, top) else match_len >= lo
     else:
         threshold = np.asarray(threshold)
         if threshold.shape != match_len.shape:
@@ -195,3 +220,131 @@ class AdaptiveSelector:
     def remove(self, request_id: Any) -> None:
         """Forget a finished request's statistics."""
         self._req.pop(request_id, None)
+
+
+# -- draft length that follows confidence -------------------------------------------
+#
+# The SA's match length is its confidence: a long match usually continues far, a
+# match of one or two tokens rarely does, and every drafted token is verified by
+# the target (which costs compute once the batch is large). These rules give each
+# row a draft length from its match length (and, optionally, from how much it
+# accepted at its previous step). ``simulate`` evaluates them under the cost model
+# (``saspec simulate``'s "draft length rules" table); the scalar ``draft_length``
+# is what its walks call, ``draft_lengths`` the per-row op for an engine.
+
+DRAFT_LENGTH_RULES = ("fixed", "per-match", "per-match-recent")
+#: The rule and scale ``draft_lengths`` uses by default (see BENCHMARKS.md, "draft length").
+DEFAULT_LENGTH_RULE = "per-match"
+DEFAULT_LENGTH_SCALE = 2.0
+
+
+@njit(cache=True)
+def draft_length(m, k_max, rule, scale, last):
+    """Draft tokens to propose for one row (int, 0..k_max).
+
+    ``m``: the row's match length (tokens); ``k_max``: the most draft tokens;
+    ``rule``: index into :data:`DRAFT_LENGTH_RULES`; ``scale``: tokens per
+    matched token; ``last``: the draft tokens the row accepted at its previous
+    step, or -1 when unknown. 0 where ``m <= 0`` (no draft); otherwise
+
+    * fixed: ``k_max``;
+    * per-match: ``min(k_max, ceil(scale * m))``, at least 1;
+    * per-match-recent: per-match, also at most ``2 * last + 2`` when
+      ``last >= 0`` (a row that just missed drafts 2; a copy that keeps being
+      accepted doubles its length every step).
+    """
+    if m <= 0 or k_max <= 0:
+        return 0
+    if rule == 0:
+        return k_max
+    n = min(k_max, int(math.ceil(scale * m)))
+    if rule == 2 and last >= 0:
+        n = min(n, 2 * last + 2)
+    return max(n, 1)
+
+
+def _rule_index(rule: str) -> int:
+    try:
+        return DRAFT_LENGTH_RULES.index(rule)
+    except ValueError:
+        raise ValueError(f"unknown draft-length rule {rule!r}; choose from {', '.join(DRAFT_LENGTH_RULES)}") from None
+
+
+def draft_lengths(match_len: Any, k_max: int, rule: str = DEFAULT_LENGTH_RULE, scale: float = DEFAULT_LENGTH_SCALE,
+                  last_accepted: Any = None) -> Any:
+    """Per-row draft lengths from match lengths (see :func:`draft_length`).
+
+    Args:
+        match_len: integer array [B] (numpy, or a torch tensor on any device):
+            the engine's ``match_len_out``, in tokens.
+        k_max: the most draft tokens per row (the engine's K), >= 1.
+        rule: one of :data:`DRAFT_LENGTH_RULES`.
+        scale: draft tokens per matched token (> 0; unused by ``fixed``).
+        last_accepted: for ``per-match-recent``: integer array [B] like
+            ``match_len``, each row's accepted draft tokens at its previous
+            step, -1 where unknown (a new row). Ignored by the other rules.
+
+    Returns:
+        int32 [B] in ``[0, k_max]``, 0 exactly where ``match_len <= 0``; a torch
+        tensor on ``match_len``'s device for torch input (element-wise ops only:
+        no host sync, capturable in a CUDA graph), numpy otherwise. Row ``b``
+        should verify only ``draft_out[b, :lengths[b]]``
+        (:func:`truncate_drafts` blanks the rest with -1).
+    """
+    r = _rule_index(rule)
+    if isinstance(k_max, bool) or int(k_max) != k_max or k_max < 1:
+        raise ValueError(f"k_max must be an int >= 1, got {k_max!r}")
+    k_max = int(k_max)
+    scale = float(scale)
+    if r != 0 and not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0, got {scale}")
+    if not type(match_len).__module__.startswith("torch"):
+        match_len = np.asarray(match_len)
+        if last_accepted is not None:
+            last_accepted = np.asarray(last_accepted)
+    if len(tuple(match_len.shape)) != 1:
+        raise ValueError(f"match_len must be 1-D [B], got shape {tuple(match_len.shape)}")
+    if r == 2 and last_accepted is None:
+        raise ValueError("rule 'per-match-recent' needs last_accepted ([B], -1 where unknown)")
+    if r == 2 and tuple(last_accepted.shape) != tuple(match_len.shape):
+        raise ValueError(f"last_accepted must have shape {tuple(match_len.shape)}, got {tuple(last_accepted.shape)}")
+    if type(match_len).__module__.startswith("torch"):
+        import torch
+
+        m = match_len.to(torch.int64)
+        if r == 0:
+            n = torch.full_like(m, k_max)
+        else:
+            n = torch.ceil(m.to(torch.float64) * scale).to(torch.int64).clamp(1, k_max)
+            if r == 2:
+                last = last_accepted.to(device=m.device, dtype=torch.int64)
+                n = torch.where(last >= 0, torch.minimum(n, 2 * last + 2), n).clamp(min=1)
+        return torch.where(m > 0, n, torch.zeros_like(n)).to(torch.int32)
+    m = np.asarray(match_len)
+    if not np.issubdtype(m.dtype, np.integer):
+        raise ValueError(f"match_len must hold integers, got dtype {m.dtype}")
+    m = m.astype(np.int64)
+    if r == 0:
+        n = np.full_like(m, k_max)
+    else:
+        n = np.clip(np.ceil(m.astype(np.float64) * scale).astype(np.int64), 1, k_max)
+        if r == 2:
+            last = np.asarray(last_accepted).astype(np.int64)
+            n = np.maximum(np.where(last >= 0, np.minimum(n, 2 * last + 2), n), 1)
+    return np.where(m > 0, n, 0).astype(np.int32)
+
+
+def truncate_drafts(drafts: Any, lengths: Any, fill: int = -1) -> Any:
+    """``drafts`` [B, K] with entries at column >= ``lengths[b]`` set to ``fill``
+    (a new array/tensor; torch: element-wise, no host sync)."""
+    if drafts.ndim != 2 or tuple(lengths.shape) != (drafts.shape[0],):
+        raise ValueError(f"drafts must be [B, K] and lengths [B], got {tuple(drafts.shape)} and {tuple(lengths.shape)}")
+    if type(drafts).__module__.startswith("torch"):
+        import torch
+
+        cols = torch.arange(drafts.shape[1], device=drafts.device)
+        keep = cols.unsqueeze(0) < lengths.to(drafts.device).unsqueeze(1)
+        return torch.where(keep, drafts, torch.full_like(drafts, fill))
+    drafts = np.asarray(drafts)
+    keep = np.arange(drafts.shape[1])[None, :] < np.asarray(lengths)[:, None]
+    return np.where(keep, drafts, np.asarray(fill, drafts.dtype))

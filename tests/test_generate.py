@@ -269,3 +269,79 @@ def test_bad_arguments(models):
         speculative_generate(models["random"], [], make_drafter("none"), 5)
     with pytest.raises(ValueError, match="max_new_tokens"):
         speculative_generate(models["random"], [1, 2], make_drafter("none"), 0)
+
+
+# -- dtype choice and the prefill / decode split ------------------------------------
+
+X86_AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
+X86_BF16 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n"
+ARM_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+def test_pick_dtype():
+    from saspec.evidence.generate import cpu_flags, pick_dtype
+
+    assert cpu_flags(X86_AVX2) == {"fpu", "sse2", "avx", "avx2", "fma"}
+    assert "bf16" in cpu_flags(ARM_BF16)
+    assert pick_dtype("auto", cpu_flags(X86_AVX2))[0] == "float32"
+    assert pick_dtype("auto", cpu_flags(X86_BF16))[0] == "bfloat16"
+    assert pick_dtype("auto", cpu_flags(ARM_BF16))[0] == "bfloat16"
+    name, why = pick_dtype("auto", cpu_flags(X86_AVX2))
+    assert "lacks native bf16" in why
+    assert pick_dtype("bfloat16", cpu_flags(X86_AVX2)) == ("bfloat16", "as requested")
+    assert pick_dtype("float32", cpu_flags(X86_BF16)) == ("float32", "as requested")
+    assert pick_dtype("auto")[0] in ("float32", "bfloat16")  # this machine's /proc/cpuinfo
+    with pytest.raises(ValueError, match="unknown dtype"):
+        pick_dtype("float16")
+
+
+def test_prefill_and_decode_are_timed_apart(models):
+    target_name, prompt = PROMPTS["loop"]
+    st = run(models, "loop", "sa", k=8).stats
+    assert st.dtype == "float32"
+    # the first forward (prompt + drafts made from the prompt) emits 1 + accepted drafts: the loop is in the prompt
+    assert 2 <= st.prefill_tokens <= 9
+    assert st.decode_tokens == st.new_tokens - st.prefill_tokens
+    assert 0 < st.prefill_s < st.wall_s
+    assert st.decode_s == pytest.approx(st.wall_s - st.prefill_s)
+    assert st.decode_tok_per_s == pytest.approx(st.decode_tokens / st.decode_s)
+    d = st.as_dict()
+    assert {"dtype", "prefill_s", "prefill_tokens", "decode_s", "decode_tokens", "decode_tok_per_s"} <= set(d)
+    assert "float32" in st.summary() and "decode" in st.summary()
+    plain = hf_generate(models[target_name], prompt, 30, NO_EOS)
+    assert plain.stats.prefill_tokens == 1 and plain.stats.decode_tokens == 29  # plain greedy: one token per step
+    assert 0 < plain.stats.prefill_s < plain.stats.wall_s and plain.stats.dtype == "float32"
+    lookup = hf_generate(models[target_name], prompt, 30, NO_EOS, prompt_lookup=8)
+    assert lookup.stats.prefill_tokens > 1  # the first step already accepted prompt-lookup drafts
+    one = run(models, "count", "none", max_new=1).stats
+    assert (one.prefill_tokens, one.decode_tokens, one.decode_tok_per_s) == (1, 0, 0.0)
+
+
+def test_dtype_is_the_models(models):
+    bf16 = tiny_model(0).to(torch.bfloat16)
+    res = speculative_generate(bf16, PROMPTS["random"][1], make_drafter("sa"), 3, NO_EOS)
+    assert res.stats.dtype == "bfloat16" and len(res.tokens) == 3
+    assert hf_generate(bf16, PROMPTS["random"][1], 2, NO_EOS).stats.dtype == "bfloat16"
+
+
+def test_bench_report_shows_dtype_and_decode(models):
+    from saspec.evidence.e2e import format_report, summarize
+
+    target_name, prompt = PROMPTS["enter-loop"]
+    runs = []
+    for method, res in (("hf-plain", hf_generate(models[target_name], prompt, 30, NO_EOS)),
+                        ("sa", run(models, "enter-loop", "sa", max_new=30, k=8))):
+        runs.append({"prompt": "p0", "kind": "code-edit", "method": method, "prompt_tokens": len(prompt),
+                     "contention": 0.0, "tries": 1, "exact": True, **res.stats.as_dict()})
+    summary = summarize(runs, ["hf-plain", "sa"])
+    a, base = summary["code-edit"]["sa"], summary["code-edit"]["hf-plain"]
+    assert a["decode_tok_per_s"] == pytest.approx(runs[1]["decode_tokens"] / runs[1]["decode_s"])
+    assert a["decode_speedup"] == pytest.approx(a["decode_tok_per_s"] / base["decode_tok_per_s"])
+    assert a["prefill_s"] == pytest.approx(runs[1]["prefill_s"])
+    info = {"target": "tiny", "dtype": "float32", "dtype_reason": "auto: CPU lacks native bf16", "threads": 1,
+            "k": 8, "draft_k": 8, "stop_below": 0.0, "threshold": 4, "per_match": 0.0, "patience": 0,
+            "prompt_lookup_num_tokens": [8], "torch": "x", "transformers": "y", "cores": 2}
+    md = format_report(info, summary, runs, [], {}, ["hf-plain", "sa"])
+    assert "(float32)" in md and "auto: CPU lacks native bf16" in md
+    assert "| decode tok/s |" in md and "| prefill s |" in md
+    assert f"| p0 | sa | float32 | {len(prompt)} | 30 |" in md

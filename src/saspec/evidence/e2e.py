@@ -136,7 +136,9 @@ def _model_arguments(p: argparse.ArgumentParser, families: tuple[str, ...]) -> N
     p.add_argument("--threshold", type=nonnegative_int, default=CPU_THRESHOLD, help="hybrid: SA when match >= T")
     p.add_argument("--patience", type=nonnegative_int, default=CPU_PATIENCE,
                    help="hybrid: also keep a weaker SA match until the SA missed this many steps in a row")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="model weights' dtype")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="model weights' dtype; auto: bfloat16 only where the CPU has native bf16 (avx512_bf16, "
+                        "amx_bf16), else float32")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
 
 
@@ -173,18 +175,25 @@ def _setup_torch(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace, need_draft: bool):
     """(target, draft or None, tokenizer, target spec) for ``args.family``."""
     from . import models
+    from .generate import pick_dtype
 
     tspec, dspec = models.family(args.family)
+    args.dtype_used, args.dtype_reason = pick_dtype(args.dtype)
     t0 = time.perf_counter()
-    target, tok = models.load(tspec, args.dtype)
-    draft = models.load(dspec, args.dtype)[0] if need_draft else None
+    target, tok = models.load(tspec, args.dtype_used)
+    draft = models.load(dspec, args.dtype_used)[0] if need_draft else None
     print(f"loaded {tspec.name}" + (f" + {dspec.name}" if draft is not None else "")
-          + f" ({args.dtype}) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+          + f" in {args.dtype_used} ({args.dtype_reason}) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return target, draft, tok, tspec
 
 
 def _threshold(args: argparse.Namespace) -> int:
     return args.threshold
+
+
+def _ratio(a: float, b: float) -> str:
+    """``a / b`` as ``"1.23x"``, or ``"n/a"`` when ``b`` is 0."""
+    return f"{a / b:.2f}x" if b else "n/a"
 
 
 # -- generate ----------------------------------------------------------------------
@@ -217,8 +226,9 @@ def _generate(args: argparse.Namespace) -> int:
     if args.compare:
         ref = hf_generate(target, ids, args.max_new_tokens)
         same = "identical" if ref.tokens == res.tokens else "DIFFERENT"
-        print(f"[hf generate] {ref.stats.tok_per_s:.2f} tok/s; output {same}; "
-              f"speed-up {st.tok_per_s / ref.stats.tok_per_s:.2f}x", file=sys.stderr)
+        print(f"[hf generate] {ref.stats.summary()}", file=sys.stderr)
+        print(f"output {same}; speed-up {st.tok_per_s / ref.stats.tok_per_s:.2f}x overall, "
+              f"{_ratio(st.decode_tok_per_s, ref.stats.decode_tok_per_s)} in decode", file=sys.stderr)
     return 0
 
 
@@ -376,7 +386,9 @@ def _bench(args: argparse.Namespace) -> int:
                    "contention": contention, "tries": tries, **res.stats.as_dict()}
             runs.append(row)
             print(f"[{i + 1}/{len(prompts)} {p['id']}] {m:<11} {res.stats.new_tokens:4d} tok "
-                  f"{res.stats.tok_per_s:6.2f} tok/s  AL {res.stats.al:5.2f}  SA {res.stats.frac('sa'):4.0%}  "
+                  f"{res.stats.tok_per_s:6.2f} tok/s (prefill {res.stats.prefill_s:5.2f} s, decode "
+                  f"{res.stats.decode_tok_per_s:6.2f} tok/s, {res.stats.dtype})  AL {res.stats.al:5.2f}  "
+                  f"SA {res.stats.frac('sa'):4.0%}  "
                   f"busy {contention if contention is not None else float('nan'):4.0%}", file=sys.stderr)
         ref = outputs[(p["id"], "hf-plain")]
         for row in runs:
@@ -419,7 +431,8 @@ def _bench(args: argparse.Namespace) -> int:
                                                       threshold=_threshold(args))
 
     summary = summarize(runs, methods)
-    info = {"target": tspec.name, "dtype": args.dtype, "threads": threads, "k": args.k,
+    info = {"target": tspec.name, "dtype": args.dtype_used, "dtype_requested": args.dtype,
+            "dtype_reason": args.dtype_reason, "threads": threads, "k": args.k,
             "draft_k": args.draft_k, "stop_below": args.stop_below, "threshold": _threshold(args),
             "per_match": args.per_match,
             "prompt_lookup_num_tokens": lookups, "patience": args.patience, "bench_seconds": bench_s,
@@ -431,7 +444,7 @@ def _bench(args: argparse.Namespace) -> int:
                                                                          for p in prompts],
                                               "summary": summary, "runs": runs, "sim_vs_loop": sim_rows,
                                               "simulator": sim_tables}, indent=1))
-    plot(summary, methods, out / "e2e.png")
+    plot(summary, methods, out / "e2e.png", dtype=args.dtype_used)
     print(md)
     print(f"wrote {out}/e2e.md, e2e.png, e2e.json, traces.jsonl, runs.jsonl ({bench_s / 60:.1f} min of runs)")
     return 0
@@ -446,7 +459,9 @@ def _version(mod: str) -> str:
 
 def summarize(runs: list[dict[str, Any]], methods: list[str]) -> dict[str, dict[str, dict[str, float]]]:
     """Per prompt kind and method: total tokens / total seconds (tok/s), speed-up
-    over hf-plain on the same prompts, AL, step fractions, exactness."""
+    over hf-plain on the same prompts, the same for the decode alone (after
+    each run's prefill step) and the total prefill seconds, AL, step
+    fractions, exactness."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for kind in sorted({r["kind"] for r in runs}):
         rows = [r for r in runs if r["kind"] == kind]
@@ -458,6 +473,7 @@ def summarize(runs: list[dict[str, Any]], methods: list[str]) -> dict[str, dict[
                 continue
             a = _agg(rs)
             a["speedup"] = a["tok_per_s"] / base["tok_per_s"]
+            a["decode_speedup"] = a["decode_tok_per_s"] / base["decode_tok_per_s"] if base["decode_tok_per_s"] else 0.0
             out[kind][m] = a
     return out
 
@@ -466,8 +482,12 @@ def _agg(rs: list[dict[str, Any]]) -> dict[str, float]:
     tokens = sum(r["new_tokens"] for r in rs)
     steps = {s: sum(r["steps"][s] for r in rs) for s in ("sa", "draft", "none")}
     n_steps = max(sum(steps.values()), 1)
+    decode_tokens = sum(r["decode_tokens"] for r in rs)
+    decode_s = sum(r["decode_s"] for r in rs)
     return {"tokens": tokens, "seconds": sum(r["wall_s"] for r in rs),
             "tok_per_s": tokens / max(sum(r["wall_s"] for r in rs), 1e-9),
+            "prefill_s": sum(r["prefill_s"] for r in rs),
+            "decode_tok_per_s": decode_tokens / decode_s if decode_tokens > 0 and decode_s > 0 else 0.0,
             "al": tokens / max(sum(r["target_forwards"] for r in rs), 1),
             "sa_frac": steps["sa"] / n_steps, "draft_frac": steps["draft"] / n_steps,
             "exact": sum(bool(r.get("exact")) for r in rs), "runs": len(rs),
@@ -504,29 +524,37 @@ def target_checks(summary: dict) -> list[str]:
 def format_report(info, summary, runs, sim_rows, sim_tables, methods) -> str:
     from .simulate import format_results
 
+    dtype_note = f" ({info['dtype_reason']})" if info.get("dtype_reason") else ""
     lines = [f"# saspec end-to-end: {info['target']} ({info['dtype']}), batch 1, CPU",
              "",
+             f"Models in {info['dtype']}{dtype_note}. "
              f"{info['cores']} cores, {info['threads']} torch threads; torch {info['torch']}, transformers "
              f"{info['transformers']}. K={info['k']} (SA and HF prompt lookup; SA drafts at most {info['per_match']:g} "
              f"tokens per matched token), draft model K={info['draft_k']} with confidence stop "
              f"{info['stop_below']} (also for hybrid steps), hybrid threshold T={info['threshold']} with patience "
              f"{info['patience']}; HF prompt lookup with {', '.join(map(str, info['prompt_lookup_num_tokens']))} tokens. "
-             "tok/s = generated tokens / wall seconds including the prefill; methods interleaved per prompt. "
-             "AL = generated tokens per target forward (prefill included).",
+             "tok/s = generated tokens / wall seconds including the prefill; the prefill is each run's first step "
+             "(the target forward over the prompt, which also verifies the first drafts, and any drafting before "
+             "it), timed apart; decode tok/s = the tokens after it / the seconds after it. Methods interleaved "
+             "per prompt. AL = generated tokens per target forward (prefill included).",
              "", "## By prompt kind", "",
-             "| kind | method | tokens | tok/s | x plain | AL | SA steps | draft steps | output = plain |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| kind | method | tokens | tok/s | x plain | prefill s | decode tok/s | decode x plain | AL | SA steps "
+             "| draft steps | output = plain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for kind, ms in summary.items():
         for m, a in ms.items():
-            lines.append(f"| {kind} | {m} | {a['tokens']} | {a['tok_per_s']:.2f} | {a['speedup']:.2f}x | {a['al']:.2f} | "
-                         f"{a['sa_frac']:.0%} | {a['draft_frac']:.0%} | {a['exact']}/{a['runs']} |")
+            lines.append(f"| {kind} | {m} | {a['tokens']} | {a['tok_per_s']:.2f} | {a['speedup']:.2f}x | "
+                         f"{a['prefill_s']:.1f} | {a['decode_tok_per_s']:.2f} | {a['decode_speedup']:.2f}x | "
+                         f"{a['al']:.2f} | {a['sa_frac']:.0%} | {a['draft_frac']:.0%} | {a['exact']}/{a['runs']} |")
     lines += ["", "## Targets", "", *target_checks(summary), "", "## Per prompt", "",
-              "| prompt | method | prompt tok | new tok | s | tok/s | AL | SA steps | draft steps | = plain | CPU busy (others) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| prompt | method | dtype | prompt tok | new tok | s | tok/s | prefill s | decode tok/s | AL | SA steps "
+              "| draft steps | = plain | CPU busy (others) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         c = "" if r["contention"] is None else f"{r['contention']:.0%}"
-        lines.append(f"| {r['prompt']} | {r['method']} | {r['prompt_tokens']} | {r['new_tokens']} | {r['wall_s']:.1f} | "
-                     f"{r['tok_per_s']:.2f} | {r['al']:.2f} | {r['sa_frac']:.0%} | {r['draft_frac']:.0%} | "
+        lines.append(f"| {r['prompt']} | {r['method']} | {r['dtype']} | {r['prompt_tokens']} | {r['new_tokens']} | "
+                     f"{r['wall_s']:.1f} | {r['tok_per_s']:.2f} | {r['prefill_s']:.2f} | {r['decode_tok_per_s']:.2f} | "
+                     f"{r['al']:.2f} | {r['sa_frac']:.0%} | {r['draft_frac']:.0%} | "
                      f"{'yes' if r.get('exact') else 'NO'} | {c} |")
     if sim_rows:
         lines += ["", "## Simulator replay vs the loop (SA only, same output)", "",
@@ -539,7 +567,7 @@ def format_report(info, summary, runs, sim_rows, sim_tables, methods) -> str:
     return "\n".join(lines)
 
 
-def plot(summary: dict, methods: list[str], path: Path) -> None:
+def plot(summary: dict, methods: list[str], path: Path, dtype: str = "") -> None:
     """Speed-up over plain greedy (left) and AL (right) per method, one bar group per prompt kind."""
     import matplotlib
 
@@ -561,7 +589,7 @@ def plot(summary: dict, methods: list[str], path: Path) -> None:
         ax.set_ylabel(label)
         ax.axhline(1.0, color="gray", lw=0.8)
     axes[0].legend()
-    fig.suptitle("speculative decoding on CPU, batch 1 (side by side in one run)")
+    fig.suptitle(f"speculative decoding on CPU, batch 1{', ' + dtype if dtype else ''} (side by side in one run)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -32,6 +32,12 @@ and :class:`HybridDrafter` (the SA when its match is at least ``T`` tokens,
 otherwise the small LM, which then catches up on the tokens it did not see in
 one forward).
 
+Timing: :class:`GenStats` reports the prefill (the first step) and the decode
+(every later step) apart, since tok/s over a whole generation hides the decode
+speed-up behind the prefill. dtype: :func:`pick_dtype` runs models in bfloat16
+only on CPUs with native bf16 matmuls, float32 elsewhere; every result names
+the dtype it ran in.
+
 Batch: the loop runs one sequence. Drafter state is per sequence and the SA
 already goes through the engine's batch API, so a batched loop needs a
 ragged/padded target forward and per-row cache crops; nothing else changes.
@@ -66,7 +72,15 @@ class GenStats:
     included; ``al`` is ``new_tokens / target_forwards`` (tokens per target
     forward, the same quantity ``saspec simulate`` reports). Step counts are
     per draft source: ``sa``, ``draft`` (the small LM) or ``none`` (no draft).
-    Times are seconds of wall clock.
+
+    Times are seconds of wall clock. The prefill is the first step: the target
+    forward over the whole prompt (which also verifies the drafts made from
+    the prompt alone), with whatever drafting preceded it; it emitted
+    ``prefill_tokens`` tokens in ``prefill_s`` seconds. The decode is the
+    rest: ``decode_tokens`` tokens in ``decode_s`` seconds, so
+    ``decode_tok_per_s`` is the steady-state speed that a prefill would
+    otherwise hide in ``tok_per_s``. ``dtype`` is the target's parameter dtype
+    (``"float32"``, ``"bfloat16"``, ...).
     """
 
     new_tokens: int = 0
@@ -75,8 +89,10 @@ class GenStats:
     steps: dict[str, int] = field(default_factory=lambda: {"sa": 0, "draft": 0, "none": 0})
     drafted: dict[str, int] = field(default_factory=lambda: {"sa": 0, "draft": 0, "none": 0})
     accepted: dict[str, int] = field(default_factory=lambda: {"sa": 0, "draft": 0, "none": 0})
-    first_step_s: float = 0.0
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0
     wall_s: float = 0.0
+    dtype: str = ""
 
     @property
     def al(self) -> float:
@@ -84,21 +100,39 @@ class GenStats:
 
     @property
     def tok_per_s(self) -> float:
+        """Generated tokens per second of the whole generation, prefill included."""
         return self.new_tokens / max(self.wall_s, 1e-9)
+
+    @property
+    def decode_s(self) -> float:
+        return max(self.wall_s - self.prefill_s, 0.0)
+
+    @property
+    def decode_tokens(self) -> int:
+        return self.new_tokens - self.prefill_tokens
+
+    @property
+    def decode_tok_per_s(self) -> float:
+        """Tokens per second after the prefill step (0 when nothing followed it)."""
+        return self.decode_tokens / self.decode_s if self.decode_tokens > 0 and self.decode_s > 0 else 0.0
 
     def frac(self, source: str) -> float:
         """Fraction of steps whose draft came from ``source``."""
         return self.steps.get(source, 0) / max(sum(self.steps.values()), 1)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"new_tokens": self.new_tokens, "target_forwards": self.target_forwards,
+        return {"dtype": self.dtype, "new_tokens": self.new_tokens, "target_forwards": self.target_forwards,
                 "draft_forwards": self.draft_forwards, "al": self.al, "tok_per_s": self.tok_per_s,
-                "wall_s": self.wall_s, "first_step_s": self.first_step_s, "steps": dict(self.steps),
+                "wall_s": self.wall_s, "prefill_s": self.prefill_s, "prefill_tokens": self.prefill_tokens,
+                "decode_s": self.decode_s, "decode_tokens": self.decode_tokens,
+                "decode_tok_per_s": self.decode_tok_per_s, "steps": dict(self.steps),
                 "drafted": dict(self.drafted), "accepted": dict(self.accepted),
                 "sa_frac": self.frac("sa"), "draft_frac": self.frac("draft")}
 
     def summary(self) -> str:
-        return (f"{self.new_tokens} tokens in {self.wall_s:.2f} s = {self.tok_per_s:.2f} tok/s; "
+        return (f"[{self.dtype or '?'}] {self.new_tokens} tokens in {self.wall_s:.2f} s = {self.tok_per_s:.2f} tok/s; "
+                f"prefill {self.prefill_s:.2f} s ({self.prefill_tokens} tokens), decode {self.decode_tokens} tokens "
+                f"in {self.decode_s:.2f} s = {self.decode_tok_per_s:.2f} tok/s; "
                 f"{self.target_forwards} target forwards, AL {self.al:.2f}; "
                 f"steps SA {self.frac('sa'):.0%} / draft model {self.frac('draft'):.0%} / none {self.frac('none'):.0%}; "
                 f"draft-model forwards {self.draft_forwards}")
@@ -110,6 +144,61 @@ class GenResult:
 
     tokens: list[int]
     stats: GenStats
+
+
+# -- dtype -----------------------------------------------------------------------
+
+DTYPES = ("auto", "float32", "bfloat16")
+
+# /proc/cpuinfo flags of CPUs that compute bf16 matmuls natively: x86 AVX512-BF16 and AMX-BF16, Arm BF16.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU feature flags in ``/proc/cpuinfo`` (x86 ``flags``, Arm ``Features``);
+    ``cpuinfo`` overrides the file's text. Empty where the file is missing."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return set()
+    out: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            out.update(value.split())
+    return out
+
+
+def pick_dtype(requested: str = "auto", flags: set[str] | None = None) -> tuple[str, str]:
+    """The CPU dtype to run models in: ``(name, reason)``, name ``"float32"`` or ``"bfloat16"``.
+
+    ``"auto"`` is bfloat16 only on a CPU with native bf16 matmuls (one of
+    :data:`BF16_CPU_FLAGS` in ``flags``, default this machine's
+    ``/proc/cpuinfo``); elsewhere (e.g. AVX2 only) torch's bf16 kernels fall
+    back to slow paths, a multi-token verify costs several single-token
+    forwards and speculation gains little, so it is float32. An explicit
+    ``"float32"`` / ``"bfloat16"`` is kept as asked.
+    """
+    if requested not in DTYPES:
+        raise ValueError(f"unknown dtype {requested!r}; choose from {', '.join(DTYPES)}")
+    if requested != "auto":
+        return requested, "as requested"
+    flags = cpu_flags() if flags is None else flags
+    native = sorted(f for f in BF16_CPU_FLAGS if f in flags)
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # older torch
+        capability = "unknown"
+    if native:
+        return "bfloat16", f"auto: CPU has native bf16 ({', '.join(native)}; torch capability {capability})"
+    return "float32", f"auto: CPU lacks native bf16 (no {'/'.join(BF16_CPU_FLAGS)} flag; torch capability {capability})"
+
+
+def model_dtype(model: torch.nn.Module) -> str:
+    """A model's parameter dtype as a name: ``"float32"``, ``"bfloat16"``, ..."""
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
 # -- model plumbing --------------------------------------------------------------
@@ -448,7 +537,7 @@ def speculative_generate(
     stop = set(int(e) for e in eos_ids)
     lm = CausalLM(target)
     lm.reset()
-    stats = GenStats()
+    stats = GenStats(dtype=model_dtype(target))
     draft_lm = _draft_lm(drafter)
     draft_forwards0 = draft_lm.forwards if draft_lm else 0
     seq = list(prompt)
@@ -474,7 +563,8 @@ def speculative_generate(
             stats.drafted[source] += len(drafts)
             stats.accepted[source] += min(n, len(new))
             if stats.target_forwards == 0:
-                stats.first_step_s = time.perf_counter() - t0
+                stats.prefill_s = time.perf_counter() - t0
+                stats.prefill_tokens = len(new)
             stats.target_forwards += 1
             if len(seq) - len(prompt) >= max_new_tokens or new[-1] in stop:
                 break
@@ -513,6 +603,28 @@ def count_forwards(model: torch.nn.Module) -> Iterator[list[int]]:
         handle.remove()
 
 
+class _StepClock:
+    """A transformers streamer that times the steps of ``generate``.
+
+    ``generate`` first puts the prompt, then each step's new tokens (one per
+    step for plain decoding, one or more for assisted decoding). ``first``
+    holds (seconds since ``t0``, tokens) of the first step after the prompt.
+    """
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.puts = 0
+        self.first: tuple[float, int] | None = None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.first = (time.perf_counter() - self.t0, int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
 @torch.inference_mode()
 def hf_generate(
     target: torch.nn.Module,
@@ -525,7 +637,8 @@ def hf_generate(
 ) -> GenResult:
     """Greedy ``target.generate`` (plain, with ``assistant_model=assistant``, or
     with ``prompt_lookup_num_tokens=prompt_lookup``), timed, with its target
-    forwards counted. Step sources are not known for HF and stay zero."""
+    forwards counted. The prefill (the first step, see :class:`GenStats`) is
+    timed by a streamer. Step sources are not known for HF and stay zero."""
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=next(target.parameters()).device)
     kwargs: dict[str, Any] = {}
     if assistant is not None:
@@ -533,14 +646,15 @@ def hf_generate(
     if prompt_lookup is not None:
         kwargs["prompt_lookup_num_tokens"] = prompt_lookup
     eos = list(eos_ids) or None
-    stats = GenStats()
+    stats = GenStats(dtype=model_dtype(target))
     with count_forwards(target) as n_target:
         with count_forwards(assistant) if assistant is not None else _nullcount() as n_draft:
             t0 = time.perf_counter()
+            clock = _StepClock(t0)
             out = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                   max_new_tokens=max_new_tokens, eos_token_id=eos,
                                   pad_token_id=eos[0] if eos else 0, temperature=None, top_p=None, top_k=None,
-                                  **kwargs)
+                                  streamer=clock, **kwargs)
             stats.wall_s = time.perf_counter() - t0
     tokens = out[0, ids.shape[1]:].tolist()
     if eos:  # generate pads finished rows; a single row stops at its EOS anyway
@@ -551,6 +665,9 @@ def hf_generate(
     stats.new_tokens = len(tokens)
     stats.target_forwards = n_target[0]
     stats.draft_forwards = n_draft[0]
+    if clock.first is not None:
+        stats.prefill_s = clock.first[0]
+        stats.prefill_tokens = min(clock.first[1], len(tokens))
     return GenResult(tokens, stats)
 
 

@@ -312,3 +312,18 @@ def test_walk_helper_agrees_with_the_model(models):
     prompt = PROMPTS["loop"][1]
     out = plain(target, prompt, max_new_tokens=10)[0, len(prompt):].tolist()
     assert out == walk(CYCLE, int(CYCLE[prompt[-1]]), 10)
+
+
+def test_readme_example(models):
+    """The README's transformers example runs as written, on tiny models, and gives greedy's output."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    code = re.search(r"### transformers\n+```python\n(.*?)```", readme, re.S).group(1)
+    assert "custom_generate=sahf.generate" in code and "assistant_model=draft" in code
+    model, draft = models["llama", "cycle"], models["llama", "draft-cycle"]
+    prompt = PROMPTS["enter-loop"][1]
+    scope = {"model": model, "draft": draft, "ids": ids_of(prompt)}
+    exec(compile(code.replace("256", "24"), "README.md", "exec"), scope)
+    assert torch.equal(scope["out"], plain(model, prompt, max_new_tokens=24))

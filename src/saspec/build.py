@@ -69,24 +69,26 @@ def new_blob(expected_tokens: int = 0) -> np.ndarray:
 def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:
     """A larger copy of ``buf`` with room for at least one more token.
 
-    Each capacity that is short of what ``more_tokens`` more tokens typically
-    need grows to at least ``GROWTH`` times its size, so growth is amortized
-    O(1) per token.
+    Every capacity is sized together for ``target`` tokens, at least ``GROWTH``
+    times the current count (and at least ``more_tokens`` more), at the typical
+    rates above, so one re-allocation serves the next geometric stretch of
+    tokens whichever capacity ran out first. Growth is therefore amortized
+    O(1) per token. The table grows only when it is short (by at least
+    ``_TABLE_GROWTH``): re-inserting its edges is the costly part of a copy.
     """
     more = max(int(more_tokens), 1)
     n, ns, used = int(buf[core.H_N]), int(buf[core.H_NSTATES]), int(buf[core.H_USED])
-    cap_tok, cap_st, ht = int(buf[core.H_CAP_TOK]), int(buf[core.H_CAP_ST]), int(buf[core.H_HT_SIZE])
-
-    def grown(cap: int, need: int) -> int:
-        return cap if need <= cap else max(need, int(cap * GROWTH))
-
-    cap_tok = grown(cap_tok, n + more)
-    cap_st = grown(cap_st, ns + 2 + int(_STATES_PER_TOKEN * more))
-    need_edges = used + 2 + int(_EDGES_PER_TOKEN * more)
-    if core.max_used(ht) < need_edges:
-        ht = max(_table_size(need_edges), int(ht * _TABLE_GROWTH))
-    elif (cap_tok, cap_st) == (int(buf[core.H_CAP_TOK]), int(buf[core.H_CAP_ST])):
-        ht = int(ht * _TABLE_GROWTH)  # nothing else is short: one token needs many edges
+    cap_tok0, cap_st0, ht0 = int(buf[core.H_CAP_TOK]), int(buf[core.H_CAP_ST]), int(buf[core.H_HT_SIZE])
+    target = max(n + more, int(GROWTH * n))
+    extra = target - n
+    cap_tok = max(cap_tok0, target)
+    cap_st = max(cap_st0, ns + 2 + int(_STATES_PER_TOKEN * extra))
+    need_edges = used + 2 + int(_EDGES_PER_TOKEN * extra)
+    ht = ht0
+    if core.max_used(ht0) < need_edges:
+        ht = max(_table_size(need_edges), int(ht0 * _TABLE_GROWTH))
+    elif (cap_tok, cap_st) == (cap_tok0, cap_st0):
+        ht = int(ht0 * _TABLE_GROWTH)  # nothing else is short: one token needs many edges
     new = np.empty(core.layout_words(cap_tok, cap_st, ht), dtype=np.int32)
     _init(new, cap_tok, cap_st, ht)
     _copy_into(buf, new)

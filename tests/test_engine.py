@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from saspec import NgramDrafter, SpecEngine, SuffixAutomaton
+from saspec import NgramDrafter, SpecEngine, SuffixAutomaton, core
 from saspec.ngram import ngram_draft
 
 K = 5
@@ -320,3 +320,305 @@ def test_add_request_in_a_thread_overlaps_extend():
     acc2, lens2, mout2, dout2 = step_arrays(2)
     eng.extend(acc2, lens2, mout2, dout2)
     assert mout2[0] == ref.match()[0] and dout2[0].tolist() == reference_draft(ref, K)
+
+
+# -- aliased arguments (issue 12 item 1) ------------------------------------------
+
+
+def _grow_until_full(eng, rid, k=K):
+    """Feed single tokens until ``rid``'s blob has no room for one more."""
+    acc, lens, mout, dout = step_arrays(1, k)
+    lens[0] = 1
+    eng.prepare([rid])
+    blob = eng._blobs[eng._slot[rid]]
+    while True:
+        blob = eng._blobs[eng._slot[rid]]
+        if int(blob[core.H_CAP_TOK]) - int(blob[core.H_N]) <= 0:
+            return
+        acc[0, 0] = 1 + int(blob[core.H_N]) % 7
+        eng.extend(acc, lens, mout, dout)
+
+
+def test_extend_rejects_aliased_lengths_and_outputs():
+    """The audit's repro: lens and match_len_out are one array; a blob must
+    grow, so a second read of lens would see the outputs."""
+    eng = SpecEngine()
+    eng.add_request("long", list(range(50)) * 20)
+    eng.add_request("full", [1])
+    _grow_until_full(eng, "full")
+    eng.prepare(["long", "full"])
+    acc = np.zeros((2, K), np.int32)
+    lens = np.array([1, 5], np.int32)
+    draft = np.zeros((2, K - 1), np.int32)
+    rejects(eng, ValueError, "share memory", eng.extend, acc, lens, lens, draft)
+    assert eng.automaton_len("long") == 1000
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [("accepted", "match_len_out"), ("accepted", "draft_out"), ("accepted_lens", "match_len_out"),
+     ("accepted_lens", "draft_out"), ("match_len_out", "draft_out")],
+)
+def test_extend_rejects_every_overlapping_pair(eng, bk, a, b):
+    if bk.on_device:
+        pytest.skip("Backend.array copies numpy views into separate device tensors")
+    names = ["accepted", "accepted_lens", "match_len_out", "draft_out"]
+    arrays = list(step_arrays(2))
+    i, j = names.index(a), names.index(b)
+    base = np.zeros(64, np.int32)
+    # two views into one buffer with the right shapes, overlapping by one word
+    first = base[: arrays[i].size].reshape(arrays[i].shape)
+    start = arrays[i].size - 1
+    second = base[start : start + arrays[j].size].reshape(arrays[j].shape)
+    arrays[i], arrays[j] = first, second
+    rejects(eng, ValueError, f"{a} and {b} share memory", bk.extend, eng, *arrays)
+
+
+def test_extend_accepts_inputs_sharing_memory(eng):
+    """Two inputs may share memory (both are only read)."""
+    base = np.zeros(2 * (K + 1) + 2, np.int32)
+    acc = base[: 2 * (K + 1)].reshape(2, K + 1)
+    lens = base[2 * (K + 1) - 2 : 2 * (K + 1)]  # lens is the last two words of acc
+    mout, dout = np.zeros(2, np.int32), np.zeros((2, K), np.int32)
+    eng.extend(acc, lens, mout, dout)
+    assert mout.tolist() == [2, 2]
+
+
+# -- concurrency (issue 12 items 3 and 4) ------------------------------------------
+
+_TWO_ENGINES = """
+import threading, numpy as np
+from saspec import NgramDrafter, SpecEngine
+B, K = 64, 4
+def run(kind, seed, errors):
+    try:
+        rng = np.random.default_rng(seed)
+        eng = kind(parallel_threshold=1)
+        for i in range(B):
+            eng.add_request(i, rng.integers(0, 20, 200))
+        eng.prepare(list(range(B)))
+        acc = rng.integers(0, 20, (B, K + 1)).astype(np.int32)
+        lens = np.full(B, 2, np.int32)
+        m, d = np.zeros(B, np.int32), np.zeros((B, K), np.int32)
+        for _ in range(300):
+            eng.extend(acc, lens, m, d)
+    except BaseException as e:
+        errors.append(e)
+errors = []
+ts = [threading.Thread(target=run, args=(kind, s, errors)) for s, kind in enumerate([SpecEngine, SpecEngine, NgramDrafter])]
+for t in ts: t.start()
+for t in ts: t.join()
+assert not errors, errors
+import numba
+print("layer", numba.threading_layer())
+"""
+
+
+@pytest.mark.parametrize("layer", ["workqueue", "default"])
+def test_engines_in_threads_run_parallel_batches(layer, tmp_path):
+    """Several engines stepping parallel batches from several threads at once:
+    numba's workqueue layer aborts the process on concurrent parallel calls
+    unless saspec serialises them."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("NUMBA_THREADING_LAYER", None)
+    if layer != "default":
+        env["NUMBA_THREADING_LAYER"] = layer
+    run = subprocess.run([sys.executable, "-c", _TWO_ENGINES], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    if layer != "default":
+        assert f"layer {layer}" in run.stdout
+
+
+def test_parallel_is_off_by_default():
+    """Parallel steps only when the caller opts in (BENCHMARKS.md: on shared
+    cores the parallel path was 10-35x slower than serial)."""
+    assert SpecEngine().parallel_threshold is None and NgramDrafter().parallel_threshold is None
+    assert SpecEngine(parallel_threshold=64).parallel_threshold == 64
+    for bad in (0, -1, 1.5, "64", True):
+        with pytest.raises((TypeError, ValueError), match="parallel_threshold"):
+            SpecEngine(parallel_threshold=bad)
+
+
+def _blocking_build(eng, started: threading.Event, release: threading.Event):
+    """Make ``eng``'s next build wait for ``release`` once it has started."""
+    build = eng._build_blob
+
+    def slow(tokens):
+        started.set()
+        assert release.wait(30)
+        return build(tokens)
+
+    eng._build_blob = slow
+
+
+def test_remove_during_add_cancels_the_add(backend):
+    eng = backend.engine()
+    started, release = threading.Event(), threading.Event()
+    _blocking_build(eng, started, release)
+    result = []
+    t = threading.Thread(target=lambda: result.append(eng.add_request("r", [1, 2, 3, 1, 2])))
+    t.start()
+    assert started.wait(30)
+    eng.remove_request("r")  # cancels the build: no KeyError
+    release.set()
+    t.join(30)
+    assert result == [False]
+    assert "r" not in eng and len(eng) == 0 and eng.stats()["requests"] == 0
+    with pytest.raises(KeyError, match="unknown request 'r'"):
+        eng.remove_request("r")
+    with pytest.raises(KeyError, match="unknown request 'r'"):
+        eng.prepare(["r"])
+    del eng._build_blob
+    assert eng.add_request("r", [4, 5, 4]) is True  # the id can be added again
+    eng.prepare(["r"])
+    acc, lens, mout, dout = step_arrays(1)
+    acc[0, 0], lens[0] = 5, 1
+    backend.extend(eng, acc, lens, mout, dout)
+    assert mout[0] == 2 and eng.automaton_len("r") == 4
+
+
+def test_add_again_while_a_cancelled_build_runs():
+    """After a cancel the id is free: a new add of it proceeds and the
+    cancelled build's result never replaces it."""
+    eng = SpecEngine()
+    started, release = threading.Event(), threading.Event()
+    _blocking_build(eng, started, release)
+    result = []
+    t = threading.Thread(target=lambda: result.append(eng.add_request("r", [9] * 50)))
+    t.start()
+    assert started.wait(30)
+    eng.remove_request("r")
+    del eng._build_blob
+    assert eng.add_request("r", [1, 2, 3]) is True
+    release.set()
+    t.join(30)
+    assert result == [False] and eng.automaton_len("r") == 3 and len(eng) == 1
+
+
+# -- sizes and arguments (issue 12 items 5 and 6) ----------------------------------
+
+
+def test_request_token_limit_fits_int32_offsets():
+    """The limit leaves room for the largest blob any request of that many
+    tokens can hold: 2n states and 3n edges (bounds for every automaton),
+    each capacity overshot by a full growth step."""
+    from saspec import build
+
+    n = build.MAX_REQUEST_TOKENS
+    worst = build.worst_case_words(n)
+    assert worst <= build.MAX_BLOB_WORDS == 2**31 - 1
+    assert worst >= core.layout_words(n, 2 * n, (4 * 3 * n) // 3)
+    assert build.worst_case_words(2 * n) > build.MAX_BLOB_WORDS  # not needlessly small
+    build.check_request_tokens(n, "prompt")
+    with pytest.raises(ValueError, match=f"prompt would hold {n + 1} tokens, more than .*{n}"):
+        build.check_request_tokens(n + 1, "prompt")
+
+
+@pytest.fixture
+def small_limit(monkeypatch):
+    from saspec import build
+
+    monkeypatch.setattr(build, "MAX_REQUEST_TOKENS", 40)
+    return 40
+
+
+def test_add_request_refuses_more_than_the_token_limit(eng, small_limit):
+    rejects(eng, ValueError, "more than the limit of 40", eng.add_request, "c", list(range(41)))
+    assert "c" not in eng
+    eng.add_request("c", list(range(40)))
+
+
+def test_suffix_automaton_refuses_more_than_the_token_limit(small_limit):
+    with pytest.raises(ValueError, match="more than the limit of 40"):
+        SuffixAutomaton(list(range(41)))
+    sa = SuffixAutomaton(list(range(38)))
+    with pytest.raises(ValueError, match="would hold 41 tokens"):
+        sa.extend([1, 2, 3])
+    assert len(sa) == 38
+    sa.extend([1, 2])
+    assert len(sa) == 40
+
+
+def test_extend_refuses_growth_past_the_token_limit(small_limit):
+    eng = SpecEngine()
+    eng.add_request("a", list(range(30)))
+    eng.add_request("b", list(range(38)))
+    eng.prepare(["a", "b"])
+    acc, lens, mout, dout = step_arrays(2)
+    lens[:] = [3, 3]
+    rejects(eng, ValueError, r"row 1 \(request 'b'\) would hold 41 tokens, more than the limit of 40", eng.extend,
+            acc, lens, mout, dout)
+    lens[:] = [3, 2]
+    eng.extend(acc, lens, mout, dout)
+    assert eng.automaton_len("b") == 40 and eng.automaton_len("a") == 33
+
+
+@pytest.mark.parametrize("depth", [2**64, 2**31, -1, -5, 1.5, "4", None, True])
+def test_recent_depth_is_validated(depth):
+    with pytest.raises((TypeError, ValueError), match="recent_depth"):
+        SpecEngine(recent_depth=depth)
+    with pytest.raises((TypeError, ValueError), match="recent_depth"):
+        SuffixAutomaton([1, 2], recent_depth=depth)
+
+
+@pytest.mark.parametrize("depth", [0, 1, np.int64(7), 1024])
+def test_recent_depth_in_range_is_accepted(depth):
+    from saspec import build
+
+    assert build.MAX_RECENT_DEPTH == 1024
+    eng = SpecEngine(policy="near-recent", recent_depth=depth)
+    eng.add_request("a", [1, 2, 1, 2])
+    sa = SuffixAutomaton([1, 2, 1, 2], policy="recent", recent_depth=depth)
+    assert sa.match() == (2, 2)
+
+
+def test_recent_policy_cost_is_bounded_on_unary_text():
+    """A unary prompt makes every suffix-link path as long as the text; the
+    depth cap keeps the recent policies at O(depth) per token."""
+    unary = np.zeros(200_000, np.int32)
+    SuffixAutomaton(unary[:1000], policy="recent", recent_depth=1024)  # compile
+    t0 = time.perf_counter()
+    sa = SuffixAutomaton(unary, policy="recent", recent_depth=1024)
+    assert time.perf_counter() - t0 < 60 and sa.match()[0] == 199_999
+
+
+# -- device slot overflow (issue 12 item 7) -------------------------------------------
+
+
+def test_device_overflow_is_reported(cuda_backend):
+    import warnings
+
+    bk = cuda_backend
+    eng = bk.engine(max_slots=2, max_seq_len=8)
+    eng.add_request("a", [1, 2, 3, 1, 2, 3, 1])
+    eng.add_request("b", [4, 5])
+    eng.prepare(["a", "b"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert eng.stats()["overflowed"] == 0 and not eng.overflowed("a")
+    acc, lens, mout, dout = step_arrays(2)
+    acc[0, :3], lens[:] = [2, 3, 1], [3, 1]
+    bk.extend(eng, acc, lens, mout, dout)  # "a" needs 10 tokens: overflows
+    assert mout[0] == 0
+    with pytest.warns(RuntimeWarning, match="request 'a' outgrew max_seq_len=8"):
+        assert eng.stats()["overflowed"] == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per request
+        assert eng.overflowed("a") and not eng.overflowed("b")
+        assert eng.stats()["overflowed"] == 1
+    with pytest.raises(KeyError, match="unknown request 'zz'"):
+        eng.overflowed("zz")
+    eng.remove_request("a")
+    assert eng.stats()["overflowed"] == 0
+    eng.add_request("a", [1, 2])  # a new request under the old id: not overflowed, warns again later
+    assert not eng.overflowed("a")
+
+
+def test_cpu_engine_never_overflows():
+    eng = SpecEngine()
+    eng.add_request("a", [1, 2])
+    assert eng.stats()["overflowed"] == 0 and eng.overflowed("a") is False

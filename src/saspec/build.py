@@ -10,6 +10,7 @@ geometric re-allocation, outside the hot loop) and carries on.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,9 @@ POLICIES: dict[str, int] = {
 }
 DEFAULT_POLICY = "near-first"
 DEFAULT_RECENT_DEPTH = 4
+MAX_RECENT_DEPTH = 1024  # the *recent policies cost O(recent_depth) per token
 MAX_TOKEN = 2**31 - 1
+MAX_BLOB_WORDS = 2**31 - 1  # blob offsets are int32
 
 # Sizing: the automaton of n tokens has at most 2n states and n table edges
 # (second and later edges of a state, see ``core``); real text needs fewer
@@ -131,6 +134,59 @@ def ingest(buf: np.ndarray, tokens: np.ndarray, policy: int, depth: int) -> np.n
         buf = grow(buf, tokens.shape[0] - i)
 
 
+def worst_case_words(n_tokens: int) -> int:
+    """An upper bound on the int32 words of any host blob holding ``n_tokens``
+    tokens: every suffix automaton of n tokens has at most 2n states and 3n
+    edges, and a blob's capacities exceed what it holds by less than a growth
+    step (``GROWTH``, ``_TABLE_GROWTH``: at most 2x) plus headroom; the table
+    keeps a 3/4 load limit."""
+    n = int(n_tokens)
+    pad = 4096
+    table = (4 * (3 * n + 2) + 2) // 3 + 1
+    return core.layout_words(2 * n + pad, 2 * (2 * n + 2) + pad, 2 * table + pad)
+
+
+def _max_request_tokens() -> int:
+    """The largest n with ``worst_case_words(n) <= MAX_BLOB_WORDS``."""
+    lo, hi = 0, MAX_BLOB_WORDS
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if worst_case_words(mid) <= MAX_BLOB_WORDS:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+# Tokens one host request may hold (about 37 million with today's layout): any
+# blob for that many tokens keeps every int32 offset in range. add_request,
+# SuffixAutomaton and extend refuse to go past it, before changing anything.
+MAX_REQUEST_TOKENS = _max_request_tokens()
+
+
+def check_request_tokens(total: int, name: str = "request") -> None:
+    """Raise ``ValueError`` if a request would hold more than
+    ``MAX_REQUEST_TOKENS`` tokens (``total``, in tokens)."""
+    if total > MAX_REQUEST_TOKENS:
+        raise ValueError(
+            f"{name} would hold {total} tokens, more than the limit of {MAX_REQUEST_TOKENS} "
+            "(build.MAX_REQUEST_TOKENS: blob offsets are int32)"
+        )
+
+
+def check_recent_depth(depth: Any) -> int:
+    """Validate ``recent_depth``: an int (numpy ints too, not bool) in
+    [0, ``MAX_RECENT_DEPTH``]. Returns it as an int; raises ``TypeError`` or
+    ``ValueError`` naming it otherwise. The bound keeps the ``*recent``
+    policies at O(depth) per token (an unbounded walk is O(n) per token on
+    repetitive text)."""
+    if isinstance(depth, bool) or not isinstance(depth, numbers.Integral):
+        raise TypeError(f"recent_depth must be an int in [0, {MAX_RECENT_DEPTH}], got {depth!r}")
+    if not 0 <= depth <= MAX_RECENT_DEPTH:
+        raise ValueError(f"recent_depth must be in [0, {MAX_RECENT_DEPTH}], got {depth}")
+    return int(depth)
+
+
 def as_tokens(tokens: Any, name: str = "tokens") -> np.ndarray:
     """Validate a 1-D sequence of token ids and return it as contiguous int32.
 
@@ -191,7 +247,10 @@ class SuffixAutomaton:
         policy: which earlier occurrence drafts are copied from: ``"first"``,
             ``"recent"``, ``"near-first"`` or ``"near-recent"`` (see ``core``).
         recent_depth: bound on the states whose recency is refreshed per token
-            for the ``*recent`` policies; negative means unbounded (exact).
+            for the ``*recent`` policies, an int in [0, ``MAX_RECENT_DEPTH``].
+
+    Holds at most ``MAX_REQUEST_TOKENS`` tokens: the constructor and
+    ``extend`` raise ``ValueError`` (changing nothing) beyond that.
     """
 
     def __init__(
@@ -203,13 +262,15 @@ class SuffixAutomaton:
     ) -> None:
         self.policy = policy
         self._policy = policy_code(policy)
-        self._depth = int(recent_depth)
+        self._depth = check_recent_depth(recent_depth)
         toks = as_tokens(tokens)
+        check_request_tokens(toks.shape[0], "the automaton")
         self._buf = ingest(new_blob(toks.shape[0]), toks, self._policy, self._depth)
 
     def extend(self, tokens: Any) -> None:
         """Append tokens (a sequence of ids in [0, 2**31))."""
         toks = as_tokens(tokens)
+        check_request_tokens(len(self) + toks.shape[0], "the automaton")
         self._buf = ingest(self._buf, toks, self._policy, self._depth)
 
     def match(self) -> tuple[int, int]:

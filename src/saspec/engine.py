@@ -9,8 +9,9 @@
     engine.remove_request("a")
 
 Each request owns one growing blob (see ``core`` and ``build``). The CPU
-backend keeps the blobs in a ``numba.typed.List`` indexed by slot, so the whole
-batch is processed by one jitted call with no Python loop over rows.
+backend keeps the blobs in slots and hands the kernels an address table of
+them (see ``extend``), so the whole batch, checks included, is processed by one
+jitted call with no Python loop over rows.
 
 ``SpecEngine(backend="cuda", max_slots=..., max_seq_len=...)`` keeps the
 automata on the GPU instead (see ``device.prepare`` and ``device.extend``): requests are
@@ -23,18 +24,79 @@ CUDA tensors, with no host sync (it can be captured in a CUDA graph).
 from __future__ import annotations
 
 import importlib.util
+import numbers
 import threading
+import warnings
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
-from numba import typed, types
+from numba import int32, int64, njit
 
 from . import build, core
+from . import extend as kx
 from .build import as_int32_array
-from .extend import BAD_LEN, BAD_TOKEN, check_step, extend_rows, extend_rows_parallel
 
 _EMPTY_BLOB = build.new_blob(0)
+_NEVER = 2**63 - 1  # a batch size no parallel_threshold of None reaches
+_STEP_EXACT = None  # kx.step compiled for exactly the argument types of the fast path (see _exact_step)
+
+
+def _exact_step():
+    """``kx.step`` as a dispatcher that accepts only what a valid call passes:
+    writable C-contiguous int32 numpy arrays of the right ranks (and the int64
+    address table). Anything else fails numba's dispatch with ``TypeError``
+    before any code runs, and ``extend`` then re-checks the arguments one by
+    one to say what is wrong. Built on first use (it compiles eagerly)."""
+    global _STEP_EXACT
+    if _STEP_EXACT is None:
+        a1, a2 = int32[::1], int32[:, ::1]
+        sig = int64(int64[:, ::1], a2, a2, a1, a1, a2, int64[::1])
+        _STEP_EXACT = njit(sig, nogil=True, cache=True)(_step_exact_impl)
+    return _STEP_EXACT
+
+
+def _step_exact_impl(table, rp, accepted, lens, match_out, draft_out, ctl):
+    return kx.step(table, rp, accepted, lens, match_out, draft_out, ctl)
+
+
+def _check_parallel_threshold(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"parallel_threshold must be None or an int >= 1, got {value!r}")
+    if value < 1:
+        raise ValueError(f"parallel_threshold must be None or an int >= 1, got {value}")
+    return int(value)
+
+
+def _span(x: Any) -> tuple[int, int] | None:
+    """Byte range of a numpy array or torch tensor's elements (from metadata
+    only: no sync), or None for anything else or an empty one."""
+    if isinstance(x, np.ndarray):
+        lo, n = x.__array_interface__["data"][0], x.nbytes
+    elif type(x).__module__.startswith("torch") and hasattr(x, "data_ptr"):
+        lo, n = x.data_ptr(), x.numel() * x.element_size()
+    else:
+        return None
+    return (lo, lo + n) if n else None
+
+
+def _check_no_overlap(args: Sequence[Any]) -> None:
+    """Raise ``ValueError`` if an output shares memory with an input or with
+    the other output (``args`` in ``extend``'s order)."""
+    spans = [_span(x) for x in args]
+    for i, j in ((0, 2), (0, 3), (1, 2), (1, 3), (2, 3)):
+        a, b = spans[i], spans[j]
+        if a is not None and b is not None and a[0] < b[1] and b[0] < a[1]:
+            raise ValueError(_overlap_message(i, j))
+
+
+def _overlap_message(i: int, j: int) -> str:
+    return (
+        f"{kx.ARG_NAMES[i]} and {kx.ARG_NAMES[j]} share memory: "
+        "the outputs must not overlap an input or each other"
+    )
 
 
 class SpecEngine:
@@ -46,13 +108,16 @@ class SpecEngine:
             SA-only policy on the code-edit workloads, by 0.2-0.7% over
             ``"first"``; ``"recent"``/``"near-recent"`` are about 2% better on
             HumanEval completions and chat (README, ``BENCHMARKS.md``).
-        recent_depth: states refreshed per token by the ``*recent`` policies;
-            negative means unbounded (exact recency, O(depth) per token).
-        parallel_threshold: batches of at least this many rows run on all
-            cores (numba ``prange``); CPU backend only. Parallel steps only
-            pay off on idle cores: with OpenMP's default spin-waiting, a
-            machine whose cores are shared made them 10-100x slower than
-            serial (BENCHMARKS.md); ``OMP_WAIT_POLICY=passive`` avoids that.
+        recent_depth: states refreshed per token by the ``*recent`` policies,
+            an int in [0, ``build.MAX_RECENT_DEPTH``] (1024); each token costs
+            O(recent_depth) more with them. Others raise ``TypeError`` or
+            ``ValueError``.
+        parallel_threshold: ``None`` (default): every step runs serially on
+            the calling thread. An int >= 1: batches of at least this many
+            rows run on all cores (numba ``prange``); CPU backend only. Opt in
+            only on dedicated idle cores: on shared cores the parallel path
+            was 10-35x slower than serial (BENCHMARKS.md), and serial is never
+            slower there.
         backend: ``"cpu"`` (host memory, numpy arrays or CPU tensors) or
             ``"cuda"`` (device slots, torch CUDA tensors; needs numba-cuda:
             ``pip install 'saspec[cuda]'``).
@@ -62,14 +127,27 @@ class SpecEngine:
             (prompt plus generated); a slot takes at most
             ``73.4 * max_seq_len + 99`` bytes. A request that grows past it stops drafting (match 0).
         device: ``"cuda"`` only: the torch CUDA device; default the current one.
+
+    Threads: every method may be called from any thread; one engine
+    serialises its calls with a lock, except that ``add_request`` builds
+    without holding it (and without the GIL), so a build overlaps ``extend``
+    on another thread. Several engines may be used from several threads at
+    once: their serial steps run concurrently, and parallel steps (any
+    engine's, any numba threading layer) take one process-wide lock
+    (``extend.PARALLEL_LOCK``) because numba's workqueue layer aborts the
+    process on concurrent parallel calls. ``remove_request`` of an id whose
+    ``add_request`` is still building cancels that add.
     """
+
+    _N_WORD = core.H_N  # the blob word that holds the token count (NgramDrafter: 0)
+    _FUSED = True  # extend may use kx.step, the SA check and kernel in one call
 
     def __init__(
         self,
         *,
         policy: str = build.DEFAULT_POLICY,
         recent_depth: int = build.DEFAULT_RECENT_DEPTH,
-        parallel_threshold: int = 256,
+        parallel_threshold: int | None = None,
         backend: str = "cpu",
         max_slots: int | None = None,
         max_seq_len: int | None = None,
@@ -77,67 +155,105 @@ class SpecEngine:
     ) -> None:
         self.policy = policy
         self._policy = build.policy_code(policy)
-        self._depth = int(recent_depth)
-        self.parallel_threshold = int(parallel_threshold)
+        self._depth = build.check_recent_depth(recent_depth)
+        self.parallel_threshold = _check_parallel_threshold(parallel_threshold)
+        self._parallel_from = _NEVER if self.parallel_threshold is None else self.parallel_threshold
         self.backend = backend
         self._pool = _device_pool(backend, max_slots, max_seq_len, device, self._policy, self._depth)
         self._lock = threading.Lock()
-        self._blobs = typed.List.empty_list(types.int32[::1])
+        # Slot s holds _blobs[s]; the kernels see it through the address table
+        # (_table[:, s]: address, words; see ``extend``), which is changed only
+        # under the lock, always together with _blobs (which keeps the blob alive).
+        self._blobs: list[np.ndarray] = []
+        self._table = np.zeros((2, 16), dtype=np.int64)
         self._free: list[int] = []
         self._slot: dict[Hashable, int] = {}
-        self._building: set[Hashable] = set()
+        self._building: dict[Hashable, object] = {}  # id -> the token of the add building it
         self._batch: tuple[Hashable, ...] | None = None  # None: not prepared
-        self._rows = np.empty(0, dtype=np.int32)
-        self._progress = np.empty(0, dtype=np.int32)
+        self._rp = np.zeros((2, 0), dtype=np.int32)  # the batch rows' slots, and their progress in a step
+        self._parallel = False  # the prepared batch runs the parallel kernel
+        self._ctl = np.zeros(kx.CTL_WORDS, dtype=np.int64)
+        self._ctl[kx.C_LIMIT] = build.MAX_REQUEST_TOKENS
+        self._ctl[kx.C_POLICY] = self._policy
+        self._ctl[kx.C_DEPTH] = self._depth
+        self._warned_overflow: set[Hashable] = set()
 
     # -- lifecycle -----------------------------------------------------------
 
-    def add_request(self, request_id: Hashable, prompt: Any) -> None:
-        """Build the automaton of ``prompt`` (1-D token ids in [0, 2**31)).
+    def add_request(self, request_id: Hashable, prompt: Any) -> bool:
+        """Build the automaton of ``prompt`` (1-D token ids in [0, 2**31),
+        at most ``build.MAX_REQUEST_TOKENS`` of them).
 
         The build runs without the GIL, so calling this from a background
         thread overlaps with ``extend`` on another thread. On the CUDA backend
         the request stays on the host until a ``prepare`` that includes it.
 
+        Returns ``True`` when the request was added, ``False`` when a
+        ``remove_request`` of the same id cancelled it while it was being
+        built (the build's result is discarded; the id is free again).
+
         Raises:
             KeyError: ``request_id`` is already added (or being added).
             TypeError, ValueError: ``prompt`` is not 1-D integer ids in range,
-                or (CUDA) longer than ``max_seq_len``.
+                has more than ``build.MAX_REQUEST_TOKENS`` tokens, or (CUDA)
+                is longer than ``max_seq_len``.
         """
         tokens = build.as_tokens(prompt, "prompt")
+        build.check_request_tokens(tokens.shape[0], "prompt")
         if self._pool is not None and tokens.shape[0] > self._pool.layout.max_seq_len:
             raise ValueError(
                 f"prompt has {tokens.shape[0]} tokens, more than max_seq_len={self._pool.layout.max_seq_len} "
                 "(the capacity of a device slot)"
             )
+        me = object()
         with self._lock:
             if request_id in self._slot or request_id in self._building:
                 raise KeyError(f"request {request_id!r} is already added")
-            self._building.add(request_id)
+            self._building[request_id] = me
         try:
             blob = self._build_blob(tokens)
         except BaseException:
             with self._lock:
-                self._building.discard(request_id)
+                if self._building.get(request_id) is me:
+                    del self._building[request_id]
             raise
         with self._lock:
-            self._building.discard(request_id)
+            if self._building.get(request_id) is not me:
+                return False  # cancelled by remove_request
+            del self._building[request_id]
             if self._free:
                 slot = self._free.pop()
-                self._blobs[slot] = blob
             else:
                 slot = len(self._blobs)
-                self._blobs.append(blob)
+                self._blobs.append(_EMPTY_BLOB)
+            self._install(slot, blob)
             self._slot[request_id] = slot
+        return True
+
+    def _install(self, slot: int, blob: np.ndarray) -> None:
+        """Make ``blob`` slot ``slot``'s (under the lock), in ``_blobs`` and the
+        address table the kernels read."""
+        table = self._table
+        if slot >= table.shape[1]:
+            self._table = np.zeros((2, max(2 * table.shape[1], slot + 1)), dtype=np.int64)
+            self._table[:, : table.shape[1]] = table
+        self._blobs[slot] = blob
+        self._table[0, slot] = blob.ctypes.data
+        self._table[1, slot] = blob.shape[0]
 
     def remove_request(self, request_id: Hashable) -> None:
-        """Free a request's automaton. Raises ``KeyError`` for an unknown id."""
+        """Free a request's automaton. An id whose ``add_request`` is still
+        building is cancelled: that call returns ``False`` and adds nothing.
+        Raises ``KeyError`` for an id neither added nor being added."""
         with self._lock:
             slot = self._slot.pop(request_id, None)
             if slot is None:
-                raise KeyError(f"unknown request {request_id!r}")
-            self._blobs[slot] = _EMPTY_BLOB
+                if self._building.pop(request_id, None) is None:
+                    raise KeyError(f"unknown request {request_id!r}")
+                return
+            self._install(slot, _EMPTY_BLOB)
             self._free.append(slot)
+            self._warned_overflow.discard(request_id)
             if self._pool is not None:
                 self._pool.release(request_id)
             if self._batch is not None and request_id in self._batch:
@@ -165,8 +281,10 @@ class SpecEngine:
             if self._pool is not None:
                 self._prepare_device(ids)
             else:
-                self._rows = np.array([self._slot[r] for r in ids], dtype=np.int32)
-                self._progress = np.zeros(len(ids), dtype=np.int32)
+                rp = np.zeros((2, len(ids)), dtype=np.int32)
+                rp[0] = [self._slot[r] for r in ids]
+                self._rp = rp
+                self._parallel = len(ids) >= self._parallel_from
             self._batch = ids
 
     def extend(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any) -> None:
@@ -197,35 +315,77 @@ class SpecEngine:
         """
         if self._pool is not None:
             return self._extend_device(accepted, accepted_lens, match_len_out, draft_out)
-        acc = as_int32_array(accepted, "accepted", 2)
-        lens = as_int32_array(accepted_lens, "accepted_lens", 1)
-        mout = as_int32_array(match_len_out, "match_len_out", 1, writable=True)
-        dout = as_int32_array(draft_out, "draft_out", 2, writable=True)
+        nd = np.ndarray
         with self._lock:
             if self._batch is None:
                 raise RuntimeError("no batch is prepared (or a request in it was removed): call prepare() first")
-            rows, progress = self._rows, self._progress
-            b = rows.shape[0]
-            k = dout.shape[1]
-            for name, arr, shape in (
-                ("accepted", acc, (b, k + 1)),
-                ("accepted_lens", lens, (b,)),
-                ("match_len_out", mout, (b,)),
+            rp = self._rp
+            parallel = self._parallel
+            code = None
+            if (
+                self._FUSED
+                and not parallel
+                and type(accepted) is nd
+                and type(accepted_lens) is nd
+                and type(match_len_out) is nd
+                and type(draft_out) is nd
             ):
-                if arr.shape != shape:
-                    raise ValueError(f"{name} must have shape {shape} for batch {b} and K={k}, got {arr.shape}")
-            if dout.shape[0] != b:
-                raise ValueError(f"draft_out must have {b} rows for the prepared batch, got {dout.shape[0]}")
-            code, row, col = check_step(acc, lens, progress)
-            if code == BAD_LEN:
-                raise ValueError(f"accepted_lens[{row}] = {lens[row]} is outside [0, K+1 = {k + 1}]")
-            if code == BAD_TOKEN:
-                raise ValueError(f"accepted[{row}, {col}] = {acc[row, col]} is a negative token id")
-            parallel = b >= self.parallel_threshold
-            while self._run_step(parallel, rows, acc, lens, progress, mout, dout):
+                # The fast path: one jitted call checks and runs the step.
+                try:
+                    code = (_STEP_EXACT or _exact_step())(self._table, rp, accepted, accepted_lens, match_len_out, draft_out, self._ctl)
+                except (TypeError, ValueError, NotImplementedError):
+                    code = None  # numba rejected an argument's type: the checks below name it
+                acc, lens, mout, dout = accepted, accepted_lens, match_len_out, draft_out
+            if code is None:
+                acc = as_int32_array(accepted, "accepted", 2)
+                lens = as_int32_array(accepted_lens, "accepted_lens", 1)
+                mout = as_int32_array(match_len_out, "match_len_out", 1, writable=True)
+                dout = as_int32_array(draft_out, "draft_out", 2, writable=True)
+                code = kx.check_step(self._table, rp, acc, lens, mout, dout, self._ctl, self._N_WORD)
+                if code == kx.OK:
+                    code = self._step(parallel, acc, lens, mout, dout)
+            if code < 0:
+                raise self._rejection(code, rp.shape[1], acc, lens, dout, mout)
+            while code > 0:  # rows stopped for lack of room: grow their blobs and resume
+                rows, progress = rp[0], rp[1]
                 for r in np.flatnonzero(progress < lens):
-                    slot = rows[r]
-                    self._blobs[slot] = self._grow_blob(self._blobs[slot], int(lens[r] - progress[r]))
+                    slot = int(rows[r])
+                    self._install(slot, self._grow_blob(self._blobs[slot], int(lens[r] - progress[r])))
+                code = self._step(parallel, acc, lens, mout, dout)
+
+    def _step(self, parallel: bool, acc, lens, mout, dout) -> int:
+        if not parallel:
+            return self._run_step(False, acc, lens, mout, dout)
+        with kx.PARALLEL_LOCK:
+            return self._run_step(True, acc, lens, mout, dout)
+
+    def _rejection(self, code: int, b: int, acc, lens, dout, mout) -> Exception:
+        """The exception for a negative ``check_step`` code."""
+        k = dout.shape[1]
+        limit = int(self._ctl[kx.C_LIMIT])
+        r, c = int(self._ctl[kx.C_ERR]), int(self._ctl[kx.C_ERR + 1])
+        if code == kx.BAD_ROWS:
+            return ValueError(f"draft_out must have {b} rows for the prepared batch, got {dout.shape[0]}")
+        shapes = {
+            kx.BAD_ACCEPTED_SHAPE: ("accepted", acc, (b, k + 1)),
+            kx.BAD_LENS_SHAPE: ("accepted_lens", lens, (b,)),
+            kx.BAD_MATCH_SHAPE: ("match_len_out", mout, (b,)),
+        }
+        if code in shapes:
+            name, arr, shape = shapes[code]
+            return ValueError(f"{name} must have shape {shape} for batch {b} and K={k}, got {arr.shape}")
+        if code == kx.OVERLAP:
+            return ValueError(_overlap_message(r, c))
+        if code == kx.BAD_LEN:
+            return ValueError(f"accepted_lens[{r}] = {lens[r]} is outside [0, K+1 = {k + 1}]")
+        if code == kx.BAD_TOKEN:
+            return ValueError(f"accepted[{r}, {c}] = {acc[r, c]} is a negative token id")
+        if code == kx.TOO_LONG:
+            return ValueError(
+                f"row {r} (request {self._batch[r]!r}) would hold {c} tokens, more than the limit of {limit} "
+                "(build.MAX_REQUEST_TOKENS: blob offsets are int32)"
+            )
+        return AssertionError(f"unknown check_step code {code}")
 
     # -- what a drafter kind defines (NgramDrafter overrides these) -----------
 
@@ -238,10 +398,11 @@ class SpecEngine:
     def _blob_tokens(self, blob: np.ndarray) -> int:
         return int(blob[core.H_N])
 
-    def _run_step(self, parallel, rows, acc, lens, progress, mout, dout) -> int:
-        """Run the step's kernel; return how many rows stopped for lack of room."""
-        run = extend_rows_parallel if parallel else extend_rows
-        return run(self._blobs, rows, acc, lens, progress, mout, dout, self._policy, self._depth)
+    def _run_step(self, parallel, acc, lens, mout, dout) -> int:
+        """Run the step's kernel over the address table; return how many rows
+        stopped for lack of room. ``parallel``: the caller holds ``PARALLEL_LOCK``."""
+        run = kx.extend_rows_parallel if parallel else kx.extend_rows
+        return run(self._table, self._rp, acc, lens, mout, dout, self._policy, self._depth)
 
     # -- the CUDA backend (see ``prepare``) -------------------------------------
 
@@ -250,23 +411,27 @@ class SpecEngine:
         new = {r: self._blobs[self._slot[r]] for r in ids if r not in pool.slot_of}
         pool.prepare(ids, new)
         for r in new:  # the device copy is authoritative from now on
-            self._blobs[self._slot[r]] = _EMPTY_BLOB
+            self._install(self._slot[r], _EMPTY_BLOB)
 
     def _extend_device(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any) -> None:
         with self._lock:
             if self._batch is None:
                 raise RuntimeError("no batch is prepared (or a request in it was removed): call prepare() first")
+            _check_no_overlap((accepted, accepted_lens, match_len_out, draft_out))
             self._pool.extend(accepted, accepted_lens, match_len_out, draft_out, len(self._batch))
 
     # -- inspection ----------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
-        """Requests, tokens and host bytes held by the automata.
+        """Requests, tokens and host bytes held by the automata, and
+        ``overflowed``: requests that outgrew their device slot (always 0 on
+        the CPU backend, where blobs grow).
 
-        CUDA backend (reading token counts synchronizes): ``bytes`` counts
-        requests still on the host; also ``device_bytes`` (reserved at
-        construction), ``device_bytes_per_slot``, ``max_slots``,
-        ``free_slots`` and ``max_seq_len``.
+        CUDA backend (reading token counts and overflow flags synchronizes):
+        ``bytes`` counts requests still on the host; also ``device_bytes``
+        (reserved at construction), ``device_bytes_per_slot``, ``max_slots``,
+        ``free_slots`` and ``max_seq_len``. Warns (``RuntimeWarning``) once
+        per request the first time it is found overflowed.
         """
         with self._lock:
             if self._pool is not None:
@@ -274,7 +439,36 @@ class SpecEngine:
             blobs = [self._blobs[s] for s in self._slot.values()]
         tokens = sum(self._blob_tokens(b) for b in blobs)
         nbytes = sum(int(b.nbytes) for b in blobs)
-        return {"requests": len(blobs), "tokens": tokens, "bytes": nbytes}
+        return {"requests": len(blobs), "tokens": tokens, "bytes": nbytes, "overflowed": 0}
+
+    def overflowed(self, request_id: Hashable) -> bool:
+        """True once a CUDA-backend request has outgrown ``max_seq_len``: its
+        slot stopped growing and it reports match 0 and drafts -1 from then
+        on (remove it, or re-add it with a shorter text). Always False on the
+        CPU backend. Synchronizes (``extend`` never does: it only sets a flag
+        on the device). Warns once per request, like ``stats``. Raises
+        ``KeyError`` for an unknown id."""
+        with self._lock:
+            if request_id not in self._slot:
+                raise KeyError(f"unknown request {request_id!r}")
+            if self._pool is None or request_id not in self._pool.slot_of:
+                return False
+            return bool(self._overflow_check([request_id]))
+
+    def _overflow_check(self, resident: list[Hashable]) -> int:
+        """How many of ``resident`` overflowed; warns for the ones not warned
+        about yet (under the lock)."""
+        flags = self._pool.overflowed(resident)
+        for r, f in zip(resident, flags):
+            if f and r not in self._warned_overflow:
+                self._warned_overflow.add(r)
+                warnings.warn(
+                    f"saspec: request {r!r} outgrew max_seq_len={self._pool.layout.max_seq_len} and no longer "
+                    "drafts (match 0); raise max_seq_len or remove it",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+        return sum(flags)
 
     def _device_stats(self) -> dict[str, int]:
         pool = self._pool
@@ -282,6 +476,7 @@ class SpecEngine:
         host = [self._blobs[s] for r, s in self._slot.items() if r not in pool.slot_of]
         return {
             "requests": len(self._slot),
+            "overflowed": self._overflow_check(resident),
             "tokens": sum(pool.tokens(resident)) + sum(self._blob_tokens(b) for b in host),
             "bytes": sum(int(b.nbytes) for b in host),
             "device_bytes": pool.device_bytes,

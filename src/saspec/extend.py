@@ -4,41 +4,146 @@ One call appends each row's newly accepted tokens to its request's automaton,
 then writes the row's match length and its next K draft tokens. Rows are
 independent, so the parallel variant runs them with ``prange``.
 
+Blobs reach the kernels as an *address table*, int64 [2, slots]:
+``table[0, slot]`` is the address of slot ``slot``'s int32 blob and
+``table[1, slot]`` its length in words (owned by the engine, which keeps every
+blob alive while its address is in the table and changes entries only under
+its lock). ``blob_at`` turns an entry back into an int32 array inside jitted
+code. A ``numba.typed.List`` would do the same, but passing one into a jitted
+call costs about 1.5 µs per call in numba's dispatcher, more than a whole B=1
+step; for the same reason the per-call arguments are packed into few arrays:
+``rp`` int32 [2, B] (row 0: each batch row's slot; row 1: its progress, tokens
+appended so far this step) and ``ctl`` int64 [CTL_WORDS] (the ``C_*`` words).
+
 ``check_step`` validates the whole step before anything is written, so a
-rejected call changes no state. ``extend_rows`` may stop a row early when its
-blob is full (``progress[b] < lens[b]``); the engine grows that blob and calls
-it again, which resumes each row where it stopped.
+rejected call changes no state: the shapes against the prepared batch, that no
+output shares memory with an input or with the other output, every length and
+token, and that no row would grow past ``limit`` tokens. ``step`` is that check
+fused with the serial kernel (one jitted call per decode step, the B=1 fast
+path). ``extend_rows`` may stop a row early when its blob is full
+(``progress[b] < lens[b]``); the engine grows that blob and calls it again,
+which resumes each row where it stopped.
 """
 
 from __future__ import annotations
 
-from numba import njit, prange
+import threading
+
+import numba
+import numpy as np
+from numba import carray, njit, prange, types
+from numba.extending import intrinsic
 
 from . import core
 
-# check_step() error codes.
+# check_step() status codes: >= 0 is OK (step(): rows left blocked for lack of
+# room); negative: rejected, nothing written; err[0], err[1] say where.
 OK = 0
-BAD_LEN = 1
-BAD_TOKEN = 2
+BAD_ROWS = -1  # draft_out.shape[0] != B
+BAD_ACCEPTED_SHAPE = -2
+BAD_LENS_SHAPE = -3
+BAD_MATCH_SHAPE = -4
+OVERLAP = -5  # err: the two arguments' indices (0 accepted, 1 accepted_lens, 2 match_len_out, 3 draft_out)
+BAD_LEN = -6  # err: row
+BAD_TOKEN = -7  # err: row, column
+TOO_LONG = -8  # err: row, the tokens it would hold
+
+ARG_NAMES = ("accepted", "accepted_lens", "match_len_out", "draft_out")
+
+# ctl words
+C_LIMIT = 0  # most tokens a row may hold after the step
+C_POLICY = 1
+C_DEPTH = 2
+C_ERR = 3  # and C_ERR + 1: where a check failed (see the codes above)
+CTL_WORDS = 5
+
+
+@intrinsic
+def _int32_ptr(typingctx, address):
+    """An int64 address as an int32 pointer (for ``numba.carray``)."""
+    if not isinstance(address, types.Integer):
+        return None
+    ptr = types.CPointer(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(ptr))
+
+    return ptr(address), codegen
+
+
+@njit(inline="always")
+def blob_at(table, slot):
+    """Slot ``slot``'s blob as an int32 [table[1, slot]] array (no copy)."""
+    return carray(_int32_ptr(table[0, slot]), table[1, slot])
+
+
+@njit(inline="always")
+def _span(a):
+    """Byte range [lo, hi) of a C-contiguous array; empty arrays have none."""
+    lo = np.int64(a.ctypes.data)
+    return lo, lo + np.int64(a.size) * np.int64(a.itemsize)
+
+
+@njit(inline="always")
+def _overlap(a, b):
+    alo, ahi = _span(a)
+    blo, bhi = _span(b)
+    return alo < ahi and blo < bhi and alo < bhi and blo < ahi
 
 
 @njit(nogil=True, cache=True)
-def check_step(accepted, lens, progress):
-    """Return (code, row, col) of the first invalid entry, or (OK, -1, -1).
+def check_step(table, rp, accepted, lens, match_out, draft_out, ctl, n_word):
+    """Validate one step; return ``OK`` or a negative code with ``ctl[C_ERR:]`` set.
 
-    Valid: 0 <= lens[b] <= accepted.shape[1]; accepted[b, :lens[b]] >= 0.
-    Also zeroes ``progress`` for the ``extend_rows`` calls that follow.
+    accepted: int32 [B, K+1]; lens, match_out: int32 [B]; draft_out: int32
+    [B, K]; ``rp[1]`` (progress) is zeroed for the ``extend_rows`` calls that
+    follow. ``blob[n_word]`` of a row's blob is its token count. Valid: the
+    shapes, no output sharing memory with an input or the other output,
+    ``0 <= lens[b] <= K+1``, ``accepted[b, :lens[b]] >= 0``, and no row past
+    ``ctl[C_LIMIT]`` tokens after the step.
     """
+    rows = rp[0]
+    progress = rp[1]
+    b = rows.shape[0]
+    k = draft_out.shape[1]
+    if draft_out.shape[0] != b:
+        return BAD_ROWS
+    if accepted.shape[0] != b or accepted.shape[1] != k + 1:
+        return BAD_ACCEPTED_SHAPE
+    if lens.shape[0] != b:
+        return BAD_LENS_SHAPE
+    if match_out.shape[0] != b:
+        return BAD_MATCH_SHAPE
+    for i, j, hit in (
+        (0, 2, _overlap(accepted, match_out)),
+        (0, 3, _overlap(accepted, draft_out)),
+        (1, 2, _overlap(lens, match_out)),
+        (1, 3, _overlap(lens, draft_out)),
+        (2, 3, _overlap(match_out, draft_out)),
+    ):
+        if hit:
+            ctl[C_ERR] = i
+            ctl[C_ERR + 1] = j
+            return OVERLAP
     width = accepted.shape[1]
-    for b in range(lens.shape[0]):
-        progress[b] = 0
-        n = lens[b]
+    limit = ctl[C_LIMIT]
+    for r in range(b):
+        progress[r] = 0
+        n = lens[r]
         if n < 0 or n > width:
-            return BAD_LEN, b, -1
+            ctl[C_ERR] = r
+            return BAD_LEN
         for j in range(n):
-            if accepted[b, j] < 0:
-                return BAD_TOKEN, b, j
-    return OK, -1, -1
+            if accepted[r, j] < 0:
+                ctl[C_ERR] = r
+                ctl[C_ERR + 1] = j
+                return BAD_TOKEN
+        total = np.int64(blob_at(table, rows[r])[n_word]) + n
+        if total > limit:
+            ctl[C_ERR] = r
+            ctl[C_ERR + 1] = total
+            return TOO_LONG
+    return OK
 
 
 @njit(inline="always")
@@ -57,18 +162,54 @@ def _row(buf, accepted, lens, progress, match_out, draft_out, b, policy, depth):
 
 
 @njit(nogil=True, cache=True)
-def extend_rows(blobs, rows, accepted, lens, progress, match_out, draft_out, policy, depth):
-    """Serial batch extend; returns how many rows stopped for lack of room."""
+def extend_rows(table, rp, accepted, lens, match_out, draft_out, policy, depth):
+    """Serial batch extend, resuming each row at ``rp[1, b]``; returns how
+    many rows stopped for lack of room."""
+    rows = rp[0]
+    progress = rp[1]
     blocked = 0
     for b in range(rows.shape[0]):
-        blocked += _row(blobs[rows[b]], accepted, lens, progress, match_out, draft_out, b, policy, depth)
+        blocked += _row(blob_at(table, rows[b]), accepted, lens, progress, match_out, draft_out, b, policy, depth)
     return blocked
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def extend_rows_parallel(blobs, rows, accepted, lens, progress, match_out, draft_out, policy, depth):
-    """``extend_rows`` with the rows spread over threads."""
+def extend_rows_parallel(table, rp, accepted, lens, match_out, draft_out, policy, depth):
+    """``extend_rows`` with the rows spread over threads. Call it only while
+    holding ``PARALLEL_LOCK`` (see there)."""
+    rows = rp[0]
+    progress = rp[1]
     blocked = 0
     for b in prange(rows.shape[0]):
-        blocked += _row(blobs[rows[b]], accepted, lens, progress, match_out, draft_out, b, policy, depth)
+        blocked += _row(blob_at(table, rows[b]), accepted, lens, progress, match_out, draft_out, b, policy, depth)
     return blocked
+
+
+@njit(nogil=True, cache=True)
+def step(table, rp, accepted, lens, match_out, draft_out, ctl):
+    """``check_step`` then, if it passed, ``extend_rows``, in one call.
+
+    Returns a negative ``check_step`` code (nothing written) or the number of
+    rows blocked for lack of room (0: the step is complete).
+    """
+    code = check_step(table, rp, accepted, lens, match_out, draft_out, ctl, core.H_N)
+    if code != OK:
+        return code
+    return extend_rows(table, rp, accepted, lens, match_out, draft_out, ctl[C_POLICY], ctl[C_DEPTH])
+
+
+# Parallel kernels run one at a time in the process. numba's workqueue
+# threading layer aborts the process when two threads enter parallel code at
+# once, and the other layers gain nothing from it (each parallel call already
+# uses every core), so every saspec parallel kernel is called under this lock,
+# whichever layer numba picked.
+PARALLEL_LOCK = threading.Lock()
+
+
+def threading_layer() -> str:
+    """The threading layer numba uses (after the first parallel call), or
+    ``NUMBA_THREADING_LAYER``'s setting before it."""
+    try:
+        return numba.threading_layer()
+    except ValueError:
+        return numba.config.THREADING_LAYER

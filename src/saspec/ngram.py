@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from .engine import SpecEngine
+from .extend import blob_at
 
 _GROWTH = 1.5
 
@@ -60,18 +61,23 @@ def _row(blob, accepted, lens, progress, match_out, draft_out, b, min_n, max_n):
 
 
 @njit(nogil=True, cache=True)
-def _step(blobs, rows, accepted, lens, progress, match_out, draft_out, min_n, max_n):
+def _step(table, rp, accepted, lens, match_out, draft_out, min_n, max_n):
+    rows = rp[0]
+    progress = rp[1]
     blocked = 0
     for b in range(rows.shape[0]):
-        blocked += _row(blobs[rows[b]], accepted, lens, progress, match_out, draft_out, b, min_n, max_n)
+        blocked += _row(blob_at(table, rows[b]), accepted, lens, progress, match_out, draft_out, b, min_n, max_n)
     return blocked
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def _step_parallel(blobs, rows, accepted, lens, progress, match_out, draft_out, min_n, max_n):
+def _step_parallel(table, rp, accepted, lens, match_out, draft_out, min_n, max_n):
+    """``_step`` over threads; called only under ``extend.PARALLEL_LOCK``."""
+    rows = rp[0]
+    progress = rp[1]
     blocked = 0
     for b in prange(rows.shape[0]):
-        blocked += _row(blobs[rows[b]], accepted, lens, progress, match_out, draft_out, b, min_n, max_n)
+        blocked += _row(blob_at(table, rows[b]), accepted, lens, progress, match_out, draft_out, b, min_n, max_n)
     return blocked
 
 
@@ -82,10 +88,14 @@ class NgramDrafter(SpecEngine):
 
     Args:
         min_n, max_n: n-gram sizes tried, longest first (1 <= min_n <= max_n).
-        parallel_threshold: batches of at least this many rows use all cores.
+        parallel_threshold: ``None`` (default, serial) or the batch size from
+            which steps use all cores, as in ``SpecEngine``.
     """
 
-    def __init__(self, *, min_n: int = 1, max_n: int = 4, parallel_threshold: int = 256) -> None:
+    _N_WORD = 0  # a blob is [n, tokens...]
+    _FUSED = False
+
+    def __init__(self, *, min_n: int = 1, max_n: int = 4, parallel_threshold: int | None = None) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         super().__init__(parallel_threshold=parallel_threshold)
@@ -107,6 +117,6 @@ class NgramDrafter(SpecEngine):
     def _blob_tokens(self, blob: np.ndarray) -> int:
         return int(blob[0])
 
-    def _run_step(self, parallel, rows, acc, lens, progress, mout, dout) -> int:
+    def _run_step(self, parallel, acc, lens, mout, dout) -> int:
         run = _step_parallel if parallel else _step
-        return run(self._blobs, rows, acc, lens, progress, mout, dout, self.min_n, self.max_n)
+        return run(self._table, self._rp, acc, lens, mout, dout, self.min_n, self.max_n)

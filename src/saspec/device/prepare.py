@@ -322,6 +322,14 @@ class DevicePool:
         heads = self._dev.to_numpy(self.pool[[self.slot_of[r] for r in request_ids], core.H_N])
         return [int(t) for t in heads]
 
+    def overflowed(self, request_ids: Sequence[Hashable]) -> list[bool]:
+        """Whether each resident request's slot ran out of room (its
+        ``core.H_OVERFLOW`` flag, set by the kernel)."""
+        if not request_ids:
+            return []
+        flags = self._dev.to_numpy(self.pool[[self.slot_of[r] for r in request_ids], core.H_OVERFLOW])
+        return [bool(f) for f in flags]
+
     def blob(self, request_id: Hashable) -> np.ndarray:
         """An int32 host copy of a resident request's slot."""
         return self._dev.to_numpy(self.pool[self.slot_of[request_id]])

@@ -245,7 +245,8 @@ def test_scores_are_cut_with_the_sequence(models):
     assert len(out.scores) == len(ref.scores) == ref.sequences.shape[1] - len(prompt)
     for a, b in zip(out.scores, ref.scores):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-    assert out.cache.get_seq_length() == out.sequences.shape[1] - 1
+    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    assert cache.get_seq_length() == out.sequences.shape[1] - 1
 
 
 def test_logits_processor_applies_per_position(models):

@@ -74,8 +74,11 @@ from ..engine import SpecEngine
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
 
-#: transformers versions this module is tested with: ``[low, high)`` as (major, minor).
-TESTED_TRANSFORMERS: tuple[tuple[int, int], tuple[int, int]] = ((5, 24), (5, 25))
+#: transformers versions this module is tested with, ``[low, high)`` as (major, minor): the suite passes
+#: on 5.18.0, 5.20.2 and 5.24.0. Before 5.18 the assisted loop also ran the stopping criteria on each
+#: step's unverified candidates, which :class:`_StopPerToken` does not expect (5.12.1 stops early);
+#: 5.25 and later are untested.
+TESTED_TRANSFORMERS: tuple[tuple[int, int], tuple[int, int]] = ((5, 18), (5, 25))
 
 #: Default hybrid threshold (match length in tokens), the value ``saspec simulate`` found best on code edits.
 HYBRID_THRESHOLD = 4
@@ -295,7 +298,7 @@ def generate(
     assistant_model = assistant_model if assistant_model is not None else caller.get("assistant_model")
     streamer = streamer if streamer is not None else caller.get("streamer")
 
-    if generation_config.num_beams > 1:
+    if (generation_config.num_beams or 1) > 1:
         raise ValueError(f"saspec's transformers integration does not do beam search (num_beams={generation_config.num_beams})")
     batch = int(input_ids.shape[0])
     if batch != 1:
@@ -374,7 +377,8 @@ def _cut(out: Any, stop_at: int | None, prompt_len: int) -> Any:
         value = getattr(out, name, None)
         if value is not None:
             setattr(out, name, value[: stop_at - prompt_len])
-    cache = getattr(out, "cache", None)
+    cache = getattr(out, "cache", None)  # named past_key_values before transformers 5.2x
+    cache = getattr(out, "past_key_values", None) if cache is None else cache
     if cache is not None:
         cache.crop(-drop)
     return out

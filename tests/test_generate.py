@@ -293,6 +293,12 @@ def test_pick_dtype():
     assert pick_dtype("auto")[0] in ("float32", "bfloat16")  # this machine's /proc/cpuinfo
     with pytest.raises(ValueError, match="unknown dtype"):
         pick_dtype("float16")
+    from saspec.evidence.cli import build_parser
+
+    parser = build_parser()
+    for cmd in (["generate", "--prompt", "x"], ["bench-e2e"]):
+        assert parser.parse_args(cmd).dtype == "auto"
+        assert parser.parse_args([*cmd, "--dtype", "float32"]).dtype == "float32"
 
 
 def test_prefill_and_decode_are_timed_apart(models):

@@ -9,6 +9,11 @@ work while it ran (``contention``: the fraction of all cores used by other
 processes). Each run waits for a quiet moment first, and a run above
 ``--max-contention`` is retried (``--retries``), keeping the least contended.
 
+Models run in ``--dtype`` (default ``auto``: bfloat16 only on a CPU with native
+bf16 matmuls, float32 elsewhere, see ``generate.pick_dtype``), and every result
+names its dtype. Each run's first step (the prefill) is timed apart from the
+decode after it, and the tables give decode tok/s next to the overall tok/s.
+
 Outputs (``--out``): ``e2e.md`` (tables), ``e2e.png`` (plot), ``e2e.json``
 (every run's stats), ``traces.jsonl`` (prompt ids and the plain greedy output
 of each prompt, in the simulator's format: ``saspec simulate --workloads

@@ -7,10 +7,22 @@ repeats, the automaton's cheapest case for matching but a wide alphabet for the
 table) and *code-like* (blocks of 2,000 tokens, each a copy of one base block
 with 1% of its tokens mutated: long repeats with many branch points, which is
 what makes suffix structures expensive).
+
+With ``peer`` (``saspec bench --peer-sa-spec PATH``) it also runs sa_spec's host
+logic, an external harness binary built outside this repository (see
+BENCHMARKS.md), on the same token streams, interleaved with saspec, and
+reports the ratios. Both sides of that comparison are timed in thread CPU
+time (``time.thread_time`` here, ``CLOCK_THREAD_CPUTIME_ID`` in the harness):
+on a shared machine wall time also counts other jobs' time slices. Progress
+goes to stderr, one line per measurement.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -38,6 +50,11 @@ def code_like_prompt(n: int, seed: int = 0, block: int = 2000, vocab: int = 5000
         b[idx] = rng.integers(0, vocab, idx.size)
         copies.append(b)
     return np.concatenate(copies)[:n]
+
+
+def progress(message: str) -> None:
+    """One progress line on stderr (the tables go to stdout)."""
+    print(f"[saspec bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def warm_up() -> None:
@@ -73,6 +90,7 @@ def bench_ingest(sizes: list[int], policies: list[str], repeat: int = 3) -> list
             for policy in policies:
                 t = best_time(lambda: SuffixAutomaton(tokens, policy=policy), repeat if n < 500_000 else 1)
                 sa = SuffixAutomaton(tokens, policy=policy)
+                progress(f"ingest {kind} {n:,} tokens, {policy}: {n / t / 1e6:.2f} M tok/s")
                 rows.append(
                     {
                         "prompt": kind,
@@ -110,9 +128,11 @@ def _accepted_stream(prompts: list[np.ndarray], k: int, accepted: int, steps: in
     return out
 
 
-def _step_loop(drafter: SpecEngine, prompts: list[np.ndarray], acc: np.ndarray) -> float:
-    """Mean seconds per ``extend`` call over the steps in ``acc`` [steps, B, K+1],
-    each row accepting as many tokens as ``acc`` has non-padding columns."""
+def _step_loop(
+    drafter: SpecEngine, prompts: list[np.ndarray], acc: np.ndarray, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """Mean seconds (of ``clock``) per ``extend`` call over the steps in ``acc``
+    [steps, B, K+1], each row accepting ``ACCEPTED`` tokens."""
     steps, b, k1 = acc.shape
     for i, p in enumerate(prompts):
         drafter.add_request(i, p)
@@ -121,10 +141,10 @@ def _step_loop(drafter: SpecEngine, prompts: list[np.ndarray], acc: np.ndarray) 
     mout = np.zeros(b, np.int32)
     dout = np.zeros((b, k1 - 1), np.int32)
     drafter.extend(acc[0], lens, mout, dout)  # compile / warm
-    t0 = time.perf_counter()
+    t0 = clock()
     for s in range(1, steps):
         drafter.extend(acc[s], lens, mout, dout)
-    return (time.perf_counter() - t0) / (steps - 1)
+    return (clock() - t0) / (steps - 1)
 
 
 ACCEPTED = 3
@@ -147,6 +167,7 @@ def bench_step(
                 t_sa = _step_loop(SpecEngine(parallel_threshold=SERIAL), prompts, acc)
                 t_par = _step_loop(SpecEngine(parallel_threshold=1), prompts, acc) if b >= 8 else float("nan")
                 t_ng = _step_loop(NgramDrafter(parallel_threshold=SERIAL), prompts, acc[: max(5, n_steps // 4)])
+                progress(f"step ctx {ctx:,} B={b} {mode}: SA {t_sa / b * 1e6:.2f} us/row, n-gram {t_ng / b * 1e6:.2f}")
                 rows.append(
                     {
                         "context": ctx,
@@ -172,6 +193,155 @@ def bench_memory(n: int = 200_000) -> list[dict]:
         real = sum(int(eng._blobs[s].nbytes) for s in eng._slot.values())
         rows.append({"prompt": kind, "tokens": st["tokens"], "stats_bytes": st["bytes"], "nbytes": real,
                      "bytes_per_token": st["bytes"] / st["tokens"]})
+        progress(f"memory {kind} {n:,} tokens: {st['bytes'] / st['tokens']:.1f} B/token")
+    return rows
+
+
+class PeerSaSpec:
+    """sa_spec's host logic as an external harness binary (built outside this
+    repository, see BENCHMARKS.md), driven through int32 files.
+
+    ``harness ingest TOKENS.bin R`` prints the best of R builds in seconds of
+    thread CPU time (as every time it prints);
+    ``harness steps PROMPTS.bin ACC.bin R`` builds each row's automaton from
+    its prompt (untimed), then per step and row does what sa_spec's extend
+    kernel does (extend the accepted tokens, lookup, copy K drafts) and prints
+    the best of R mean seconds per step over steps 1.. and the sum of all rows'
+    match lengths over all steps (a cross-check against saspec's).
+    """
+
+    def __init__(self, path: str) -> None:
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise ValueError(f"--peer-sa-spec {path!r} is not an executable file (build it as BENCHMARKS.md says)")
+        self.path = path
+        self._dir = tempfile.TemporaryDirectory(prefix="saspec-peer-")
+
+    def _run(self, *args: str) -> list[str]:
+        out = subprocess.run([self.path, *args], capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"{self.path} {' '.join(args)} failed ({out.returncode}): {out.stderr.strip()}")
+        return out.stdout.split()
+
+    def _file(self, name: str, *arrays: np.ndarray) -> str:
+        path = os.path.join(self._dir.name, name)
+        with open(path, "wb") as f:
+            for a in arrays:
+                f.write(np.ascontiguousarray(a, dtype="<i4").tobytes())
+        return path
+
+    def ingest(self, tokens: np.ndarray, repeat: int = 1) -> float:
+        """Best seconds of ``repeat`` builds from int32 ``tokens``."""
+        return float(self._run("ingest", self._file("tokens.bin", tokens), str(repeat))[0])
+
+    def steps(self, prompts: list[np.ndarray], acc: np.ndarray, lens: np.ndarray, repeat: int = 1) -> tuple[float, int]:
+        """(best mean seconds per step, sum of match lengths) for ``acc``
+        int32 [steps, B, K+1] with ``lens`` int32 [steps, B] accepted per row."""
+        steps, b, k1 = acc.shape
+        parts = [np.array([len(prompts)])]
+        for p in prompts:
+            parts += [np.array([len(p)]), p]
+        pfile = self._file("prompts.bin", *parts)
+        afile = self._file("accepted.bin", np.array([steps, b, k1 - 1]), lens, acc)
+        t, total = self._run("steps", pfile, afile, str(repeat))
+        return float(t), int(total)
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+
+def _match_sum(prompts: list[np.ndarray], acc: np.ndarray) -> int:
+    """Sum of the serial engine's match lengths over every step and row of ``acc``."""
+    steps, b, k1 = acc.shape
+    eng = SpecEngine(parallel_threshold=SERIAL)
+    for i, p in enumerate(prompts):
+        eng.add_request(i, p)
+    eng.prepare(list(range(b)))
+    lens = np.full(b, ACCEPTED, np.int32)
+    mout = np.zeros(b, np.int32)
+    dout = np.zeros((b, k1 - 1), np.int32)
+    total = 0
+    for s in range(steps):
+        eng.extend(acc[s], lens, mout, dout)
+        total += int(mout.sum())
+    return total
+
+
+def bench_peer_ingest(peer: PeerSaSpec, repeat: int = 5) -> list[dict]:
+    """Ingestion, saspec (default policy and ``first``) against sa_spec,
+    interleaved, best of ``repeat``, in thread CPU time; M tokens per second."""
+    from ..build import DEFAULT_POLICY
+
+    rows = []
+    cases = [("code-like", code_like_prompt, n) for n in (20_000, 200_000, 1_000_000)] + [("random", random_prompt, 200_000)]
+    for kind, make, n in cases:
+        tokens = make(n)
+        reps = repeat if n < 500_000 else max(1, repeat - 2)
+        best = {DEFAULT_POLICY: float("inf"), "first": float("inf"), "sa_spec": float("inf")}
+        for r in range(reps):
+            for policy in (DEFAULT_POLICY, "first"):
+                t0 = time.thread_time()
+                SuffixAutomaton(tokens, policy=policy)
+                best[policy] = min(best[policy], time.thread_time() - t0)
+            if kind == "random" and r >= 2 and best["sa_spec"] > 2.0:
+                continue  # sa_spec's per-state tables degrade on wide alphabets: a few runs suffice
+            best["sa_spec"] = min(best["sa_spec"], peer.ingest(tokens))
+        row = {
+            "prompt": kind,
+            "tokens": n,
+            "saspec_Mtok_per_s": n / best[DEFAULT_POLICY] / 1e6,
+            "saspec_first_Mtok_per_s": n / best["first"] / 1e6,
+            "sa_spec_Mtok_per_s": n / best["sa_spec"] / 1e6,
+            "saspec_over_sa_spec": best["sa_spec"] / best[DEFAULT_POLICY],
+        }
+        rows.append(row)
+        progress(
+            f"peer ingest {kind} {n:,}: saspec {row['saspec_Mtok_per_s']:.2f} M tok/s, "
+            f"sa_spec {row['sa_spec_Mtok_per_s']:.3f}, ratio {row['saspec_over_sa_spec']:.2f}x"
+        )
+    return rows
+
+
+def bench_peer_step(
+    peer: PeerSaSpec,
+    batches: tuple[int, ...] = (64, 256),
+    contexts: tuple[int, ...] = (1000, 8000, 32000),
+    k: int = 8,
+    steps: int = 200,
+    repeat: int = 5,
+) -> list[dict]:
+    """Per decode step, serial saspec engine (Python call included) against
+    sa_spec's per-row kernel logic, same prompts and accepted tokens (3 per
+    row, K drafts), interleaved, best of ``repeat``; µs of thread CPU time
+    per request-step."""
+    rows = []
+    for ctx in contexts:
+        for b in batches:
+            prompts = [code_like_prompt(ctx, seed=i) for i in range(b)]
+            n_steps = steps if ctx * b <= 2_000_000 else max(40, steps // 5)
+            for mode in ("copy", "random"):
+                acc = _accepted_stream(prompts, k, ACCEPTED, n_steps, mode)
+                lens = np.full((n_steps, b), ACCEPTED, np.int32)
+                t_sa = t_peer = float("inf")
+                peer_sum = 0
+                for _ in range(repeat):
+                    eng = SpecEngine(parallel_threshold=SERIAL)
+                    t_sa = min(t_sa, _step_loop(eng, prompts, acc, clock=time.thread_time))
+                    t, peer_sum = peer.steps(prompts, acc, lens)
+                    t_peer = min(t_peer, t)
+                row = {
+                    "context": ctx,
+                    "batch": b,
+                    "tokens": mode,
+                    "saspec_us_per_request_step": t_sa / b * 1e6,
+                    "sa_spec_us_per_request_step": t_peer / b * 1e6,
+                    "saspec_over_sa_spec": t_peer / t_sa,
+                    "same_match_lengths": peer_sum == _match_sum(prompts, acc),
+                }
+                rows.append(row)
+                progress(
+                    f"peer step ctx {ctx:,} B={b} {mode}: saspec {row['saspec_us_per_request_step']:.2f} us/row, "
+                    f"sa_spec {row['sa_spec_us_per_request_step']:.2f}, ratio {row['saspec_over_sa_spec']:.2f}x"
+                )
     return rows
 
 
@@ -187,19 +357,33 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(quick: bool = False) -> dict[str, list[dict]]:
-    """All three benchmarks; ``quick`` shrinks them to a smoke run."""
+def run(quick: bool = False, peer_sa_spec: str | None = None) -> dict[str, list[dict]]:
+    """All benchmarks; ``quick`` shrinks them to a smoke run. With
+    ``peer_sa_spec`` (the harness binary's path) also the side-by-side
+    comparison with sa_spec's host logic."""
     from ..build import DEFAULT_POLICY
 
+    peer = PeerSaSpec(peer_sa_spec) if peer_sa_spec else None
+    progress("compiling / loading kernels")
     warm_up()
-    if quick:
-        return {
-            "ingest": bench_ingest([1000, 20_000], [DEFAULT_POLICY], repeat=1),
-            "step": bench_step([1, 8], [1000], steps=20),
-            "memory": bench_memory(20_000),
-        }
-    return {
-        "ingest": bench_ingest([1000, 20_000, 200_000, 1_000_000], [DEFAULT_POLICY, "first"]),
-        "step": bench_step([1, 8, 64, 256], [1000, 8000, 32000]),
-        "memory": bench_memory(200_000),
-    }
+    try:
+        if quick:
+            out = {
+                "ingest": bench_ingest([1000, 20_000], [DEFAULT_POLICY], repeat=1),
+                "step": bench_step([1, 8], [1000], steps=20),
+                "memory": bench_memory(20_000),
+            }
+            if peer:
+                out["peer_step"] = bench_peer_step(peer, batches=(8,), contexts=(1000,), steps=20, repeat=1)
+            return out
+        out = {}
+        if peer:
+            out["peer_ingest"] = bench_peer_ingest(peer)
+            out["peer_step"] = bench_peer_step(peer)
+        out["ingest"] = bench_ingest([1000, 20_000, 200_000, 1_000_000], [DEFAULT_POLICY, "first"])
+        out["step"] = bench_step([1, 8, 64, 256], [1000, 8000, 32000])
+        out["memory"] = bench_memory(500) + bench_memory(200_000)
+        return out
+    finally:
+        if peer:
+            peer.close()

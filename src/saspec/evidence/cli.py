@@ -131,7 +131,11 @@ class Parser(argparse.ArgumentParser):
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
 
-    results = bench.run(quick=args.quick)
+    try:
+        results = bench.run(quick=args.quick, peer_sa_spec=args.peer_sa_spec)
+    except ValueError as exc:  # a bad --peer-sa-spec path
+        print(f"saspec bench: error: {exc}", file=sys.stderr)
+        return 2
     for name, rows in results.items():
         print(f"\n## {name}\n")
         print(bench.format_table(rows))
@@ -154,6 +158,9 @@ def build_parser() -> Parser:
                        description="Host ingestion speed, per-decode-step cost against the n-gram baseline, memory.")
     p.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--peer-sa-spec", metavar="PATH", default=None,
+                   help="sa_spec host-logic harness binary (built outside the repository, see BENCHMARKS.md): "
+                        "adds side-by-side ingestion and per-step tables against it (default: not run)")
     p.set_defaults(func=_bench)
 
     from .simulate import EPILOG, add_arguments

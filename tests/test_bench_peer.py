@@ -1,0 +1,68 @@
+"""The --peer-sa-spec plumbing of ``saspec bench``: the int32 files the external
+harness reads, checked by a stand-in harness that parses them back."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from saspec.evidence import bench
+
+FAKE = """#!{python}
+import sys
+import numpy as np
+mode = sys.argv[1]
+if mode == "ingest":
+    t = np.fromfile(sys.argv[2], dtype="<i4")
+    print(float(t.size) / 1e6)  # "seconds": encodes the token count
+elif mode == "steps":
+    p = np.fromfile(sys.argv[2], dtype="<i4")
+    a = np.fromfile(sys.argv[3], dtype="<i4")
+    b, i, total = int(p[0]), 1, 0
+    for _ in range(b):
+        n = int(p[i]); total += int(p[i + 1 : i + 1 + n].sum()); i += 1 + n
+    assert i == p.size
+    steps, b2, k = (int(x) for x in a[:3])
+    assert b2 == b and a.size == 3 + steps * b + steps * b * (k + 1)
+    lens = a[3 : 3 + steps * b].reshape(steps, b)
+    acc = a[3 + steps * b :].reshape(steps, b, k + 1)
+    print(0.25, total + int(lens.sum()) * 1000 + int(acc.sum()) * 1000000)
+else:
+    sys.exit(2)
+"""
+
+
+@pytest.fixture
+def fake_harness(tmp_path):
+    path = tmp_path / "harness"
+    path.write_text(FAKE.format(python=sys.executable))
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_peer_files_round_trip(fake_harness):
+    peer = bench.PeerSaSpec(fake_harness)
+    try:
+        tokens = bench.code_like_prompt(1234)
+        assert peer.ingest(tokens) == pytest.approx(1234 / 1e6)
+        prompts = [bench.code_like_prompt(50 + i, seed=i) for i in range(3)]
+        acc = bench._accepted_stream(prompts, 4, bench.ACCEPTED, 6, "copy")
+        lens = np.full((6, 3), bench.ACCEPTED, np.int32)
+        t, total = peer.steps(prompts, acc, lens)
+        assert t == 0.25
+        assert total == sum(int(p.sum()) for p in prompts) + int(lens.sum()) * 1000 + int(acc.sum()) * 1000000
+    finally:
+        peer.close()
+
+
+def test_peer_errors_are_clear(tmp_path, fake_harness):
+    with pytest.raises(ValueError, match="not an executable file"):
+        bench.PeerSaSpec(str(tmp_path / "missing"))
+    peer = bench.PeerSaSpec(fake_harness)
+    try:
+        with pytest.raises(RuntimeError, match="failed"):
+            peer._run("bogus")
+    finally:
+        peer.close()

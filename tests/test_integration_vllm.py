@@ -283,6 +283,21 @@ def test_torch_style_inputs_and_int64_counts():
     assert proposer.propose([[7], []], np.array([len(text), 0], np.int64), ids) == [[8, 9, 3, 4], []]
 
 
+def test_negative_ids_get_no_draft_and_no_error():
+    # Placeholder ids (never sampled tokens) must not reach the automaton or raise inside vLLM's step.
+    text = [5, 6, 7, 8, 9, 1, 5, 6, 7, 8, 9]
+    ids = np.zeros((2, 32), np.int32)
+    ids[0, : len(text)] = text
+    ids[1, : len(text)] = text
+    ids[1, 3] = -1
+    p = SAProposer(vllm_config(), min_match=3)
+    n = np.array([len(text), len(text)], np.int32)
+    assert p.propose([[9], [9]], n, ids) == [[1, 5, 6, 7], []]
+    ids[0, len(text)] = -1  # a continuing row whose new token is a placeholder
+    assert p.propose([[-1], [9]], n + 1, ids) == [[], []]
+    assert p.stats["new"] == 1
+
+
 def test_config_errors_are_clear():
     for bad in (SimpleNamespace(), SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=0))):
         with pytest.raises(ValueError, match="num_speculative_tokens"):

@@ -88,7 +88,7 @@ HEAD = 32
 TAIL = 16
 
 # Row states written by ``_classify``.
-SKIP = 0  # no sampled tokens (prefill, or a row vLLM discarded this step): no draft
+SKIP = 0  # no sampled tokens (prefill, or a row vLLM discarded this step), or a negative id: no draft
 CONTINUE = 1  # the request tracked at this row, extended by the sampled tokens
 UNMATCHED = 2  # needs a fingerprint lookup (moved, resumed or new)
 
@@ -129,6 +129,12 @@ def _classify(token_ids, num_tokens, lens, row_rid, row_len, row_hash, row_tail,
         if s <= 0 or n_old < 1 or n > token_ids.shape[1]:
             continue
         row = token_ids[b]
+        bad = False
+        for j in range(n_old, n):
+            if row[j] < 0:  # not a token (a placeholder): no draft for this row this step
+                bad = True
+        if bad:
+            continue
         h_old = _hash_prefix(row, min(head, n_old))
         hash_old[b] = h_old
         hash_new[b] = h_old if n_old >= head else _hash_prefix(row, min(head, n))
@@ -314,8 +320,11 @@ class SAProposer:
                 accepted[b, :s] = token_ids[b, n - s : n]
                 step_lens[b] = s
                 self.stats["reclaimed"] += 1
-            else:
+            elif token_ids[b, :n].min() >= 0:
                 rid = self._new_request(token_ids[b, :n])
+            else:  # placeholders in the text: leave the row untracked and without a draft
+                status[b] = SKIP
+                continue
             self._row_rid[b] = rid
         self._evict()
 

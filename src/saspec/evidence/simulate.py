@@ -352,7 +352,7 @@ def default_p(k: int) -> tuple[float, ...]:
 
 
 EPILOG = """\
-recorded traces (--workloads FILE.jsonl):
+recorded traces (--workloads FILE.jsonl, or FILE.jsonl.gz gzip-compressed):
   UTF-8 JSON Lines, one trace per line (blank lines skipped), each an object:
     prompt_ids  list of int   prompt token ids, each in [0, 2**31) (may be empty)
     output_ids  list of int   the fixed output the drafters are replayed against
@@ -372,12 +372,19 @@ its last value; an explicit --p needs at least K values (extra ones are ignored)
 """ % ", ".join(map(str, DEFAULT_P))
 
 
+TRACE_SUFFIXES = (".jsonl", ".jsonl.gz")
+
+
+def _is_trace_file(name: str) -> bool:
+    return name.endswith(TRACE_SUFFIXES)
+
+
 def _workload_name(text: str) -> str:
     if text in DEFAULT_SIZES:
         return text
-    if not text.endswith(".jsonl"):
+    if not _is_trace_file(text):
         raise argparse.ArgumentTypeError(f"unknown workload {text!r}; choose from {', '.join(DEFAULT_SIZES)} "
-                                         "or give a trace file ending in .jsonl")
+                                         "or give a trace file ending in .jsonl (or .jsonl.gz)")
     if not Path(text).is_file():
         raise argparse.ArgumentTypeError(f"no such trace file: {text}")
     return text
@@ -414,7 +421,7 @@ def load_workloads(names: list[str], size: int | None, seed: int) -> dict[str, F
     optional data is not installed.
 
     Raises ``FileNotFoundError`` for a missing trace file and
-    ``workloads.TraceFormatError`` for a malformed or empty one.
+    ``workloads.TraceFormatError`` for a malformed, undecodable or empty one.
     """
     from . import workloads as wl
     from .tokenizers import get_tokenizer
@@ -422,11 +429,16 @@ def load_workloads(names: list[str], size: int | None, seed: int) -> dict[str, F
     tok = None
     out = {}
     for name in names:
-        if name.endswith(".jsonl"):
-            w = wl.load_traces(name)
+        if _is_trace_file(name):
+            try:
+                w = wl.load_traces(name)
+            except (UnicodeDecodeError, EOFError, OSError) as exc:
+                if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+                    raise
+                raise wl.TraceFormatError(f"{name}: not a UTF-8 JSON Lines file ({exc})") from None
             if not w.traces:
                 raise wl.TraceFormatError(f"{name}: no traces (the file has no non-blank line)")
-            out[Path(name).stem] = Flat.of(w.traces)
+            out[Path(name).name.removesuffix(".gz").removesuffix(".jsonl")] = Flat.of(w.traces)
             continue
         tok = tok or get_tokenizer()
         try:

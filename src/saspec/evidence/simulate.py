@@ -361,7 +361,7 @@ recorded traces (--workloads FILE.jsonl, or FILE.jsonl.gz gzip-compressed):
     meta        object        optional: free-form, kept with the trace
   Example line:
     {"prompt_ids": [9707, 11, 1879], "output_ids": [1879, 0, 151645], "model": "qwen2.5-coder-1.5b-instruct", "meta": {"id": "demo"}}
-  The workload is named after the file's stem. saspec.evidence.workloads.save_traces
+  The workload is named after the file, without .jsonl(.gz). workloads.save_traces
   writes this format (so does `saspec bench-e2e`, as OUT/traces.jsonl); a malformed
   line is reported as FILE:LINE.
 

@@ -82,6 +82,9 @@ BAD = [
     (["simulate", "--workloads", "{traces}", "--out", "{traces}"], "saspec simulate", "File exists"),
     # bench
     (["bench", "--quick", "--bogus"], "saspec bench", "unrecognized arguments: --bogus"),
+    (["bench", "--json", "{tmp}/no/such/dir/out.json"], "saspec bench", "argument --json: directory"),
+    (["bench", "--json", "{tmp}"], "saspec bench", "is a directory"),
+    (["simulate", "--json", "{tmp}/no/out.json"], "saspec simulate", "argument --json: directory"),
     # models
     (["models"], "saspec models", "the following arguments are required"),
     (["models", "install", "llama"], "saspec models install", "invalid choice: 'llama'"),

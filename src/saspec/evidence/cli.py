@@ -93,6 +93,17 @@ def comma_list(item: Callable[[str], object], choices: Sequence[str] | None = No
     return parse
 
 
+def output_file(text: str) -> str:
+    """A ``type=`` for a file the command will write: not a directory, in a
+    directory that exists (checked before a long run rather than after it)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory, expected a file path")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"directory {path.parent} does not exist")
+    return text
+
+
 # -- parser ------------------------------------------------------------------------
 
 
@@ -157,7 +168,7 @@ def build_parser() -> Parser:
     p = sub.add_parser("bench", help="host ingestion, per-step and memory benchmarks",
                        description="Host ingestion speed, per-decode-step cost against the n-gram baseline, memory.")
     p.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="also write the results as JSON")
     p.add_argument("--peer-sa-spec", metavar="PATH", default=None,
                    help="sa_spec host-logic harness binary (built outside the repository, see BENCHMARKS.md): "
                         "adds side-by-side ingestion and per-step tables against it (default: not run)")

@@ -391,7 +391,7 @@ def _workload_name(text: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli import comma_list, nonnegative_int, positive_int, probability
+    from .cli import comma_list, nonnegative_int, output_file, positive_int, probability
 
     p.add_argument("--workloads", type=comma_list(_workload_name, what="workload"), default=tuple(DEFAULT_SIZES),
                    help="comma-separated built-in workloads and/or recorded trace files (.jsonl, format below)")
@@ -412,7 +412,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the workload builders and neural draws")
     p.add_argument("--no-ngram", action="store_true", help="skip the n-gram baseline")
     p.add_argument("--out", default="saspec-out", help="directory for plots and results.json")
-    p.add_argument("--json", metavar="PATH", help="write the results JSON here (default: OUT/results.json)")
+    p.add_argument("--json", metavar="PATH", type=output_file,
+                   help="write the results JSON here (default: OUT/results.json)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
 
 

@@ -50,18 +50,27 @@ NEURAL, SA, HYBRID, ADAPTIVE, TREE, NONE = 0, 1, 2, 3, 4, 5
 @dataclass
 class Flat:
     """A workload's outputs as one flat int32 array: trace i is
-    ``tokens[offsets[i]:offsets[i+1]]``."""
+    ``tokens[offsets[i]:offsets[i+1]]``. ``draft_runs``: int32, aligned with
+    ``tokens``, a real draft model's accepted runs (``draft_runs.DraftRuns``)
+    when every trace carries them for one model (``draft_model``), else None."""
 
     prompts: list[np.ndarray]
     tokens: np.ndarray
     offsets: np.ndarray
+    draft_runs: np.ndarray | None = None
+    draft_model: str | None = None
 
     @classmethod
     def of(cls, traces) -> Flat:
         outs = [np.asarray(t.output, dtype=np.int32) for t in traces]
         offsets = np.zeros(len(outs) + 1, dtype=np.int64)
         np.cumsum([len(o) for o in outs], out=offsets[1:])
-        return cls([np.asarray(t.prompt, dtype=np.int32) for t in traces], np.concatenate(outs), offsets)
+        runs = [getattr(t, "draft_runs", None) for t in traces]
+        models = {r.model for r in runs if r is not None}
+        dr = dm = None
+        if runs and all(r is not None for r in runs) and len(models) == 1:
+            dr, dm = np.concatenate([r.runs.astype(np.int32) for r in runs]), models.pop()
+        return cls([np.asarray(t.prompt, dtype=np.int32) for t in traces], np.concatenate(outs), offsets, dr, dm)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -336,7 +345,35 @@ def simulate_workload(
         add("hybrid:best-T", *run_walk(match, sa_acc, HYBRID, best_t), note=f"T={best_t}")
         add("hybrid:adaptive", *run_walk(match, sa_acc, ADAPTIVE, 0))
         add(f"tree:T={threshold}", *run_walk(match, sa_acc, TREE, threshold))
+        if flat.draft_runs is not None:
+            for name, res, note in draft_model_rows(flat, k, threshold, thresholds, match, sa_acc):
+                add(name, *res, note=note)
     return {"rows": rows, "sweep": sweep, "tokens": n_tok, "seconds": seconds}
+
+
+def draft_model_rows(flat: Flat, k: int, threshold: int, thresholds: tuple[int, ...], match: np.ndarray,
+                     sa_acc: np.ndarray) -> list[tuple[str, tuple, str]]:
+    """The real draft model's rows, mirroring the modeled neural drafter's:
+    alone, hybrid at T and at its best T, adaptive and tree, each as (name,
+    walk results (steps, sa_steps, extra, hist), note). Its acceptance at
+    every position is ``min(run, K)`` (``flat.draft_runs``, see
+    ``evidence.draft_runs``), exact for a greedy draft model."""
+    dm_acc = np.minimum(flat.draft_runs, k).astype(np.int32)
+    prior = float(np.mean(dm_acc))
+    n_tok = int(flat.tokens.shape[0])
+    note = flat.draft_model or ""
+
+    def go(mode, thr):
+        hist = np.zeros(k + 2, np.int64)
+        s, sa_s, ex = walk(flat.offsets, match, sa_acc, dm_acc, k, mode, thr, hist, prior)
+        return s, sa_s, ex, hist
+
+    best_t = max(thresholds, key=lambda t: n_tok / go(HYBRID, t)[0])
+    return [("draft-model", go(NEURAL, 0), note),
+            (f"hybrid:draft-model:T={threshold}", go(HYBRID, threshold), ""),
+            ("hybrid:draft-model:best-T", go(HYBRID, best_t), f"T={best_t}"),
+            ("hybrid:draft-model:adaptive", go(ADAPTIVE, 0), ""),
+            (f"tree:draft-model:T={threshold}", go(TREE, threshold), "")]
 
 
 # -- the command -----------------------------------------------------------------

@@ -20,6 +20,7 @@ usable directly through :func:`apply_edit`.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -44,6 +45,7 @@ from .code_edits import (
     apply_edit,
     stdlib_python_files,
 )
+from .draft_runs import DraftRuns
 from .tokenizers import Tokenizer
 
 __all__ = [
@@ -110,17 +112,26 @@ class Trace:
         output: int32 array of shape ``[O]``, ``O >= 1`` (read-only).
         meta: free-form JSON-serialisable details, e.g.
             ``{"source": "stdlib:json/decoder.py", "edit": "rename"}``.
+        draft_runs: optional :class:`~saspec.evidence.draft_runs.DraftRuns`,
+            a real draft model's accepted-run length at every output position
+            (``runs`` of shape ``[O]``).
     """
 
     prompt: np.ndarray
     output: np.ndarray
     meta: dict = field(default_factory=dict)
+    draft_runs: DraftRuns | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", _as_ids(self.prompt, "prompt"))
         object.__setattr__(self, "output", _as_ids(self.output, "output"))
         if self.output.size == 0:
             raise ValueError("a trace needs a non-empty output")
+        if self.draft_runs is not None:
+            if not isinstance(self.draft_runs, DraftRuns):
+                raise ValueError(f"draft_runs must be a DraftRuns, got {type(self.draft_runs).__name__}")
+            if self.draft_runs.runs.size != self.output.size:
+                raise ValueError(f"draft_runs has {self.draft_runs.runs.size} runs for {self.output.size} output tokens")
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Trace):
@@ -129,6 +140,7 @@ class Trace:
             np.array_equal(self.prompt, other.prompt)
             and np.array_equal(self.output, other.output)
             and self.meta == other.meta
+            and self.draft_runs == other.draft_runs
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -503,13 +515,31 @@ def build_sharegpt(tokenizer: Tokenizer, n: int, seed: int = 0, max_prompt_token
 # ==========================================================================
 
 
+def _open_text(path: str | Path, mode: str) -> IO[str]:
+    """A UTF-8 text stream over ``path``, gzip-compressed when it ends in ``.gz``."""
+    if str(path).endswith(".gz"):
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
+def trace_json(t: Trace, model: str | None) -> dict:
+    """One trace as the JSON object of a trace file line (see :func:`save_traces`)."""
+    obj = {"prompt_ids": t.prompt.tolist(), "output_ids": t.output.tolist(), "model": model, "meta": t.meta}
+    if model is None:
+        del obj["model"]
+    if t.draft_runs is not None:
+        obj["draft_runs"] = t.draft_runs.as_json()
+    return obj
+
+
 def save_traces(path: str | Path, traces: Workload | Iterable[Trace], model: str) -> None:
-    """Write traces as JSONL: ``{"prompt_ids", "output_ids", "model", "meta"}`` per line."""
+    """Write traces as JSONL: ``{"prompt_ids", "output_ids", "model", "meta"}``
+    per line, plus ``"draft_runs": {"model", "max_run", "runs"}`` for traces
+    that carry them. A path ending in ``.gz`` is written gzip-compressed."""
     items = traces.traces if isinstance(traces, Workload) else traces
-    with open(path, "w", encoding="utf-8") as f:
+    with _open_text(path, "w") as f:
         for t in items:
-            f.write(json.dumps({"prompt_ids": t.prompt.tolist(), "output_ids": t.output.tolist(),
-                                "model": model, "meta": t.meta}) + "\n")
+            f.write(json.dumps(trace_json(t, model)) + "\n")
 
 
 def _check_ids(value: Any, key: str, where: str, vocab_size: int | None) -> list[int]:
@@ -523,15 +553,36 @@ def _check_ids(value: Any, key: str, where: str, vocab_size: int | None) -> list
     return value
 
 
+def _check_draft_runs(value: Any, n_output: int, where: str) -> DraftRuns | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"model", "max_run", "runs"} or "runs" not in value \
+            or not isinstance(value.get("model"), str):
+        raise TraceFormatError(f"{where}: draft_runs must be an object {{model: str, max_run: int, runs: [int]}}")
+    runs = value["runs"]
+    if not isinstance(runs, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in runs):
+        raise TraceFormatError(f"{where}: draft_runs.runs must be a list of ints")
+    if len(runs) != n_output:
+        raise TraceFormatError(f"{where}: draft_runs.runs has {len(runs)} entries for {n_output} output tokens")
+    try:
+        return DraftRuns(value["model"], np.asarray(runs, np.int64), value.get("max_run", 64))
+    except ValueError as exc:
+        raise TraceFormatError(f"{where}: draft_runs: {exc}") from None
+
+
 def load_traces(path: str | Path, name: str | None = None, vocab_size: int | None = None) -> Workload:
-    """Read traces written by :func:`save_traces` (blank lines are skipped).
+    """Read traces written by :func:`save_traces` (blank lines are skipped;
+    a path ending in ``.gz`` is read as gzip).
 
     Raises :class:`TraceFormatError` naming ``path:line`` for malformed JSON,
-    missing keys, empty outputs, or ids that are not ints in
-    ``[0, vocab_size)``.  The workload's ``meta["models"]`` lists the models.
+    missing keys, empty outputs, ids that are not ints in ``[0, vocab_size)``,
+    or a ``draft_runs`` field that is not ``{"model": str, "max_run": int in
+    [1, 255], "runs": [int] * len(output_ids)}`` with consistent runs (see
+    ``draft_runs.check_runs``); files without ``draft_runs`` load as before.
+    The workload's ``meta["models"]`` lists the models.
     """
     traces, models = [], []
-    with open(path, encoding="utf-8") as f:
+    with _open_text(path, "r") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -550,7 +601,8 @@ def load_traces(path: str | Path, name: str | None = None, vocab_size: int | Non
             model = obj.get("model")
             if not isinstance(meta, dict) or not (model is None or isinstance(model, str)):
                 raise TraceFormatError(f"{where}: meta must be an object and model a string")
-            traces.append(Trace(np.asarray(prompt, np.int32), np.asarray(output, np.int32), meta))
+            runs = _check_draft_runs(obj.get("draft_runs"), len(output), where)
+            traces.append(Trace(np.asarray(prompt, np.int32), np.asarray(output, np.int32), meta, runs))
             if model is not None and model not in models:
                 models.append(model)
     meta = {"builder": "recorded", "path": str(path), "models": models}

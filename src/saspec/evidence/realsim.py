@@ -1,0 +1,362 @@
+"""The simulator's real drafter, draft-length rules and modeled speed.
+
+``walk_real`` replays greedy speculative decoding over per-position arrays like
+``simulate.walk``, with the step semantics of ``generate.py``'s loop:
+
+* SA draft length per step from a rule (``select.draft_length``: fixed K, or
+  a function of the match length and of the previous step's acceptance), SA
+  drafts recorded up to ``k_sa`` tokens wide (default 32);
+* the neural source is either the modeled drafter (i.i.d. acceptance, drafts
+  free) or a real draft model (``nn_acc`` = its accepted runs, see
+  ``draft_runs``), whose cost is tracked like ``ModelDrafter`` pays it: ``k_nn``
+  forwards per drafting step, the first feeding every accepted token its KV
+  cache has not seen (after rejections, and after the steps the hybrid gave to
+  the SA);
+* the hybrid is ``HybridDrafter``'s rule: the SA draft when it is non-empty and
+  its match is >= T (or the SA has failed fewer than ``patience`` steps in a
+  row), else the draft model;
+* every step is charged ``target(verified tokens) + drafter cost`` under a
+  :class:`~saspec.evidence.costmodel.Profile`.
+
+For ``none``, ``sa``, ``draft-model`` and the hybrid (any T, patience,
+per-match cap) the step count equals the loop's target forwards on the same
+output (``tests/test_draft_runs.py`` checks it against ``speculative_generate``
+on tiny models). Adaptive and tree have no loop counterpart; they are charged
+a draft-model draft on *every* step (adaptive scores it every step; tree
+verifies it with the SA's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..build import DEFAULT_POLICY
+from ..select import DRAFT_LENGTH_RULES, adaptive_init, adaptive_observe, adaptive_prefers_sa, draft_length, N_BUCKETS
+from .costmodel import Profile, lookup
+from .simulate import ADAPTIVE, HYBRID, NEURAL, NONE, SA, TREE, Flat, _next_tokens
+
+SA_WIDTH = 32  # SA drafts are recorded this wide: any rule may draft up to 32 tokens
+
+# stats vector of walk_real
+ST_STEPS, ST_SA_STEPS, ST_VERIFIED, ST_DRAFT_FWD, ST_DRAFT_FED, ST_SECONDS, ST_NN_STEPS = range(7)
+N_STATS = 7
+
+
+@njit(cache=True)
+def _record_wide(drafts, mout, tokens, offs, t, match, accepted, ndraft):
+    k = drafts.shape[1]
+    for b in range(drafts.shape[0]):
+        p, end = offs[b, 0] + t, offs[b, 1]
+        if p >= end:
+            continue
+        a = 0
+        while a < k and p + a < end and drafts[b, a] == tokens[p + a]:
+            a += 1
+        n = 0
+        while n < k and drafts[b, n] >= 0:
+            n += 1
+        accepted[p] = a
+        ndraft[p] = n
+        match[p] = mout[b]
+
+
+def sa_positions_wide(flat: Flat, k: int = SA_WIDTH, policy: str = DEFAULT_POLICY) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Like ``simulate.sa_positions`` (one token per ``extend`` call, every
+    trace batched), and also the number of valid draft tokens (before the
+    first -1) at every position. Returns (match, accepted, ndraft), int32
+    arrays aligned with ``flat.tokens``; ``accepted`` and ``ndraft`` are for
+    drafts ``k`` tokens wide (a shorter draft is their prefix)."""
+    from .. import SpecEngine
+
+    eng = SpecEngine(policy=policy, parallel_threshold=2**31)
+    order = np.argsort(-flat.lengths, kind="stable")
+    for i in order:
+        eng.add_request(int(i), flat.prompts[i])
+    lengths = flat.lengths[order]
+    starts, ends = flat.offsets[:-1][order], flat.offsets[1:][order]
+    n = flat.tokens.shape[0]
+    match, accepted, ndraft = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32)
+    b = 0
+    for t in range(int(lengths.max(initial=0))):
+        live = int(np.searchsorted(-lengths, -t, side="left"))
+        if b == 0 or live <= b // 2:
+            b = live
+            eng.prepare(order[:b].tolist())
+            acc = np.zeros((b, k + 1), np.int32)
+            lens = np.zeros(b, np.int32)
+            mout = np.zeros(b, np.int32)
+            dout = np.zeros((b, k), np.int32)
+            offs = np.stack([starts[:b], ends[:b]], axis=1)
+            if t > 0:
+                _next_tokens(flat.tokens, offs, t - 1, acc, lens)
+        eng.extend(acc, lens, mout, dout)
+        _record_wide(dout, mout, flat.tokens, offs, t, match, accepted, ndraft)
+        _next_tokens(flat.tokens, offs, t, acc, lens)
+    for i in order:
+        eng.remove_request(int(i))
+    return match, accepted, ndraft
+
+
+@njit(cache=True)
+def _lookup(table, n):
+    if n <= table.shape[0]:
+        return table[max(n, 1) - 1]
+    return table[-1] + (n - table.shape[0]) * (table[-1] - table[-2])
+
+
+@njit(cache=True)
+def walk_real(offsets, prompt_lens, match, sa_acc, sa_len, nn_acc, mode, threshold, patience, k_sa, rule, scale,
+              k_nn, nn_is_model, prior_nn, tgt_s, drf_s, sa_step_s, hist, stats):
+    """Replay every trace with one rule; accumulate into ``stats`` (float64
+    [N_STATS]: steps, SA steps, verified tokens, draft-model forwards,
+    draft-model tokens fed, modeled seconds, draft-model steps) and ``hist``
+    (steps by tokens accepted, bonus included).
+
+    Arrays aligned with the flat outputs: ``match``, ``sa_acc`` (accepted SA
+    tokens of a ``k_sa``-wide draft), ``sa_len`` (its valid tokens),
+    ``nn_acc`` (accepted neural tokens: modeled, or the draft model's
+    uncapped runs). ``prompt_lens`` int64 [n_traces]. ``mode``: one of
+    simulate's NONE/NEURAL/SA/HYBRID/ADAPTIVE/TREE. ``rule``/``scale``: the
+    SA draft-length rule (``select.draft_length``). ``nn_is_model``: charge
+    the neural drafts as draft-model forwards (else free). ``tgt_s``,
+    ``drf_s``: seconds of a forward with n tokens at index n-1; ``sa_step_s``:
+    seconds per SA extend (charged on every step of a mode that uses the SA).
+    """
+    g_sum = np.zeros(N_BUCKETS)
+    g_cnt = np.zeros(N_BUCKETS)
+    adaptive_init(g_sum, g_cnt, k_nn)
+    uses_sa = mode == SA or mode == HYBRID or mode == ADAPTIVE or mode == TREE
+    for tr in range(offsets.shape[0] - 1):
+        pos = offsets[tr]
+        start = offsets[tr]
+        end = offsets[tr + 1]
+        plen = prompt_lens[tr]
+        cached = plen - 1  # draft model: the prompt but its last token was prefilled (not charged)
+        fails = 0
+        last = -1
+        r_nn = prior_nn
+        r_sa_ratio = 1.0
+        while pos < end:
+            m = match[pos]
+            rem = end - pos - 1
+            l_sa = 0
+            if m > 0:
+                l_sa = min(sa_len[pos], draft_length(m, k_sa, rule, scale, last))
+            a_sa = min(sa_acc[pos], l_sa)
+            a_nn = min(nn_acc[pos], k_nn)
+            src = 0  # 0 none, 1 sa, 2 nn, 3 both (tree)
+            if mode == NEURAL:
+                src = 2
+            elif mode == SA:
+                src = 1 if l_sa > 0 else 0
+            elif mode == HYBRID:
+                src = 1 if l_sa > 0 and (m >= threshold or fails < patience) else 2
+            elif mode == ADAPTIVE:
+                src = 1 if l_sa > 0 and adaptive_prefers_sa(g_sum, g_cnt, r_sa_ratio, r_nn, m) else 2
+            elif mode == TREE:
+                src = 3 if l_sa > 0 and m >= threshold else 2
+            if src == 0:
+                n_draft = 0
+                a = 0
+            elif src == 1:
+                n_draft = min(l_sa, rem)
+                a = min(a_sa, n_draft)
+            elif src == 2:
+                n_draft = min(k_nn, rem)
+                a = min(a_nn, n_draft)
+            else:
+                n_draft = min(l_sa, rem) + min(k_nn, rem)
+                a = max(min(a_sa, rem), min(a_nn, rem))
+            new = a + 1
+            seconds = _lookup(tgt_s, n_draft + 1)
+            if uses_sa:
+                seconds += sa_step_s
+            model_runs = src >= 2 or mode == ADAPTIVE
+            if nn_is_model and model_runs and mode != NONE:
+                seq_len = plen + (pos - start)
+                fed = seq_len - cached
+                seconds += _lookup(drf_s, fed) + (k_nn - 1) * drf_s[0]
+                stats[ST_DRAFT_FWD] += k_nn
+                stats[ST_DRAFT_FED] += fed + k_nn - 1
+                cached = seq_len + min(min(nn_acc[pos], k_nn - 1), new)
+            if mode == ADAPTIVE:
+                r_sa_ratio, r_nn = adaptive_observe(g_sum, g_cnt, r_sa_ratio, r_nn, m, min(a_sa, new), min(a_nn, new))
+            hit = l_sa > 0 and sa_acc[pos] >= 1
+            fails = 0 if hit else fails + 1
+            last = a
+            hist[new] += 1
+            stats[ST_STEPS] += 1
+            if src == 1 or (src == 3 and a_sa > a_nn):
+                stats[ST_SA_STEPS] += 1
+            if src >= 2:
+                stats[ST_NN_STEPS] += 1
+            stats[ST_VERIFIED] += n_draft + 1
+            stats[ST_SECONDS] += seconds
+            pos += new
+
+
+_MODES = {"none": NONE, "neural": NEURAL, "sa": SA, "hybrid": HYBRID, "adaptive": ADAPTIVE, "tree": TREE}
+
+
+class Arrays:
+    """The per-position arrays one workload's costed walks share.
+
+    ``flat``: the workload; ``match``, ``sa_acc``, ``sa_len``: from
+    :func:`sa_positions_wide` (``SA_WIDTH`` wide); ``neural``: the modeled
+    drafter's accepted tokens (int32 [N], ``simulate.neural_positions``);
+    ``runs``: the draft model's runs (int32 [N]) or None."""
+
+    def __init__(self, flat: Flat, neural: np.ndarray, policy: str = DEFAULT_POLICY) -> None:
+        self.flat = flat
+        self.match, self.sa_acc, self.sa_len = sa_positions_wide(flat, SA_WIDTH, policy)
+        self.neural = np.ascontiguousarray(neural, np.int32)
+        runs = getattr(flat, "draft_runs", None)
+        self.runs = None if runs is None else np.ascontiguousarray(runs, np.int32)
+        self.prompt_lens = np.array([p.size for p in flat.prompts], np.int64)
+
+
+def run_costed(arr: Arrays, profile: Profile, batch: int, mode: str, *, source: str = "model", threshold: int = 4,
+               patience: int = 0, k_sa: int = 8, rule: str = "fixed", scale: float = 1.0, k_nn: int = 8) -> dict:
+    """One costed walk: {"steps", "AL", "verified_per_step", "draft_forwards_per_step",
+    "draft_fed_per_step" (draft-model tokens fed, prefill of the prompt but its last token excluded), "sa_frac", "nn_frac", "seconds", "tok_s", "hist"}. ``source``: the neural
+    drafter, ``"model"`` (the draft model's runs) or ``"modeled"``."""
+    if mode not in _MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(_MODES)}")
+    if source == "model":
+        if arr.runs is None:
+            raise ValueError("this workload has no draft-model runs")
+        nn, is_model = arr.runs, True
+    elif source == "modeled":
+        nn, is_model = arr.neural, False
+    else:
+        raise ValueError(f"source must be 'model' or 'modeled', got {source!r}")
+    if not 1 <= k_sa <= SA_WIDTH:
+        raise ValueError(f"k_sa must be in [1, {SA_WIDTH}], got {k_sa}")
+    costs = profile.batches[batch]
+    hist = np.zeros(max(k_sa, k_nn) * 2 + 2, np.int64)
+    stats = np.zeros(N_STATS)
+    prior = float(np.mean(np.minimum(nn, k_nn))) if nn.size else 0.0
+    walk_real(arr.flat.offsets, arr.prompt_lens, arr.match, arr.sa_acc, arr.sa_len, nn, _MODES[mode], threshold,
+              patience, k_sa, DRAFT_LENGTH_RULES.index(rule), float(scale), k_nn, is_model, prior,
+              costs.target_s, costs.draft_s, costs.sa_step_s, hist, stats)
+    steps = stats[ST_STEPS]
+    n_tok = int(arr.flat.tokens.shape[0])
+    return {"steps": int(steps), "AL": n_tok / steps, "verified_per_step": stats[ST_VERIFIED] / steps,
+            "draft_forwards_per_step": stats[ST_DRAFT_FWD] / steps,
+            "draft_fed_per_step": stats[ST_DRAFT_FED] / steps, "sa_frac": stats[ST_SA_STEPS] / steps,
+            "nn_frac": stats[ST_NN_STEPS] / steps, "seconds": stats[ST_SECONDS],
+            "tok_s": batch * n_tok / stats[ST_SECONDS], "hist": hist}
+
+
+# -- the tables ------------------------------------------------------------------------
+
+LENGTH_CANDIDATES = (("fixed", 1.0), ("per-match", 0.5), ("per-match", 1.0), ("per-match", 2.0),
+                     ("per-match", 4.0), ("per-match-recent", 1.0), ("per-match-recent", 2.0),
+                     ("per-match-recent", 4.0))
+
+
+def speed_configs(has_model: bool, k: int, threshold: int, rule: tuple[str, float]) -> list[tuple[str, dict]]:
+    """(row name, run_costed keywords) of the speed table's rows."""
+    r, s = rule
+    rows = [("none", dict(mode="none")),
+            (f"neural (modeled, free) K={k}", dict(mode="neural", source="modeled", k_nn=k)),
+            (f"sa K={k}", dict(mode="sa", k_sa=k)),
+            (f"sa K=32 {r}:{s:g}", dict(mode="sa", k_sa=32, rule=r, scale=s)),
+            (f"hybrid(modeled) T={threshold} K={k}", dict(mode="hybrid", source="modeled", k_nn=k, k_sa=k,
+                                                           threshold=threshold))]
+    if has_model:
+        for kn in (3, 8):
+            rows += [(f"draft-model K={kn}", dict(mode="neural", k_nn=kn)),
+                     (f"hybrid:draft-model T={threshold} K={kn}", dict(mode="hybrid", k_nn=kn, k_sa=kn,
+                                                                        threshold=threshold)),
+                     (f"hybrid:draft-model T={threshold} K={kn} SA<=32 {r}:{s:g}",
+                      dict(mode="hybrid", k_nn=kn, k_sa=32, rule=r, scale=s, threshold=threshold))]
+        rows += [(f"adaptive:draft-model K=8", dict(mode="adaptive", k_nn=8, k_sa=8)),
+                 (f"tree:draft-model T={threshold} K=8", dict(mode="tree", k_nn=8, k_sa=8, threshold=threshold))]
+    return rows
+
+
+def length_study(arrays: dict[str, Arrays], profiles: list[Profile], threshold: int = 4,
+                 candidates=LENGTH_CANDIDATES) -> dict:
+    """Modeled tokens/s of each draft-length rule (SA up to 32 tokens), for
+    SA alone and for the hybrid with the draft model (the modeled drafter
+    where a workload has no runs, K=8), per workload, profile and batch.
+
+    Returns {"rows": [{"rule", "scale", "setting", "workload", "profile",
+    "batch", "tok_s", "AL", "verified_per_step"}], "best": (rule, scale)}:
+    the best is the candidate with the highest geometric mean, over every
+    (setting, workload, profile, batch), of its tokens/s relative to the
+    fixed rule's."""
+    rows = []
+    for name, arr in arrays.items():
+        src = "model" if arr.runs is not None else "modeled"
+        for prof in profiles:
+            for b in sorted(prof.batches):
+                for rule, scale in candidates:
+                    for setting, kw in (("sa", dict(mode="sa")),
+                                        (f"hybrid({src})", dict(mode="hybrid", source=src, k_nn=8, threshold=threshold))):
+                        res = run_costed(arr, prof, b, k_sa=32, rule=rule, scale=scale, **kw)
+                        rows.append({"rule": rule, "scale": scale, "setting": setting, "workload": name,
+                                     "profile": prof.name, "batch": b, "tok_s": res["tok_s"], "AL": res["AL"],
+                                     "verified_per_step": res["verified_per_step"]})
+    base = {(r["setting"], r["workload"], r["profile"], r["batch"]): r["tok_s"] for r in rows if r["rule"] == "fixed"}
+    score = {}
+    for rule, scale in candidates:
+        rel = [r["tok_s"] / base[(r["setting"], r["workload"], r["profile"], r["batch"])] for r in rows
+               if (r["rule"], r["scale"]) == (rule, scale)]
+        score[(rule, scale)] = float(np.exp(np.mean(np.log(rel)))) if rel else 0.0
+    best = max(score, key=score.get)
+    return {"rows": rows, "score": {f"{r}:{s:g}": v for (r, s), v in score.items()}, "best": best}
+
+
+def speed_table(arrays: dict[str, Arrays], profiles: list[Profile], k: int, threshold: int,
+                rule: tuple[str, float]) -> list[dict]:
+    """Every speed-table row per workload: AL, verified/step, draft-model
+    forwards/step and modeled tokens/s per (profile, batch)."""
+    out = []
+    for name, arr in arrays.items():
+        for row, kw in speed_configs(arr.runs is not None, k, threshold, rule):
+            cols = {}
+            base = None
+            for prof in profiles:
+                for b in sorted(prof.batches):
+                    res = run_costed(arr, prof, b, **kw)
+                    cols[f"{prof.name} B={b}"] = res["tok_s"]
+                    base = base or res
+            out.append({"workload": name, "drafter": row, "AL": base["AL"],
+                        "verified_per_step": base["verified_per_step"],
+                        "draft_forwards_per_step": base["draft_forwards_per_step"], "tok_s": cols})
+    return out
+
+
+def format_speed(rows: list[dict], profiles: list[Profile]) -> str:
+    """Markdown: the speed table, then the cost model it assumes."""
+    cols = [f"{p.name} B={b}" for p in profiles for b in sorted(p.batches)]
+    lines = ["| workload | drafter | AL | verified/step | draft fwd/step | "
+             + " | ".join(f"tok/s {c}" for c in cols) + " |", "|---" * (5 + len(cols)) + "|"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['drafter']} | {r['AL']:.3f} | {r['verified_per_step']:.2f} | "
+                     f"{r['draft_forwards_per_step']:.2f} | " + " | ".join(f"{r['tok_s'][c]:.1f}" for c in cols) + " |")
+    lines.append("")
+    lines.append("Cost model: time per step = target forward(verified tokens per row, batch B) + drafter cost "
+                 "(draft-model forwards incl. catch-up tokens; SA extend); tok/s = B x output tokens / total time; "
+                 "prefills excluded; the modeled neural drafter drafts for free.")
+    for p in profiles:
+        lines.append(f"- {p.name}: " + "; ".join(
+            f"B={b}: target {c.target_s[0] * 1e3:.2f} ms (1 token/row) .. {c.target_s[-1] * 1e3:.2f} ms "
+            f"({c.target_s.size} tokens/row), draft model {c.draft_s[0] * 1e3:.2f} ms/forward, "
+            f"SA {c.sa_step_s * 1e6:.1f} us/step" for b, c in sorted(p.batches.items()))
+            + f" [{p.notes.get('source', '')}]")
+    return "\n".join(lines)
+
+
+def format_length_study(study: dict) -> str:
+    lines = ["| rule:scale | tok/s vs fixed K=32 (geometric mean over workloads, profiles, batches, SA and hybrid) |",
+             "|---|---|"]
+    for key, v in sorted(study["score"].items(), key=lambda x: -x[1]):
+        lines.append(f"| {key} | {v:.3f}x |")
+    r, s = study["best"]
+    lines.append(f"\nbest draft-length rule: {r} scale {s:g} (saspec.select.draft_lengths(match_len, k_max, "
+                 f"rule={r!r}, scale={s:g}))")
+    return "\n".join(lines)

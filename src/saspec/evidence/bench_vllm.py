@@ -28,7 +28,9 @@ busy the CPUs were with other processes during the call (``contention``, see
 
 Outputs (``--out``): ``results.json`` (every run), ``results.md`` (tables and
 the targets: code edits saspec >= 1.15x ngram tok/s with a higher mean
-acceptance length; free-form saspec >= 0.97x plain).
+acceptance length; free-form saspec >= 0.97x plain), and ``traces.json``
+(prompt ids and plain outputs, for ``benchmarks/vllm/replay_drafts.py``, which
+replays them through both drafters without timing noise).
 """
 
 from __future__ import annotations
@@ -127,6 +129,12 @@ def main(args: argparse.Namespace) -> int:
                 runs.append({"model": by_size[size].name, "size": size, "method": method, **r})
             (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
     _mark_identity(runs)
+    by_id = {p["id"]: p["prompt_ids"] for p in prompts}
+    for size in sizes:  # for benchmarks/vllm/replay_drafts.py: prompt ids and the plain output
+        traces = [{"id": r["id"], "prompt": by_id[r["id"]], "out": r["tokens"]} for r in runs
+                  if r["size"] == size and r["method"] == "plain"]
+        if traces:
+            (out / (f"traces-{size}.json" if len(sizes) > 1 else "traces.json")).write_text(json.dumps(traces))
     (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
     report = format_report(info, runs)
     (out / "results.md").write_text(report)

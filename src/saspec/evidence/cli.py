@@ -186,6 +186,11 @@ def build_parser() -> Parser:
     from .e2e import add_commands  # models, generate, bench-e2e (torch imported only when they run)
 
     add_commands(sub)
+
+    from .record import add_commands as add_record_commands  # record-traces, calibrate (torch only when run)
+
+    add_record_commands(sub)
+
     from .bench_vllm import add_command as add_bench_vllm  # bench-vllm (vLLM runs in its own environment)
 
     add_bench_vllm(sub)

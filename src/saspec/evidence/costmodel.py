@@ -220,8 +220,8 @@ def _random_cache(model: Any, batch: int, context: int, dtype: Any) -> Any:
 def time_forwards(model: Any, batch: int, tokens: list[int], context: int, repeats: int = 3,
                   vocab: int | None = None) -> dict[int, float]:
     """Seconds of one forward of ``batch`` rows with ``n`` new tokens each (for
-    each ``n`` in ``tokens``) over a cache of ``context`` positions; the best
-    of ``repeats`` (after one warm-up). The cache is cropped back after each
+    each ``n`` in ``tokens``) over a cache of ``context`` positions of random
+    K/V; the best of ``repeats`` (after one 1-token warm-up). The cache is cropped back after each
     forward. Logits are kept for all new tokens (verification needs them)."""
     import torch
 
@@ -236,30 +236,33 @@ def time_forwards(model: Any, batch: int, tokens: list[int], context: int, repea
     with torch.inference_mode():
         cache = _random_cache(model, batch, context, dtype)
         g = torch.Generator().manual_seed(1)
-        for n in tokens:
+
+        def forward(n: int) -> float:
             ids = torch.randint(0, vocab, (batch, n), generator=g)
             mask = torch.ones(batch, context + n, dtype=torch.long)
-            best = math.inf
-            for r in range(repeats + 1):
-                t0 = time.perf_counter()
-                model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=n, **{kw: cache})
-                dt = time.perf_counter() - t0
-                _crop(cache, context)
-                if r > 0:
-                    best = min(best, dt)
-            out[n] = best
+            t0 = time.perf_counter()
+            model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=n, **{kw: cache})
+            dt = time.perf_counter() - t0
+            _crop(cache, context)
+            return dt
+
+        forward(1)  # warm-up
+        for n in tokens:
+            out[n] = min(forward(n) for _ in range(repeats))
     return out
 
 
 def _fill(points: dict[int, float], n_max: int) -> np.ndarray:
-    """Entries 1..n_max, linearly interpolated between the measured points
-    (and extrapolated past the last two)."""
+    """Entries 1..n_max, linearly interpolated between the measured points,
+    made non-decreasing (a forward over more tokens is not cheaper; dips are
+    timing noise on shared cores: the running maximum is kept) and
+    extrapolated past the last point with the mean slope over all points."""
     xs = np.array(sorted(points), float)
-    ys = np.array([points[int(x)] for x in xs])
+    ys = np.maximum.accumulate(np.array([points[int(x)] for x in xs]))
     n = np.arange(1, n_max + 1, dtype=float)
     out = np.interp(n, xs, ys)
     if xs.size >= 2:
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
         out = np.where(n > xs[-1], ys[-1] + (n - xs[-1]) * slope, out)
     return out
 
@@ -294,19 +297,71 @@ def calibrate(target: Any, draft: Any, *, name: str, batches: tuple[int, ...] = 
     """Measure a :class:`Profile` on this machine: target and draft-model
     forward times for the token counts ``tokens[B]`` (default: every count
     1..33 at batch 1, a spread of counts at larger batches, interpolated to
-    1..33), and the SA's extend time, per batch size."""
+    1..33), and the SA's extend time, per batch size. ``repeats``: timed
+    forwards per point at batch 1 (the best is kept); 1 at larger batches."""
     out = {}
     for b in batches:
         ns = (tokens or {}).get(b) or (list(range(1, MAX_TOKENS + 1)) if b == 1 else [1, 2, 3, 5, 9, 17, 33])
+        reps = repeats if b == 1 else 1  # large batches: one timed forward per point (they take seconds)
         t0 = time.perf_counter()
-        tgt = time_forwards(target, b, ns, context, repeats)
+        tgt = time_forwards(target, b, ns, context, reps)
         log(f"batch {b}: target forwards timed in {time.perf_counter() - t0:.0f} s: "
             + ", ".join(f"{n}: {s * 1e3:.1f} ms" for n, s in tgt.items()))
         t0 = time.perf_counter()
-        drf = time_forwards(draft, b, ns, context, repeats)
+        drf = time_forwards(draft, b, ns, context, reps)
         log(f"batch {b}: draft forwards timed in {time.perf_counter() - t0:.0f} s: "
             + ", ".join(f"{n}: {s * 1e3:.1f} ms" for n, s in drf.items()))
         out[b] = BatchCosts(_fill(tgt, MAX_TOKENS), _fill(drf, MAX_TOKENS), sa_step_seconds(b))
     info = {"source": "measured by saspec calibrate", "context_tokens": context, "repeats": repeats,
             "measured_tokens": {str(b): (tokens or {}).get(b) for b in batches}, **(notes or {})}
     return Profile(name, out, info)
+
+
+# -- the command ---------------------------------------------------------------------
+
+
+def add_arguments(p) -> None:
+    from .cli import comma_list, positive_int
+    from .models import DEFAULT_FAMILY, FAMILIES
+
+    p.add_argument("--out", default=str(CPU_PROFILE_PATH),
+                   help="profile JSON to write (the default path is what `saspec simulate` reads)")
+    p.add_argument("--family", default=DEFAULT_FAMILY, choices=tuple(FAMILIES), help="model family (target, draft)")
+    p.add_argument("--target-dir", default=None, help="load the target from this HF directory instead of --family")
+    p.add_argument("--draft-dir", default=None, help="load the draft model from this HF directory instead of --family")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights' dtype")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--batches", type=comma_list(positive_int, what="batch size"), default=DEFAULT_BATCHES,
+                   help="batch sizes to time")
+    p.add_argument("--context", type=positive_int, default=512, help="cached tokens per row during the timed forwards")
+    p.add_argument("--tokens", type=comma_list(positive_int, what="token count"), default=None,
+                   help="tokens per row to time (default: 1..33 at batch 1; 1,2,3,5,9,17,33 at larger batches)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed forwards per point at batch 1 (best kept)")
+    p.add_argument("--name", default=None, help="the profile's name in tables (default: cpu (measured, MODELS))")
+
+
+def main(args) -> int:
+    import os
+
+    import torch
+
+    from .cli import CliError
+    from .record import _load_models
+
+    if args.tokens is not None and max(args.tokens) > MAX_TOKENS:
+        raise CliError(f"--tokens: at most {MAX_TOKENS} tokens per row")
+    if args.tokens is not None and len(args.tokens) < 2:
+        raise CliError("--tokens: give at least two token counts (the profile interpolates between them)")
+    threads = args.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    target, draft, tname, dname, _ = _load_models(args)
+    name = args.name or f"cpu (measured: {tname} + {dname}, {args.dtype}, {threads} threads)"
+    tokens = {b: list(args.tokens) for b in args.batches} if args.tokens else None
+    prof = calibrate(target, draft, name=name, batches=tuple(args.batches), context=args.context, tokens=tokens,
+                     repeats=args.repeats, notes={"target": tname, "draft": dname, "dtype": args.dtype,
+                                                  "threads": threads},
+                     log=lambda msg: print(msg, file=__import__("sys").stderr))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    prof.save(args.out)
+    print(f"profile {name!r}: {args.out}")
+    return 0

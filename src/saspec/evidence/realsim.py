@@ -219,10 +219,14 @@ class Arrays:
 def run_costed(arr: Arrays, profile: Profile, batch: int, mode: str, *, source: str = "model", threshold: int = 4,
                patience: int = 0, k_sa: int = 8, rule: str = "fixed", scale: float = 1.0, k_nn: int = 8) -> dict:
     """One costed walk: {"steps", "AL", "verified_per_step", "draft_forwards_per_step",
-    "draft_fed_per_step" (draft-model tokens fed, prefill of the prompt but its last token excluded), "sa_frac", "nn_frac", "seconds", "tok_s", "hist"}. ``source``: the neural
-    drafter, ``"model"`` (the draft model's runs) or ``"modeled"``."""
+    "draft_fed_per_step" (draft-model tokens fed, the prefill of the prompt
+    but its last token excluded), "sa_frac", "nn_frac", "seconds", "tok_s",
+    "hist"}. ``source``: the neural drafter, ``"model"`` (the draft model's
+    runs; required by modes that use it) or ``"modeled"``."""
     if mode not in _MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(_MODES)}")
+    if mode in ("none", "sa"):  # the neural source is not used
+        source = "modeled" if arr.runs is None else source
     if source == "model":
         if arr.runs is None:
             raise ValueError("this workload has no draft-model runs")
@@ -360,3 +364,47 @@ def format_length_study(study: dict) -> str:
     lines.append(f"\nbest draft-length rule: {r} scale {s:g} (saspec.select.draft_lengths(match_len, k_max, "
                  f"rule={r!r}, scale={s:g}))")
     return "\n".join(lines)
+
+
+def real_summary(rows: list[dict], threshold: int, rule: tuple[str, float]) -> str:
+    """Per workload with draft-model runs: the issue's ratios, hybrid over the
+    draft model alone at K=3 and K=8 (AL and modeled tokens/s per profile and
+    batch), with the hybrid's SA drafts up to 32 tokens under ``rule``."""
+    r, s = rule
+    by = {(x["workload"], x["drafter"]): x for x in rows}
+    names = [w for w in dict.fromkeys(x["workload"] for x in rows) if (w, "draft-model K=8") in by]
+    if not names:
+        return ""
+    cols = list(next(iter(by.values()))["tok_s"])
+    lines = ["| workload | K | hybrid AL / draft-model AL | " + " | ".join(f"tok/s ratio {c}" for c in cols) + " |",
+             "|---" * (3 + len(cols)) + "|"]
+    for w in names:
+        for kn in (3, 8):
+            dm = by[(w, f"draft-model K={kn}")]
+            hy = by[(w, f"hybrid:draft-model T={threshold} K={kn} SA<=32 {r}:{s:g}")]
+            lines.append(f"| {w} | {kn} | {hy['AL'] / dm['AL']:.3f}x | "
+                         + " | ".join(f"{hy['tok_s'][c] / dm['tok_s'][c]:.3f}x" for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def speed_section(flats: dict, k: int, p: tuple[float, ...], threshold: int, seed: int,
+                  profiles: list[Profile] | None = None) -> tuple[str, dict]:
+    """The cost-model part of ``saspec simulate``: the draft-length study,
+    the speed table (with the study's best rule) and, where workloads carry
+    draft-model runs, the hybrid/draft-model ratios. Returns (markdown text,
+    JSON-able dict)."""
+    from .costmodel import default_profiles
+    from .simulate import neural_positions
+
+    profiles = profiles or default_profiles()
+    arrays = {name: Arrays(flat, neural_positions(flat, p, seed)) for name, flat in flats.items()}
+    study = length_study(arrays, profiles, threshold)
+    rows = speed_table(arrays, profiles, k, threshold, study["best"])
+    parts = ["Draft-length rules (SA drafts up to 32 tokens; SA alone and hybrid K=8), modeled tokens/s:",
+             format_length_study(study), "", format_speed(rows, profiles)]
+    summary = real_summary(rows, threshold, study["best"])
+    if summary:
+        parts += ["", "Real draft model (teacher-forced runs): hybrid over the draft model alone", summary]
+    data = {"profiles": [pr.as_json() for pr in profiles], "length_study": {"score": study["score"],
+            "best": list(study["best"])}, "speed": rows}
+    return "\n".join(parts), data

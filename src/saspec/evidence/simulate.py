@@ -318,7 +318,7 @@ def simulate_workload(
 
     zeros = np.zeros_like(nn_acc)
     add("none", *run_walk(zeros, zeros, NONE, 0))
-    add("neural", *run_walk(zeros, zeros, NEURAL, 0))
+    add("neural", *run_walk(zeros, zeros, NEURAL, 0), note="modeled")
     if ngram:
         t0 = time.perf_counter()
         hist = np.zeros(k + 2, np.int64)
@@ -416,8 +416,18 @@ def _is_trace_file(name: str) -> bool:
     return name.endswith(TRACE_SUFFIXES)
 
 
+REAL = "real"  # the recorded real outputs (evidence/data/real_outputs.jsonl.gz, `saspec record-traces`)
+
+
+def default_workloads() -> tuple[str, ...]:
+    """The built-in workloads, and ``real`` when its data file exists."""
+    from .record import REAL_OUTPUTS_PATH
+
+    return tuple(DEFAULT_SIZES) + ((REAL,) if REAL_OUTPUTS_PATH.is_file() else ())
+
+
 def _workload_name(text: str) -> str:
-    if text in DEFAULT_SIZES:
+    if text in DEFAULT_SIZES or text == REAL:
         return text
     if not _is_trace_file(text):
         raise argparse.ArgumentTypeError(f"unknown workload {text!r}; choose from {', '.join(DEFAULT_SIZES)} "
@@ -430,7 +440,7 @@ def _workload_name(text: str) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from .cli import comma_list, nonnegative_int, output_file, positive_int, probability
 
-    p.add_argument("--workloads", type=comma_list(_workload_name, what="workload"), default=tuple(DEFAULT_SIZES),
+    p.add_argument("--workloads", type=comma_list(_workload_name, what="workload"), default=default_workloads(),
                    help="comma-separated built-in workloads and/or recorded trace files (.jsonl, format below)")
     p.add_argument("--size", type=positive_int, default=None,
                    help="traces per built-in workload (default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_SIZES.items())
@@ -478,6 +488,15 @@ def load_workloads(names: list[str], size: int | None, seed: int) -> dict[str, F
                 raise wl.TraceFormatError(f"{name}: no traces (the file has no non-blank line)")
             out[Path(name).name.removesuffix(".gz").removesuffix(".jsonl")] = Flat.of(w.traces)
             continue
+        if name == REAL:
+            from .record import REAL_OUTPUTS_PATH, split_workloads
+
+            if not REAL_OUTPUTS_PATH.is_file():
+                print(f"skipping workload {name!r}: no recorded data ({REAL_OUTPUTS_PATH}; run `saspec record-traces`)")
+                continue
+            for sub, w in split_workloads(REAL_OUTPUTS_PATH).items():
+                out[sub] = Flat.of(w.traces)
+            continue
         tok = tok or get_tokenizer()
         try:
             w = wl.build_workload(name, tok, size or DEFAULT_SIZES.get(name, 100), seed)
@@ -489,13 +508,14 @@ def load_workloads(names: list[str], size: int | None, seed: int) -> dict[str, F
 
 
 def format_results(results: dict[str, dict]) -> str:
-    lines = ["| workload | drafter | AL (tokens/forward) | speed-up vs none | SA steps | extra verified/step |",
-             "|---|---|---|---|---|---|"]
+    # No "speed-up" column: AL is the speed-up in target forwards only; modeled
+    # tokens/s under a cost model are in the speed table (realsim.speed_section).
+    lines = ["| workload | drafter | AL (tokens/forward) | SA steps | extra verified/step |",
+             "|---|---|---|---|---|"]
     for name, res in results.items():
-        base = next(r["AL"] for r in res["rows"] if r["drafter"] == "none")
         for r in res["rows"]:
             label = f"{r['drafter']} ({r['note']})" if r.get("note") else r["drafter"]
-            lines.append(f"| {name} | {label} | {r['AL']:.3f} | {r['AL'] / base:.2f}x | "
+            lines.append(f"| {name} | {label} | {r['AL']:.3f} | "
                          f"{r['sa_frac']:.0%} | {r['extra_per_step']:.2f} |")
     return "\n".join(lines)
 
@@ -683,12 +703,20 @@ def main(args: argparse.Namespace) -> int:
     print(format_results(results))
     print()
     print(format_summary(results, args.threshold))
+    from .realsim import speed_section  # the cost model: modeled tokens/s, draft-length rules
+
+    t1 = time.perf_counter()
+    speed_text, speed = speed_section(flats, args.k, p, args.threshold, args.seed)
+    print()
+    print(speed_text)
+    print(f"(cost model in {time.perf_counter() - t1:.1f} s)")
     sa_tokens = sum(r["tokens"] for r in results.values()) * len(policies)
     sa_seconds = sum(v for r in results.values() for key, v in r["seconds"].items() if key.startswith("sa:"))
     print(f"\nworkloads built in {build_s:.1f} s; simulated in {sim_s:.1f} s; "
           f"SA passes: {sa_tokens / max(sa_seconds, 1e-9) / 1e6:.2f} M output tokens/s")
     summary = {"args": {k: v for k, v in vars(args).items() if not callable(v)}, "neural_p": list(p), "build_seconds": build_s, "simulate_seconds": sim_s,
-               "sa_tokens_per_second": sa_tokens / max(sa_seconds, 1e-9), "workloads": results}
+               "sa_tokens_per_second": sa_tokens / max(sa_seconds, 1e-9), "workloads": results,
+               "cost_model": speed}
     json_path = Path(args.json) if args.json else out / "results.json"
     json_path.write_text(json.dumps(summary, indent=1))
     print(f"results: {json_path}")

@@ -135,3 +135,19 @@ def test_cache_is_keyed_on_the_sources(tmp_path, monkeypatch):
         assert a != b and a.name.split("-")[0] == b.name.split("-")[0]
     finally:
         _numba_cache.cache_dir.cache_clear()
+
+
+def test_prune_keeps_caches_in_use_and_drops_idle_ones(tmp_path):
+    from saspec import _numba_cache
+
+    current, busy, idle, other = (tmp_path / n for n in ("abc-1", "abc-2", "abc-3", "xyz-4"))
+    for d in (current, busy, idle, other):
+        (d / "device").mkdir(parents=True)
+        (d / "device" / "k.nbi").write_text("x")
+    old = 1_000_000.0
+    for f in [idle, idle / "device", idle / "device" / "k.nbi", other, other / "device", other / "device" / "k.nbi"]:
+        os.utime(f, (old, old))
+    _numba_cache._prune_siblings(current)
+    assert current.exists() and busy.exists(), "a cache written to recently may belong to a running process"
+    assert not idle.exists(), "an idle cache of the same checkout is dropped"
+    assert other.exists(), "another checkout's cache is never touched"

@@ -7,7 +7,7 @@ in the cache. ``SaspecCacheLocator`` fixes both: it caches under
 ``$SASPEC_CACHE_DIR`` (default ``~/.cache/saspec/numba``; ``$NUMBA_CACHE_DIR/saspec``
 when that is set), in a directory named for the package's location and the
 hash of every ``.py`` file in it, so any source change starts a fresh cache.
-Older directories of the same checkout are pruned when a new one is made.
+Older directories of the same checkout are pruned, once idle for a day, when a new one is made.
 
 It is registered for functions defined in saspec's files only; numba keeps its
 usual locators for everything else. ``import saspec`` writes nothing; the
@@ -21,12 +21,14 @@ import hashlib
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from numba.core import caching as numba_caching
 from numba.core import config
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+STALE_AFTER_S = 24 * 3600  # an older cache of this checkout is removed once idle this long
 
 
 def cache_root() -> Path:
@@ -50,11 +52,20 @@ def cache_dir() -> Path:
     return cache_root() / f"{where}-{digest.hexdigest()[:16]}"
 
 
-def _prune_siblings(current: Path) -> None:
-    """Drop caches of this checkout's earlier sources (same location prefix, other hash)."""
+def _prune_siblings(current: Path, max_idle_s: float = STALE_AFTER_S) -> None:
+    """Drop caches of this checkout's earlier sources (same location prefix, other hash)
+    that nothing has written to for ``max_idle_s`` seconds: a process still running
+    the old sources may be writing to its directory right now."""
     prefix = current.name.split("-")[0] + "-"
+    now = time.time()
     for old in current.parent.glob(prefix + "*"):
-        if old != current:
+        if old == current:
+            continue
+        try:
+            newest = max([f.stat().st_mtime for f in old.rglob("*")] + [old.stat().st_mtime])
+        except OSError:
+            continue  # being changed or removed by another process
+        if now - newest > max_idle_s:
             shutil.rmtree(old, ignore_errors=True)
 
 

@@ -34,7 +34,7 @@ from numba import njit
 from ..build import DEFAULT_POLICY
 from ..select import DRAFT_LENGTH_RULES, adaptive_init, adaptive_observe, adaptive_prefers_sa, draft_length, N_BUCKETS
 from .costmodel import Profile, lookup
-from .simulate import ADAPTIVE, HYBRID, NEURAL, NONE, SA, TREE, Flat, _next_tokens
+from .simulate import ADAPTIVE, HYBRID, NEURAL, NONE, SA, TREE, Flat, _next_tokens, _record
 
 SA_WIDTH = 32  # SA drafts are recorded this wide: any rule may draft up to 32 tokens
 
@@ -45,20 +45,16 @@ N_STATS = 7
 
 @njit(cache=True)
 def _record_wide(drafts, mout, tokens, offs, t, match, accepted, ndraft):
+    """``simulate._record``, plus each position's number of valid draft tokens (before the first -1)."""
+    _record(drafts, mout, tokens, offs, t, match, accepted)
     k = drafts.shape[1]
     for b in range(drafts.shape[0]):
-        p, end = offs[b, 0] + t, offs[b, 1]
-        if p >= end:
-            continue
-        a = 0
-        while a < k and p + a < end and drafts[b, a] == tokens[p + a]:
-            a += 1
-        n = 0
-        while n < k and drafts[b, n] >= 0:
-            n += 1
-        accepted[p] = a
-        ndraft[p] = n
-        match[p] = mout[b]
+        p = offs[b, 0] + t
+        if p < offs[b, 1]:
+            n = 0
+            while n < k and drafts[b, n] >= 0:
+                n += 1
+            ndraft[p] = n
 
 
 def sa_positions_wide(flat: Flat, k: int = SA_WIDTH, policy: str = DEFAULT_POLICY) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

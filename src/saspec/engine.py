@@ -120,7 +120,7 @@ class SpecEngine:
             slower there.
         backend: ``"cpu"`` (host memory, numpy arrays or CPU tensors) or
             ``"cuda"`` (device slots, torch CUDA tensors; needs numba-cuda:
-            ``pip install 'saspec[cuda]'``).
+            ``pip install -e '.[cuda]'`` in the checkout).
         max_slots: ``"cuda"`` only, required: requests resident on the device
             at once. Device memory is reserved for all of them at construction.
         max_seq_len: ``"cuda"`` only, required: tokens one request may hold
@@ -530,7 +530,9 @@ def _device_pool(backend: str, max_slots: Any, max_seq_len: Any, device: Any, po
     if max_slots is None or max_seq_len is None:
         raise ValueError("backend='cuda' needs max_slots and max_seq_len (device memory is reserved up front)")
     if importlib.util.find_spec("numba_cuda") is None:
-        raise ImportError("backend='cuda' needs numba-cuda: pip install 'saspec[cuda]'")
+        raise ImportError(
+            "backend='cuda' needs numba-cuda: pip install 'numba-cuda[cu13]' (or pip install -e '.[cuda]' in the checkout)"
+        )
     from .device.prepare import DevicePool
 
     return DevicePool(max_slots, max_seq_len, policy, depth, device)

@@ -34,7 +34,7 @@ from numba import njit
 from ..build import DEFAULT_POLICY
 from ..select import DRAFT_LENGTH_RULES, adaptive_init, adaptive_observe, adaptive_prefers_sa, draft_length, N_BUCKETS
 from .costmodel import Profile, lookup
-from .simulate import ADAPTIVE, HYBRID, NEURAL, NONE, SA, TREE, Flat, _next_tokens, _record
+from .simulate import ADAPTIVE, HYBRID, NEURAL, NONE, SA, TREE, Flat, sa_positions
 
 SA_WIDTH = 32  # SA drafts are recorded this wide: any rule may draft up to 32 tokens
 
@@ -43,54 +43,14 @@ ST_STEPS, ST_SA_STEPS, ST_VERIFIED, ST_DRAFT_FWD, ST_DRAFT_FED, ST_SECONDS, ST_N
 N_STATS = 7
 
 
-@njit(cache=True)
-def _record_wide(drafts, mout, tokens, offs, t, match, accepted, ndraft):
-    """``simulate._record``, plus each position's number of valid draft tokens (before the first -1)."""
-    _record(drafts, mout, tokens, offs, t, match, accepted)
-    k = drafts.shape[1]
-    for b in range(drafts.shape[0]):
-        p = offs[b, 0] + t
-        if p < offs[b, 1]:
-            n = 0
-            while n < k and drafts[b, n] >= 0:
-                n += 1
-            ndraft[p] = n
-
-
 def sa_positions_wide(flat: Flat, k: int = SA_WIDTH, policy: str = DEFAULT_POLICY) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Like ``simulate.sa_positions`` (one token per ``extend`` call, every
     trace batched), and also the number of valid draft tokens (before the
     first -1) at every position. Returns (match, accepted, ndraft), int32
     arrays aligned with ``flat.tokens``; ``accepted`` and ``ndraft`` are for
     drafts ``k`` tokens wide (a shorter draft is their prefix)."""
-    from .. import SpecEngine
-
-    eng = SpecEngine(policy=policy, parallel_threshold=2**31)
-    order = np.argsort(-flat.lengths, kind="stable")
-    for i in order:
-        eng.add_request(int(i), flat.prompts[i])
-    lengths = flat.lengths[order]
-    starts, ends = flat.offsets[:-1][order], flat.offsets[1:][order]
-    n = flat.tokens.shape[0]
-    match, accepted, ndraft = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32)
-    b = 0
-    for t in range(int(lengths.max(initial=0))):
-        live = int(np.searchsorted(-lengths, -t, side="left"))
-        if b == 0 or live <= b // 2:
-            b = live
-            eng.prepare(order[:b].tolist())
-            acc = np.zeros((b, k + 1), np.int32)
-            lens = np.zeros(b, np.int32)
-            mout = np.zeros(b, np.int32)
-            dout = np.zeros((b, k), np.int32)
-            offs = np.stack([starts[:b], ends[:b]], axis=1)
-            if t > 0:
-                _next_tokens(flat.tokens, offs, t - 1, acc, lens)
-        eng.extend(acc, lens, mout, dout)
-        _record_wide(dout, mout, flat.tokens, offs, t, match, accepted, ndraft)
-        _next_tokens(flat.tokens, offs, t, acc, lens)
-    for i in order:
-        eng.remove_request(int(i))
+    ndraft = np.zeros(flat.tokens.shape[0], np.int32)
+    match, accepted = sa_positions(flat, k, policy, ndraft=ndraft)
     return match, accepted, ndraft
 
 

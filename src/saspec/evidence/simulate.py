@@ -97,6 +97,19 @@ def _record(drafts, mout, tokens, offs, t, match, accepted):
 
 
 @njit(cache=True)
+def _record_width(drafts, offs, t, ndraft):
+    """For every row still producing position t: how many leading draft tokens are valid (before the first -1)."""
+    k = drafts.shape[1]
+    for b in range(drafts.shape[0]):
+        p = offs[b, 0] + t
+        if p < offs[b, 1]:
+            n = 0
+            while n < k and drafts[b, n] >= 0:
+                n += 1
+            ndraft[p] = n
+
+
+@njit(cache=True)
 def _next_tokens(tokens, offs, t, acc, lens):
     """Load output token t of every row into acc[:, 0] (lens 1), or lens 0 past its end."""
     for b in range(lens.shape[0]):
@@ -108,13 +121,16 @@ def _next_tokens(tokens, offs, t, acc, lens):
             lens[b] = 0
 
 
-def sa_positions(flat: Flat, k: int, policy: str, recent_depth: int = DEFAULT_RECENT_DEPTH) -> tuple[np.ndarray, np.ndarray]:
+def sa_positions(
+    flat: Flat, k: int, policy: str, recent_depth: int = DEFAULT_RECENT_DEPTH, ndraft: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Match length and accepted draft tokens at every output position.
 
     Feeds all traces' outputs one token per ``SpecEngine.extend`` call, the
     batch being every trace still producing output (longest first, re-prepared
     as the batch halves). Returns (match, accepted), int32 arrays aligned with
-    ``flat.tokens``.
+    ``flat.tokens``. ``ndraft``, if given (int32, aligned the same way), gets
+    each position's number of valid draft tokens (before the first -1).
     """
     # Serial: the steps are short and the simulator should not fight other work for cores.
     eng = SpecEngine(policy=policy, recent_depth=recent_depth, parallel_threshold=2**31)
@@ -141,6 +157,8 @@ def sa_positions(flat: Flat, k: int, policy: str, recent_depth: int = DEFAULT_RE
                 _next_tokens(flat.tokens, offs, t - 1, acc, lens)
         eng.extend(acc, lens, mout, dout)  # drafts for position t
         _record(dout, mout, flat.tokens, offs, t, match, accepted)
+        if ndraft is not None:
+            _record_width(dout, offs, t, ndraft)
         _next_tokens(flat.tokens, offs, t, acc, lens)
     return match, accepted
 

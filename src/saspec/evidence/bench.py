@@ -128,18 +128,24 @@ def _accepted_stream(prompts: list[np.ndarray], k: int, accepted: int, steps: in
     return out
 
 
+def _prepared(drafter: SpecEngine, prompts: list[np.ndarray], acc: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Add ``prompts`` as requests 0..B-1, prepare them as the batch, and return
+    the step arrays for ``acc`` [steps, B, K+1]: lens (int32 [B], ``ACCEPTED``
+    each), match_len_out (int32 [B]) and draft_out (int32 [B, K])."""
+    _, b, k1 = acc.shape
+    for i, p in enumerate(prompts):
+        drafter.add_request(i, p)
+    drafter.prepare(list(range(b)))
+    return np.full(b, ACCEPTED, np.int32), np.zeros(b, np.int32), np.zeros((b, k1 - 1), np.int32)
+
+
 def _step_loop(
     drafter: SpecEngine, prompts: list[np.ndarray], acc: np.ndarray, clock: Callable[[], float] = time.perf_counter
 ) -> float:
     """Mean seconds (of ``clock``) per ``extend`` call over the steps in ``acc``
     [steps, B, K+1], each row accepting ``ACCEPTED`` tokens."""
-    steps, b, k1 = acc.shape
-    for i, p in enumerate(prompts):
-        drafter.add_request(i, p)
-    drafter.prepare(list(range(b)))
-    lens = np.full(b, ACCEPTED, np.int32)
-    mout = np.zeros(b, np.int32)
-    dout = np.zeros((b, k1 - 1), np.int32)
+    steps = acc.shape[0]
+    lens, mout, dout = _prepared(drafter, prompts, acc)
     drafter.extend(acc[0], lens, mout, dout)  # compile / warm
     t0 = clock()
     for s in range(1, steps):
@@ -251,14 +257,9 @@ class PeerSaSpec:
 
 def _match_sum(prompts: list[np.ndarray], acc: np.ndarray) -> int:
     """Sum of the serial engine's match lengths over every step and row of ``acc``."""
-    steps, b, k1 = acc.shape
+    steps = acc.shape[0]
     eng = SpecEngine(parallel_threshold=SERIAL)
-    for i, p in enumerate(prompts):
-        eng.add_request(i, p)
-    eng.prepare(list(range(b)))
-    lens = np.full(b, ACCEPTED, np.int32)
-    mout = np.zeros(b, np.int32)
-    dout = np.zeros((b, k1 - 1), np.int32)
+    lens, mout, dout = _prepared(eng, prompts, acc)
     total = 0
     for s in range(steps):
         eng.extend(acc[s], lens, mout, dout)

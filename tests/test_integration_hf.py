@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 from test_generate import COUNT, CYCLE, PROMPTS, V, perturbed, walk  # noqa: E402
 
+from saspec import SpecEngine  # noqa: E402
 from saspec.integrations import hf as sahf  # noqa: E402
 
 ARCHS = ("qwen2", "llama")
@@ -289,6 +290,39 @@ def test_refusals(models):
         sahf.generate(target, ids_of([1, 2]), [], [], target.generation_config)
     assert torch.equal(spec(target, PROMPTS["loop"][1], max_new_tokens=5, assistant_model=draft),
                        plain(target, PROMPTS["loop"][1], max_new_tokens=5))
+
+
+def test_draft_length_rule():
+    text = [5, 6, 7, 8, 9, 1, 2, 3, 4, 0, 6, 7, 8, 9]  # the suffix 6 7 8 9 (4 tokens) occurred before
+
+    def lookup(**kw):
+        gen = sahf.SACandidateGenerator(ids_of(text), engine=SpecEngine(), k=8, threshold=1, max_length=100,
+                                        eos_token_ids=[], **kw)
+        return gen, gen.lookup(ids_of(text))
+
+    assert lookup(length_rule="fixed")[1] == (4, [1, 2, 3, 4, 0, 6, 7, 8])
+    assert lookup(length_scale=0.5)[1] == (4, [1, 2])
+    assert lookup()[1] == (4, [1, 2, 3, 4, 0, 6, 7, 8])  # default: 2 per matched token, at most K
+    gen, _ = lookup(length_rule="per-match-recent")
+    gen.get_candidates(ids_of(text))
+    gen.update_candidate_strategy(ids_of(text), None, 0)  # the automaton's draft missed at once
+    assert gen.lookup(ids_of(text)) == (4, [1, 2])  # so it drafts 2 * 0 + 2 next
+    with pytest.raises(ValueError, match="draft-length rule 'longest'"):
+        lookup(length_rule="longest")
+
+
+def test_length_options_reach_the_loop(models):
+    target = models["qwen2", "cycle"]
+    prompt = PROMPTS["loop"][1]
+    expected = plain(target, prompt, max_new_tokens=40)
+    with Forwards(target) as f_fixed:
+        assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_length_rule="fixed"), expected)
+    with Forwards(target) as f_short:
+        assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_length_rule="per-match-recent",
+                                saspec_length_scale=0.01), expected)
+    assert f_fixed.n <= 5 and f_short.n > f_fixed.n  # scale 0.01: 1 draft token per step while matches are short
+    with pytest.raises(ValueError, match="scale"):
+        spec(target, prompt, max_new_tokens=5, saspec_length_scale=-1.0)
 
 
 def test_version_pin():

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from saspec import SuffixAutomaton
+from saspec.select import draft_lengths
 from saspec.integrations.vllm import DEFAULT_MIN_MATCH, SAProposer
 
 K = 4
@@ -148,10 +149,12 @@ class FakeWorker:
 def reference_draft(tokens: list[int], proposer: SAProposer) -> list[int]:
     """What a fresh automaton over exactly ``tokens`` lets the proposer draft."""
     sa = SuffixAutomaton(tokens)
-    if sa.match()[0] < proposer.min_match:
+    m = sa.match()[0]
+    if m < proposer.min_match:
         return []
     room = proposer.max_model_len - len(tokens)
-    return sa.draft(proposer.k).tolist()[: max(room, 0)]
+    n = int(draft_lengths(np.array([m]), proposer.k, proposer.length_rule, proposer.length_scale)[0])
+    return sa.draft(proposer.k).tolist()[: min(max(room, 0), n)]
 
 
 def run_traffic(seed: int, *, steps: int, rows: int, max_detached: int, max_model_len: int = 512,
@@ -264,11 +267,46 @@ def test_min_match_gates_drafts():
     assert SAProposer(vllm_config(prompt_lookup_min=0)).min_match == DEFAULT_MIN_MATCH
 
 
+def test_draft_length_follows_the_match():
+    text = [5, 6, 7, 8, 9, 1, 2, 3, 4, 0, 6, 7, 8, 9]  # the suffix 6 7 8 9 (4 tokens) occurred before
+    ids = np.zeros((1, 64), np.int32)
+    ids[0, : len(text)] = text
+    n = np.array([len(text)], np.int32)
+    cfg = vllm_config(k=8)
+    assert SAProposer(cfg, min_match=4, length_rule="fixed").propose([[9]], n, ids) == [[1, 2, 3, 4, 0, 6, 7, 8]]
+    assert SAProposer(cfg, min_match=4, length_scale=1.0).propose([[9]], n, ids) == [[1, 2, 3, 4]]
+    assert SAProposer(cfg, min_match=4, length_scale=0.5).propose([[9]], n, ids) == [[1, 2]]
+    assert SAProposer(cfg, min_match=4).propose([[9]], n, ids) == [[1, 2, 3, 4, 0, 6, 7, 8]]  # 2 per token, at most K
+
+
+def test_recent_rule_caps_a_row_that_just_missed():
+    text = [5, 6, 7, 8, 9, 1, 2, 3, 4, 0, 6, 7, 8]
+    ids = np.zeros((1, 64), np.int32)
+    ids[0, : len(text)] = text
+    p = SAProposer(vllm_config(k=8), min_match=3, length_rule="per-match-recent")
+    # a new request: nothing known about its last step, so per-match alone (2 x 3 tokens)
+    assert p.propose([[8]], np.array([len(text)], np.int32), ids) == [[9, 1, 2, 3, 4, 0]]
+    ids[0, len(text) : len(text) + 2] = [9, 1]  # the draft's first token accepted, and the bonus; last = 1
+    assert p.propose([[9, 1]], np.array([len(text) + 2], np.int32), ids) == [[2, 3, 4, 0]]  # 2 * 1 + 2
+    # a row that was not given a draft did not miss: no cap from its last step
+    q = SAProposer(vllm_config(k=8), min_match=5, length_rule="per-match-recent")
+    assert q.propose([[8]], np.array([len(text)], np.int32), ids) == [[]]  # match 3 < 5: no draft
+    assert q.propose([[9, 1]], np.array([len(text) + 2], np.int32), ids) == [[2, 3, 4, 0, 6, 7, 8, 9]]
+
+
 def test_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("SASPEC_VLLM_MIN_MATCH", "3")
     monkeypatch.setenv("SASPEC_VLLM_MAX_DETACHED", "7")
     p = SAProposer(vllm_config(prompt_lookup_min=0))  # what vLLM passes a custom class
     assert (p.min_match, p.max_detached) == (3, 7)
+    monkeypatch.setenv("SASPEC_VLLM_LENGTH_RULE", "fixed")
+    monkeypatch.setenv("SASPEC_VLLM_LENGTH_SCALE", "1.5")
+    p = SAProposer(vllm_config())
+    assert (p.length_rule, p.length_scale) == ("fixed", 1.5)
+    monkeypatch.setenv("SASPEC_VLLM_LENGTH_SCALE", "x")
+    with pytest.raises(ValueError, match="SASPEC_VLLM_LENGTH_SCALE"):
+        SAProposer(vllm_config())
+    monkeypatch.delenv("SASPEC_VLLM_LENGTH_SCALE")
     monkeypatch.setenv("SASPEC_VLLM_MIN_MATCH", "three")
     with pytest.raises(ValueError, match="SASPEC_VLLM_MIN_MATCH"):
         SAProposer(vllm_config())
@@ -304,6 +342,10 @@ def test_config_errors_are_clear():
             SAProposer(bad)
     with pytest.raises(ValueError, match="min_match"):
         SAProposer(vllm_config(), min_match=0)
+    with pytest.raises(ValueError, match="draft-length rule 'longest'"):
+        SAProposer(vllm_config(), length_rule="longest")
+    with pytest.raises(ValueError, match="scale"):
+        SAProposer(vllm_config(), length_scale=0.0)
     with pytest.raises(ValueError, match="rows sampled"):
         SAProposer(vllm_config()).propose([[1], [2]], np.array([1], np.int32), np.zeros((1, 8), np.int32))
 

@@ -46,7 +46,6 @@ ragged/padded target forward and per-row cache crops; nothing else changes.
 from __future__ import annotations
 
 import inspect
-import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import numpy as np
 import torch
 
+from ..select import DRAFT_LENGTH_RULES, draft_length
 from .models import EOS_IDS
 from .simulate import DEFAULT_THRESHOLD
 
@@ -362,6 +362,9 @@ class ModelDrafter:
         self._fed = []
 
 
+_FIXED, _PER_MATCH = DRAFT_LENGTH_RULES.index("fixed"), DRAFT_LENGTH_RULES.index("per-match")
+
+
 class SADrafter:
     """Drafts from a suffix automaton over the sequence's own tokens (prompt included).
 
@@ -419,8 +422,16 @@ class SADrafter:
         self.match = int(self._mout[0])
         d = self._dout[0]
         n = int(np.argmax(d < 0)) if (d < 0).any() else self.k
-        n = min(n, sa_draft_len(self.match, self.k, self.per_match))
+        n = min(n, self.draft_length(self.match))
         return self.match, d[:n].tolist()
+
+    def draft_length(self, match: int) -> int:
+        """SA tokens to draft after a match of ``match`` tokens: the library's
+        ``select.draft_length`` rule (``per-match`` with scale ``per_match``,
+        ``fixed`` K when ``per_match`` is 0)."""
+        if self.per_match > 0:
+            return draft_length(match, self.k, _PER_MATCH, self.per_match, -1)
+        return draft_length(match, self.k, _FIXED, 1.0, -1)
 
     def propose(self, seq: list[int]) -> tuple[list[int], str]:
         match, draft = self.lookup()
@@ -435,11 +446,6 @@ class SADrafter:
         if self._rid is not None:
             self.engine.remove_request(self._rid)
             self._rid = None
-
-
-def sa_draft_len(match: int, k: int, per_match: float) -> int:
-    """How many SA tokens to draft after a match of ``match`` tokens (see :class:`SADrafter`)."""
-    return k if per_match <= 0 else min(k, math.ceil(per_match * match))
 
 
 class HybridDrafter:

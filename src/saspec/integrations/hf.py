@@ -24,6 +24,12 @@ Options (keyword arguments of ``model.generate``):
 * ``saspec_k`` (int, default 8): automaton draft tokens per step.
 * ``saspec_threshold`` (int, default 1 alone, 4 with an assistant): the
   automaton drafts only when its match is at least this many tokens.
+* ``saspec_length_rule`` (str, default ``"per-match"``) and
+  ``saspec_length_scale`` (float, default 2.0): how many of its ``saspec_k``
+  tokens the automaton drafts after a match of ``m`` tokens
+  (``saspec.select.draft_length``: ``per-match`` drafts ``ceil(scale * m)``,
+  ``fixed`` always ``saspec_k``). A short match rarely continues far, and
+  every drafted token costs verification.
 
 What the loop guarantees:
 
@@ -70,6 +76,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..engine import SpecEngine
+from ..select import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, DRAFT_LENGTH_RULES, draft_length, draft_lengths
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -125,6 +132,9 @@ class SACandidateGenerator:
             included); drafts never reach past ``max_length - 1``.
         eos_token_ids: EOS ids; an automaton draft ends at its first EOS.
         fallback: transformers' candidate generator for the draft model, or None.
+        length_rule, length_scale: the draft-length rule
+            (``saspec.select.draft_length``; ``per-match-recent`` uses the
+            automaton's accepted tokens at its previous step).
 
     ``stats`` counts steps, drafted and accepted tokens per draft source
     (``"sa"``, ``"assistant"``, ``"none"``).
@@ -142,7 +152,10 @@ class SACandidateGenerator:
         max_length: int,
         eos_token_ids: list[int],
         fallback: Any = None,
+        length_rule: str = DEFAULT_LENGTH_RULE,
+        length_scale: float = DEFAULT_LENGTH_SCALE,
     ) -> None:
+        draft_lengths(np.zeros(1, np.int32), max(int(k), 1), length_rule, length_scale, np.zeros(1, np.int32))
         if k < 1:
             raise ValueError(f"saspec_k must be >= 1, got {k}")
         if threshold < 1:
@@ -151,6 +164,8 @@ class SACandidateGenerator:
         self.max_length = int(max_length)
         self.eos = set(int(e) for e in eos_token_ids)
         self.fallback = fallback
+        self._rule, self.length_scale = DRAFT_LENGTH_RULES.index(length_rule), float(length_scale)
+        self._last_sa = -1  # draft tokens accepted at the last automaton step; -1 when the last step was not one
         self._rid = object()
         engine.add_request(self._rid, input_ids[0].cpu().numpy().astype(np.int64))
         engine.prepare([self._rid])
@@ -179,7 +194,9 @@ class SACandidateGenerator:
         self._fed = int(input_ids.shape[1])
         d = self._draft[0]
         n = int(np.argmax(d < 0)) if (d < 0).any() else self.k
-        return int(self._match[0]), d[:n].tolist()
+        m = int(self._match[0])
+        n = min(n, draft_length(m, self.k, self._rule, self.length_scale, self._last_sa))
+        return m, d[:n].tolist()
 
     def get_candidates(self, input_ids: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``input_ids`` [1, L] int64 -> (``input_ids`` followed by the drafts,
@@ -210,6 +227,7 @@ class SACandidateGenerator:
         st["steps"] += 1
         st["drafted"] += self._drafted
         st["accepted"] += int(num_matches)
+        self._last_sa = int(num_matches) if self._source == "sa" else -1
         if self._source == "assistant":
             self.fallback.update_candidate_strategy(input_ids, scores, num_matches)
 
@@ -281,6 +299,8 @@ def generate(
     assistant_model: Any = None,
     saspec_k: int = 8,
     saspec_threshold: int | None = None,
+    saspec_length_rule: str = DEFAULT_LENGTH_RULE,
+    saspec_length_scale: float = DEFAULT_LENGTH_SCALE,
     **model_kwargs: Any,
 ) -> Any:
     """Speculative ``generate`` with suffix-automaton drafts (see the module doc).
@@ -335,7 +355,8 @@ def generate(
     def candidate_generator(**kwargs: Any) -> SACandidateGenerator:
         fallback = original(**kwargs) if kwargs.get("assistant_model") is not None else None
         gen = SACandidateGenerator(kwargs["input_ids"], engine=SpecEngine(), k=saspec_k, threshold=threshold,
-                                   max_length=generation_config.max_length, eos_token_ids=eos_ids, fallback=fallback)
+                                   max_length=generation_config.max_length, eos_token_ids=eos_ids, fallback=fallback,
+                                   length_rule=saspec_length_rule, length_scale=saspec_length_scale)
         made.append(gen)
         return gen
 

@@ -49,13 +49,16 @@ matches a different text (a hash collision with an identical tail and length)
 can only yield poor drafts, which vLLM rejects.
 
 A row drafts only where the match is long enough to be trusted: match length
-at least ``min_match`` tokens; other rows get an empty draft, and no draft
-runs past ``max_model_len`` (text plus draft at most ``max_model_len`` tokens,
-as vLLM's n-gram drafter). vLLM builds the class itself and sets
-``prompt_lookup_min`` to 0 for custom classes, so inside vLLM the settings come
-from the environment (inherited by the spawned workers):
-``SASPEC_VLLM_MIN_MATCH`` (default :data:`DEFAULT_MIN_MATCH`, vLLM's n-gram
-default) and ``SASPEC_VLLM_MAX_DETACHED``.
+at least ``min_match`` tokens; other rows get an empty draft. A drafting row
+proposes as many tokens as the draft-length rule allows for its match
+(``saspec.select.draft_lengths``: by default at most 2 tokens per matched
+token, and never more than K), and no draft runs past ``max_model_len`` (text
+plus draft at most ``max_model_len`` tokens, as vLLM's n-gram drafter). vLLM
+builds the class itself and sets ``prompt_lookup_min`` to 0 for custom
+classes, so inside vLLM the settings come from the environment (inherited by
+the spawned workers): ``SASPEC_VLLM_MIN_MATCH`` (default
+:data:`DEFAULT_MIN_MATCH`, vLLM's n-gram default), ``SASPEC_VLLM_LENGTH_RULE``,
+``SASPEC_VLLM_LENGTH_SCALE`` and ``SASPEC_VLLM_MAX_DETACHED``.
 
 A step for which vLLM does not call ``propose`` (it skips the drafter for the
 whole batch while a request is within K tokens of ``max_model_len``) leaves
@@ -78,6 +81,7 @@ import numpy as np
 from numba import njit
 
 from ..engine import SpecEngine
+from ..select import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, draft_lengths
 
 #: Default minimum match length (tokens) for a row to draft: vLLM's n-gram
 #: drafter matches n-grams of at most ``prompt_lookup_max`` tokens (default 5).
@@ -193,6 +197,12 @@ class SAProposer:
         min_match: draft only rows whose match is at least this many tokens.
             Default: ``$SASPEC_VLLM_MIN_MATCH``, else a nonzero
             ``prompt_lookup_min``, else :data:`DEFAULT_MIN_MATCH`.
+        length_rule, length_scale: the draft-length rule and its tokens per
+            matched token (``saspec.select.draft_lengths``; ``fixed`` drafts
+            K). Default: ``$SASPEC_VLLM_LENGTH_RULE`` / ``$SASPEC_VLLM_LENGTH_SCALE``,
+            else :data:`saspec.select.DEFAULT_LENGTH_RULE` / ``DEFAULT_LENGTH_SCALE``.
+            ``per-match-recent`` takes each row's accepted drafts at its
+            previous step from ``sampled_token_ids``.
         max_detached: how many requests that left their rows (finished,
             preempted or moved) are kept for a possible resume before the
             oldest is freed. Default: ``$SASPEC_VLLM_MAX_DETACHED``, else
@@ -213,6 +223,8 @@ class SAProposer:
         min_match: int | None = None,
         max_detached: int | None = None,
         policy: str | None = None,
+        length_rule: str | None = None,
+        length_scale: float | None = None,
     ) -> None:
         spec = getattr(vllm_config, "speculative_config", None)
         k = getattr(spec, "num_speculative_tokens", None)
@@ -229,6 +241,14 @@ class SAProposer:
         self.min_match = int(min_match)
         if self.min_match < 1:
             raise ValueError(f"min_match must be >= 1, got {self.min_match}")
+        if length_rule is None:
+            length_rule = os.environ.get("SASPEC_VLLM_LENGTH_RULE", "").strip() or DEFAULT_LENGTH_RULE
+        if length_scale is None:
+            length_scale = _env_float("SASPEC_VLLM_LENGTH_SCALE")
+        self.length_rule = length_rule
+        self.length_scale = DEFAULT_LENGTH_SCALE if length_scale is None else float(length_scale)
+        # validates both now, not at the first step
+        draft_lengths(np.zeros(1, np.int32), self.k, self.length_rule, self.length_scale, np.zeros(1, np.int32))
         model_config = getattr(vllm_config, "model_config", None)
         self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
         if max_detached is None:
@@ -245,6 +265,7 @@ class SAProposer:
         self._row_len = np.zeros(rows, np.int32)
         self._row_hash = np.zeros(rows, np.uint64)
         self._row_tail = np.zeros((rows, TAIL), np.int32)
+        self._row_drafted = np.zeros(rows, np.int32)  # draft tokens given to each row at the last step
         self._pool: OrderedDict[int, _Detached] = OrderedDict()  # rid -> fingerprint, oldest first
         self._by_key: dict[tuple[int, int], list[int]] = {}  # (length, head hash) -> rids in the pool
         self._batch_rids = np.empty(0, np.int64)  # the engine's prepared batch, in row order
@@ -342,10 +363,17 @@ class SAProposer:
         self.engine.extend(accepted[active], step_lens[active], match, draft)
 
         count = (draft >= 0).sum(axis=1)
+        # accepted drafts at the row's previous step (the sampled tokens less the bonus) where that step
+        # drafted for this request in this row; -1 (unknown) otherwise
+        drafted_before = (status[active] == CONTINUE) & (self._row_drafted[active] > 0)
+        last = np.where(drafted_before, step_lens[active] - 1, -1)
+        count = np.minimum(count, draft_lengths(match, self.k, self.length_rule, self.length_scale, last))
         count[match < self.min_match] = 0
         if self.max_model_len is not None:  # never draft past the model's context
             room = self.max_model_len - num_tokens[active]
             count = np.minimum(count, np.maximum(room, 0))
+        self._row_drafted[:b_live] = 0
+        self._row_drafted[active] = count
         for i in np.flatnonzero(count):
             out[int(active[i])] = draft[i, : count[i]].tolist()
         self.stats["drafted"] += int(np.count_nonzero(count))
@@ -363,6 +391,7 @@ class SAProposer:
         self._row_len = np.concatenate([self._row_len, np.zeros(more, np.int32)])
         self._row_hash = np.concatenate([self._row_hash, np.zeros(more, np.uint64)])
         self._row_tail = np.concatenate([self._row_tail, np.zeros((more, TAIL), np.int32)])
+        self._row_drafted = np.concatenate([self._row_drafted, np.zeros(more, np.int32)])
 
     def _detach(self, row: int) -> None:
         """Move row ``row``'s request into the pool (newest last)."""
@@ -433,6 +462,17 @@ def _env_int(name: str) -> int | None:
         return int(value)
     except ValueError:
         raise ValueError(f"${name} must be an integer, got {value!r}") from None
+
+
+def _env_float(name: str) -> float | None:
+    """A number setting from the environment; None when unset or empty."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"${name} must be a number, got {value!r}") from None
 
 
 def _int32_2d(x: Any, name: str) -> np.ndarray:

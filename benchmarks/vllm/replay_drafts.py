@@ -5,7 +5,8 @@ Run in the vLLM venv: ``python -P benchmarks/vllm/replay_drafts.py TRACES.json [
 and the plain run's output). Each step drafts K tokens from the text so far, accepts the longest
 prefix that equals the output plus one token (batch-1 greedy verification), and counts target
 forwards. The n-gram drafts come from vLLM's own matching function, the SA drafts from a
-``SuffixAutomaton`` with the proposer's minimum match; at K = 8 the counts equal the live bench's
+``SuffixAutomaton`` with the proposer's minimum match, drafting K or (``per-match``) the proposer's
+default draft length for the match; at K = 8 the counts equal the live bench's
 (tokens / tok/fwd), so the replay shows where the two drafters differ without timing noise.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as ngram_draft
 
 from saspec import SuffixAutomaton
+from saspec.select import DEFAULT_LENGTH_SCALE, draft_lengths
 
 
 def forwards(prompt: list[int], out: list[int], draft) -> int:
@@ -39,15 +41,20 @@ def drafters(k: int) -> dict:
     def ngram(lo: int, hi: int):
         return lambda text: ngram_draft(np.array(text, np.int32), lo, hi, 1 << 30, k).tolist()
 
-    def sa(m: int):
+    def sa(m: int, rule: str = "fixed"):
         def draft(text):
             s = SuffixAutomaton(text)
-            return s.draft(k).tolist() if s.match()[0] >= m else []
+            match = s.match()[0]
+            if match < m:
+                return []
+            n = int(draft_lengths(np.array([match]), k, rule, DEFAULT_LENGTH_SCALE)[0])
+            return s.draft(k).tolist()[:n]
 
         return draft
 
     return {"ngram 5-5": ngram(5, 5), "ngram 2-5": ngram(2, 5), "saspec m>=5": sa(5), "saspec m>=3": sa(3),
-            "saspec m>=2": sa(2)}
+            "saspec m>=2": sa(2), "saspec m>=5 per-match": sa(5, "per-match"),
+            "saspec m>=3 per-match": sa(3, "per-match"), "saspec m>=2 per-match": sa(2, "per-match")}
 
 
 def main(path: str, ks: list[int]) -> None:

@@ -1,0 +1,41 @@
+"""``saspec bench-vllm``'s parent side (no vLLM needed): configs, summaries and the target checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from saspec.evidence import bench_vllm as bv
+
+
+def test_speculative_configs():
+    assert bv.speculative_config("plain", 8) is None
+    assert bv.speculative_config("ngram", 8) == {"method": "ngram", "num_speculative_tokens": 8}
+    assert bv.speculative_config("ngram-2-5-long", 8, 32) == {
+        "method": "ngram", "num_speculative_tokens": 32, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    assert bv.speculative_config("saspec-long", 8, 24) == {
+        "method": "custom_class", "model": bv.SASPEC_CLASS, "num_speculative_tokens": 24}
+    with pytest.raises(ValueError, match="unknown method 'eagle'"):
+        bv.speculative_config("eagle", 8)
+
+
+def run(method, kind, n_tokens, wall, accepted, drafts, pid="p"):
+    return {"size": "0.5b", "kind": kind, "method": method, "id": pid, "tokens": list(range(n_tokens)),
+            "wall_s": wall, "prefill_s": 1.0, "num_drafts": drafts, "num_draft_tokens": 8 * drafts,
+            "num_accepted_tokens": accepted, "contention": 0.0, "same_as_plain": True}
+
+
+def test_targets_compare_each_saspec_method_with_the_best_ngram_row():
+    runs = [run("plain", "code-edit", 100, 20.0, 0, 0), run("ngram", "code-edit", 100, 10.0, 80, 20),
+            run("ngram-2-5-long", "code-edit", 100, 8.0, 90, 10), run("saspec", "code-edit", 100, 10.0, 80, 20),
+            run("saspec-long", "code-edit", 100, 6.0, 92, 8),
+            run("plain", "free-form", 50, 10.0, 0, 0), run("saspec-long", "free-form", 50, 10.5, 2, 4)]
+    lines = bv.target_checks(bv.summarize(runs))
+    assert lines == [
+        "- 0.5b code edits: saspec / ngram-2-5-long = 0.80x tok/s (decode 0.78x; target >= 1.15x), mean acceptance "
+        "length 5.00 vs 10.00: MISSED",
+        "- 0.5b code edits: saspec-long / ngram-2-5-long = 1.33x tok/s (decode 1.40x; target >= 1.15x), mean "
+        "acceptance length 12.50 vs 10.00: met",
+        "- 0.5b free-form: saspec-long / plain = 0.95x tok/s (target >= 0.97x): MISSED",
+    ]
+    report = bv.format_report({"date": "d", "k": 8, "long_k": 32, "cpus": 2, "cpu": "x", "argv": []}, runs)
+    assert "K = 8 (*-long: 32)" in report and "| 0.5b | code-edit | saspec-long | 1 | 100 | 16.67 |" in report

@@ -455,24 +455,22 @@ class SAProposer:
 
 def _env_int(name: str) -> int | None:
     """An integer setting from the environment; None when unset or empty."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"${name} must be an integer, got {value!r}") from None
+    return _env(name, int, "an integer")
 
 
 def _env_float(name: str) -> float | None:
     """A number setting from the environment; None when unset or empty."""
+    return _env(name, float, "a number")
+
+
+def _env(name: str, parse: Any, what: str) -> Any:
     value = os.environ.get(name, "").strip()
     if not value:
         return None
     try:
-        return float(value)
+        return parse(value)
     except ValueError:
-        raise ValueError(f"${name} must be a number, got {value!r}") from None
+        raise ValueError(f"${name} must be {what}, got {value!r}") from None
 
 
 def _int32_2d(x: Any, name: str) -> np.ndarray:

@@ -556,31 +556,21 @@ def draft(buf, out, k):
 
 
 @register_jitable
-def copy_into(src, dst):
-    """Copy the automaton in ``src`` into the freshly ``init``-ed, larger ``dst``.
+def rehash_into(src, dst):
+    """Insert every table edge of ``src`` into the empty table of ``dst``, a
+    larger blob (``init``-ed, with ``src``'s records already copied into it).
 
-    A table of the same size is copied word for word; otherwise every table
-    edge is re-inserted (chain order is irrelevant to the automaton).
+    Growing a blob copies the text and the records word for word (the host
+    does it with ``memcpy``) and the table too when its size is unchanged;
+    only a resized table needs this, because a slot's place depends on the
+    table's size. The chains (MORE, NEXT) are rebuilt; their order is
+    irrelevant to the automaton.
     """
-    ns = src[H_NSTATES]
-    for i in range(src[H_N]):
-        dst[dst[H_O_TEXT] + i] = src[src[H_O_TEXT] + i]
-    for i in range(STATE_WORDS * ns):
-        dst[dst[H_O_STATES] + i] = src[src[H_O_STATES] + i]
-    for i in range(AUX_WORDS * ns):
-        dst[dst[H_O_AUX] + i] = src[src[H_O_AUX] + i]
+    for s in range(src[H_NSTATES]):
+        dst[aux(dst, s) + MORE] = -1
     slots = src[H_O_SLOTS]
-    if src[H_HT_SIZE] == dst[H_HT_SIZE]:
-        for i in range(SLOT_WORDS * src[H_HT_SIZE]):
-            dst[dst[H_O_SLOTS] + i] = src[slots + i]
-        dst[H_USED] = src[H_USED]
-    else:
-        for s in range(ns):
-            dst[aux(dst, s) + MORE] = -1
-        for i in range(src[H_HT_SIZE]):
-            w = slots + SLOT_WORDS * i
-            if src[w + SRC] != -1:
-                t = src[w + S_TOK]
-                _put_slot(dst, find_slot(dst, src[w + SRC], t), src[w + SRC], t, src[w + S_DST])
-    for h in (H_N, H_NSTATES, H_LAST, H_MATCH_LEN, H_MATCH_POS, H_OVERFLOW, H_ANCHOR):
-        dst[h] = src[h]
+    for i in range(src[H_HT_SIZE]):
+        w = slots + SLOT_WORDS * i
+        if src[w + SRC] != -1:
+            t = src[w + S_TOK]
+            _put_slot(dst, find_slot(dst, src[w + SRC], t), src[w + SRC], t, src[w + S_DST])

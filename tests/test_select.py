@@ -80,3 +80,15 @@ def test_non_numeric_threshold_is_rejected(threshold):
         select_drafts(neural, sa, match, threshold)
     with pytest.raises((TypeError, ValueError), match="threshold"):
         select_drafts_np(neural.numpy(), sa.numpy(), match.numpy(), threshold)
+
+
+def test_check_length_rule_names_the_problem():
+    from saspec.select import DRAFT_LENGTH_RULES, check_length_rule
+
+    assert [check_length_rule(r, 2.0) for r in DRAFT_LENGTH_RULES] == [0, 1, 2]
+    assert check_length_rule("fixed", float("nan")) == 0  # fixed ignores its scale
+    with pytest.raises(ValueError, match="unknown draft-length rule 'longest'"):
+        check_length_rule("longest", 2.0)
+    for bad in (0.0, -1.0, float("inf"), float("nan"), "two", None):
+        with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+            check_length_rule("per-match", bad)

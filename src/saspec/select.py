@@ -263,11 +263,24 @@ def draft_length(m, k_max, rule, scale, last):
     return max(n, 1)
 
 
-def _rule_index(rule: str) -> int:
+def check_length_rule(rule: str, scale: float) -> int:
+    """Validate a draft-length rule and its scale; return the rule's index
+    into :data:`DRAFT_LENGTH_RULES` (what :func:`draft_length` takes).
+
+    Raises ``ValueError`` naming the problem: an unknown rule, or a scale
+    that is not a finite number > 0 (``fixed`` ignores its scale).
+    """
     try:
-        return DRAFT_LENGTH_RULES.index(rule)
+        r = DRAFT_LENGTH_RULES.index(rule)
     except ValueError:
         raise ValueError(f"unknown draft-length rule {rule!r}; choose from {', '.join(DRAFT_LENGTH_RULES)}") from None
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"scale must be a finite number > 0, got {scale!r}") from None
+    if r != 0 and not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0, got {scale}")
+    return r
 
 
 def draft_lengths(match_len: Any, k_max: int, rule: str = DEFAULT_LENGTH_RULE, scale: float = DEFAULT_LENGTH_SCALE,
@@ -291,13 +304,11 @@ def draft_lengths(match_len: Any, k_max: int, rule: str = DEFAULT_LENGTH_RULE, s
         should verify only ``draft_out[b, :lengths[b]]``
         (:func:`truncate_drafts` blanks the rest with -1).
     """
-    r = _rule_index(rule)
+    r = check_length_rule(rule, scale)
     if isinstance(k_max, bool) or int(k_max) != k_max or k_max < 1:
         raise ValueError(f"k_max must be an int >= 1, got {k_max!r}")
     k_max = int(k_max)
     scale = float(scale)
-    if r != 0 and not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a finite number > 0, got {scale}")
     if not type(match_len).__module__.startswith("torch"):
         match_len = np.asarray(match_len)
         if last_accepted is not None:

@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..engine import SpecEngine
-from ..select import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, DRAFT_LENGTH_RULES, draft_length, draft_lengths
+from ..select import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_length
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -155,7 +155,7 @@ class SACandidateGenerator:
         length_rule: str = DEFAULT_LENGTH_RULE,
         length_scale: float = DEFAULT_LENGTH_SCALE,
     ) -> None:
-        draft_lengths(np.zeros(1, np.int32), max(int(k), 1), length_rule, length_scale, np.zeros(1, np.int32))
+        rule = check_length_rule(length_rule, length_scale)
         if k < 1:
             raise ValueError(f"saspec_k must be >= 1, got {k}")
         if threshold < 1:
@@ -164,7 +164,7 @@ class SACandidateGenerator:
         self.max_length = int(max_length)
         self.eos = set(int(e) for e in eos_token_ids)
         self.fallback = fallback
-        self._rule, self.length_scale = DRAFT_LENGTH_RULES.index(length_rule), float(length_scale)
+        self._rule, self.length_scale = rule, float(length_scale)
         self._last_sa = -1  # draft tokens accepted at the last automaton step; -1 when the last step was not one
         self._rid = object()
         engine.add_request(self._rid, input_ids[0].cpu().numpy().astype(np.int64))

@@ -81,7 +81,7 @@ import numpy as np
 from numba import njit
 
 from ..engine import SpecEngine
-from ..select import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, draft_lengths
+from ..select import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_lengths
 
 #: Default minimum match length (tokens) for a row to draft: vLLM's n-gram
 #: drafter matches n-grams of at most ``prompt_lookup_max`` tokens (default 5).
@@ -246,9 +246,9 @@ class SAProposer:
         if length_scale is None:
             length_scale = _env_float("SASPEC_VLLM_LENGTH_SCALE")
         self.length_rule = length_rule
-        self.length_scale = DEFAULT_LENGTH_SCALE if length_scale is None else float(length_scale)
-        # validates both now, not at the first step
-        draft_lengths(np.zeros(1, np.int32), self.k, self.length_rule, self.length_scale, np.zeros(1, np.int32))
+        self.length_scale = DEFAULT_LENGTH_SCALE if length_scale is None else length_scale
+        check_length_rule(self.length_rule, self.length_scale)  # now, not at the first step
+        self.length_scale = float(self.length_scale)
         model_config = getattr(vllm_config, "model_config", None)
         self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
         if max_detached is None:

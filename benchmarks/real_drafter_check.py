@@ -1,8 +1,9 @@
 """Check, with real models, that the simulator's draft-model and hybrid steps equal the loop's.
 
 For the first N traces of a recorded file (``saspec record-traces``), run
-``generate.speculative_generate`` with the draft model alone (K=3 and K=8) and
-with the SA + draft-model hybrid, and compare the target forwards with the
+``generate.speculative_generate`` with the SA alone (K=8, and up to 32 with the
+per-match rule), the draft model alone (K=3 and K=8) and with the SA +
+draft-model hybrid, and compare the target forwards with the
 costed walk over the stored runs (``evidence.realsim.run_costed``). The loop
 is run to each trace's length without EOS so that it replays exactly the
 recorded output; a trace whose output the loop does not reproduce (a
@@ -40,7 +41,10 @@ def main() -> int:
     target, draft, _, _, _ = _load_models(args)
     traces = sorted(load_traces(args.traces).traces, key=lambda t: t.output.size)[: args.n]
     prof = gpu_like_profile()
-    configs = [("draft-model K=3", lambda: ModelDrafter(draft, k=3), dict(mode="neural", k_nn=3)),
+    configs = [("sa K=8", lambda: SADrafter(8), dict(mode="sa", k_sa=8)),
+               ("sa K=32 per-match 2", lambda: SADrafter(32, per_match=2.0),
+                dict(mode="sa", k_sa=32, rule="per-match", scale=2.0)),
+               ("draft-model K=3", lambda: ModelDrafter(draft, k=3), dict(mode="neural", k_nn=3)),
                ("draft-model K=8", lambda: ModelDrafter(draft, k=8), dict(mode="neural", k_nn=8)),
                ("hybrid T=4 K=8", lambda: HybridDrafter(SADrafter(8), ModelDrafter(draft, k=8), 4),
                 dict(mode="hybrid", k_nn=8, k_sa=8, threshold=4)),

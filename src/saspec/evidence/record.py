@@ -49,7 +49,7 @@ CHAT_MAX_NEW = 256
 
 
 def default_prompts(tok: Any, counts: dict[str, int] = DEFAULT_COUNTS, seed: int = 0,
-                    code_max_tokens: int = 800, chat_max_prompt: int = 2048) -> list[dict[str, Any]]:
+                    code_max_tokens: int = 800, chat_max_prompt: int = 1024) -> list[dict[str, Any]]:
     """The recording's prompts: ``{"id", "workload", "prompt_ids", "max_new_tokens", "meta"}``.
 
     Code edits: stdlib units of at most ``code_max_tokens`` tokens; HumanEval

@@ -66,3 +66,12 @@ def test_peer_errors_are_clear(tmp_path, fake_harness):
             peer._run("bogus")
     finally:
         peer.close()
+
+
+def test_bench_grow_reports_each_size():
+    from saspec.evidence.bench import bench_grow
+
+    rows = bench_grow((300, 2000), repeat=1)
+    assert [r["tokens"] for r in rows] == [300, 2000]
+    for r in rows:
+        assert r["grow_us"] > 0 and r["blob_bytes"] > 0 and r["table"] in ("resized", "copied")

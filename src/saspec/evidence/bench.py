@@ -203,6 +203,30 @@ def bench_memory(n: int = 200_000) -> list[dict]:
     return rows
 
 
+def bench_grow(sizes: tuple[int, ...] = (1000, 8000, 32_000), repeat: int = 7) -> list[dict]:
+    """One re-allocation of a full-grown request (``build.grow``: the copy a
+    decode step pays when a blob runs out of room), code-like prompts of each
+    size; best of ``repeat`` mean µs of thread CPU time, and whether the edge
+    table was resized (re-inserted) or copied."""
+    from .. import build, core
+
+    rows = []
+    for n in sizes:
+        blob = build.ingest(build.new_blob(n), code_like_prompt(n, seed=1), build.policy_code("near-first"), 0)
+        grown = build.grow(blob, 1)
+        calls = max(5, 200_000 // n)
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.thread_time()
+            for _ in range(calls):
+                build.grow(blob, 1)
+            best = min(best, (time.thread_time() - t0) / calls)
+        rows.append({"tokens": n, "blob_bytes": int(blob.nbytes), "grow_us": best * 1e6,
+                     "table": "resized" if grown[core.H_HT_SIZE] != blob[core.H_HT_SIZE] else "copied"})
+        progress(f"grow {n:,} tokens: {best * 1e6:.1f} us ({rows[-1]['table']} table)")
+    return rows
+
+
 class PeerSaSpec:
     """sa_spec's host logic as an external harness binary (built outside this
     repository, see BENCHMARKS.md), driven through int32 files.
@@ -373,6 +397,7 @@ def run(quick: bool = False, peer_sa_spec: str | None = None) -> dict[str, list[
                 "ingest": bench_ingest([1000, 20_000], [DEFAULT_POLICY], repeat=1),
                 "step": bench_step([1, 8], [1000], steps=20),
                 "memory": bench_memory(20_000),
+                "grow": bench_grow((1000,), repeat=1),
             }
             if peer:
                 out["peer_step"] = bench_peer_step(peer, batches=(8,), contexts=(1000,), steps=20, repeat=1)
@@ -384,6 +409,7 @@ def run(quick: bool = False, peer_sa_spec: str | None = None) -> dict[str, list[
         out["ingest"] = bench_ingest([1000, 20_000, 200_000, 1_000_000], [DEFAULT_POLICY, "first"])
         out["step"] = bench_step([1, 8, 64, 256], [1000, 8000, 32000])
         out["memory"] = bench_memory(500) + bench_memory(200_000)
+        out["grow"] = bench_grow()
         return out
     finally:
         if peer:

@@ -143,3 +143,27 @@ def test_truncate_drafts():
     assert truncate_drafts(torch.from_numpy(d), torch.tensor([0, 2, 4])).tolist() == out.tolist()
     with pytest.raises(ValueError, match="lengths"):
         truncate_drafts(d, np.array([1, 2]))
+
+
+def test_model_threshold_is_the_best_never_slower_one(monkeypatch):
+    # Fake walks: T=4 has the best mean but is slower than the draft model alone somewhere; T=8 is the
+    # best of the thresholds that never are; T=16 never is either but gains less.
+    gain = {4: (3.0, 0.9), 8: (2.0, 1.01), 16: (1.5, 1.02)}
+
+    def fake(arr, prof, b, mode, *, threshold=4, k_nn=8, **kw):
+        if mode == "neural":
+            return {"tok_s": 1.0}
+        return {"tok_s": gain[threshold][0] if arr.name == "code" else gain[threshold][1]}
+
+    monkeypatch.setattr(realsim, "run_costed", fake)
+    arrays = {n: SimpleNamespace(name=n, runs=np.zeros(1)) for n in ("code", "chat")}
+    arrays["modeled-only"] = SimpleNamespace(name="x", runs=None)
+    prof = gpu_like_profile()
+    study = realsim.model_threshold_study(arrays, [prof], ("per-match", 2.0), candidates=(4, 8, 16))
+    assert study["best"] == 8
+    assert len(study["ratios"][8]) == 2 * 2 * len(prof.batches)  # workloads with runs x K in (3, 8) x batches
+    assert "T=8" in realsim.format_threshold_study(study)
+    gain[8] = (2.0, 0.99)
+    gain[16] = (1.5, 0.98)
+    assert realsim.model_threshold_study(arrays, [prof], ("per-match", 2.0), candidates=(4, 8, 16))["best"] == 8
+    assert realsim.model_threshold_study({"m": arrays["modeled-only"]}, [prof], ("per-match", 2.0)) is None

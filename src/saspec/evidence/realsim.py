@@ -216,9 +216,13 @@ LENGTH_CANDIDATES = (("fixed", 1.0), ("per-match", 0.5), ("per-match", 1.0), ("p
                      ("per-match-recent", 4.0))
 
 
-def speed_configs(has_model: bool, k: int, threshold: int, rule: tuple[str, float]) -> list[tuple[str, dict]]:
-    """(row name, run_costed keywords) of the speed table's rows."""
+def speed_configs(has_model: bool, k: int, threshold: int, rule: tuple[str, float],
+                  model_threshold: int | None = None) -> list[tuple[str, dict]]:
+    """(row name, run_costed keywords) of the speed table's rows;
+    ``model_threshold`` (default ``threshold``): T of the hybrid rows over the
+    real draft model with long SA drafts (see :func:`model_threshold_study`)."""
     r, s = rule
+    mt = threshold if model_threshold is None else model_threshold
     rows = [("none", dict(mode="none")),
             (f"neural (modeled, free) K={k}", dict(mode="neural", source="modeled", k_nn=k)),
             (f"sa K={k}", dict(mode="sa", k_sa=k)),
@@ -230,8 +234,8 @@ def speed_configs(has_model: bool, k: int, threshold: int, rule: tuple[str, floa
             rows += [(f"draft-model K={kn}", dict(mode="neural", k_nn=kn)),
                      (f"hybrid:draft-model T={threshold} K={kn}", dict(mode="hybrid", k_nn=kn, k_sa=kn,
                                                                         threshold=threshold)),
-                     (f"hybrid:draft-model T={threshold} K={kn} SA<=32 {r}:{s:g}",
-                      dict(mode="hybrid", k_nn=kn, k_sa=32, rule=r, scale=s, threshold=threshold))]
+                     (f"hybrid:draft-model T={mt} K={kn} SA<=32 {r}:{s:g}",
+                      dict(mode="hybrid", k_nn=kn, k_sa=32, rule=r, scale=s, threshold=mt))]
         rows += [(f"adaptive:draft-model K=8", dict(mode="adaptive", k_nn=8, k_sa=8)),
                  (f"tree:draft-model T={threshold} K=8", dict(mode="tree", k_nn=8, k_sa=8, threshold=threshold))]
     return rows
@@ -270,13 +274,55 @@ def length_study(arrays: dict[str, Arrays], profiles: list[Profile], threshold: 
     return {"rows": rows, "score": {f"{r}:{s:g}": v for (r, s), v in score.items()}, "best": best}
 
 
+MODEL_THRESHOLDS = (4, 6, 8, 12, 16)
+
+
+def model_threshold_study(arrays: dict[str, Arrays], profiles: list[Profile], rule: tuple[str, float],
+                          candidates: tuple[int, ...] = MODEL_THRESHOLDS) -> dict | None:
+    """The hybrid's threshold over a real draft model (SA drafts up to 32
+    tokens under ``rule``): for each candidate T, the modeled tokens/s of
+    the hybrid over the draft model alone at K=3 and K=8, on every workload
+    with draft-model runs, profile and batch. The best T has the highest
+    geometric mean among those never below 1.0x (never slower than the draft
+    model alone); if none qualifies, the highest worst case. Returns
+    {"ratios": {T: [ratios]}, "best": T} or None without runs."""
+    named = [arr for arr in arrays.values() if arr.runs is not None]
+    if not named:
+        return None
+    r, s = rule
+    ratios: dict[int, list[float]] = {t: [] for t in candidates}
+    for arr in named:
+        for kn in (3, 8):
+            for prof in profiles:
+                for b in sorted(prof.batches):
+                    alone = run_costed(arr, prof, b, "neural", k_nn=kn)["tok_s"]
+                    for t in candidates:
+                        hy = run_costed(arr, prof, b, "hybrid", k_nn=kn, k_sa=32, rule=r, scale=s, threshold=t)
+                        ratios[t].append(hy["tok_s"] / alone)
+    safe = [t for t in candidates if min(ratios[t]) >= 1.0]
+    if safe:
+        best = max(safe, key=lambda t: float(np.mean(np.log(ratios[t]))))
+    else:
+        best = max(candidates, key=lambda t: min(ratios[t]))
+    return {"ratios": ratios, "best": best}
+
+
+def format_threshold_study(study: dict) -> str:
+    lines = ["| T | tok/s vs draft model alone: geometric mean | worst |", "|---|---|---|"]
+    for t, v in study["ratios"].items():
+        lines.append(f"| {t} | {float(np.exp(np.mean(np.log(v)))):.3f}x | {min(v):.3f}x |")
+    lines.append(f"\nhybrid threshold over the real draft model: T={study['best']} (highest geometric mean among the "
+                 "thresholds never slower than the draft model alone; chosen on these same traces)")
+    return "\n".join(lines)
+
+
 def speed_table(arrays: dict[str, Arrays], profiles: list[Profile], k: int, threshold: int,
-                rule: tuple[str, float]) -> list[dict]:
+                rule: tuple[str, float], model_threshold: int | None = None) -> list[dict]:
     """Every speed-table row per workload: AL, verified/step, draft-model
     forwards/step and modeled tokens/s per (profile, batch)."""
     out = []
     for name, arr in arrays.items():
-        for row, kw in speed_configs(arr.runs is not None, k, threshold, rule):
+        for row, kw in speed_configs(arr.runs is not None, k, threshold, rule, model_threshold):
             cols = {}
             base = None
             for prof in profiles:
@@ -355,12 +401,21 @@ def speed_section(flats: dict, k: int, p: tuple[float, ...], threshold: int, see
     profiles = profiles or default_profiles()
     arrays = {name: Arrays(flat, neural_positions(flat, p, seed)) for name, flat in flats.items()}
     study = length_study(arrays, profiles, threshold)
-    rows = speed_table(arrays, profiles, k, threshold, study["best"])
+    t_study = model_threshold_study(arrays, profiles, study["best"])
+    t_model = t_study["best"] if t_study else threshold
+    rows = speed_table(arrays, profiles, k, threshold, study["best"], t_model)
     parts = ["Draft-length rules (SA drafts up to 32 tokens; SA alone and hybrid K=8), modeled tokens/s:",
-             format_length_study(study), "", format_speed(rows, profiles)]
-    summary = real_summary(rows, threshold, study["best"])
+             format_length_study(study)]
+    if t_study:
+        parts += ["", "Hybrid threshold over the real draft model (K=3 and 8, SA drafts up to 32, every profile "
+                  "and batch), modeled tokens/s:", format_threshold_study(t_study)]
+    parts += ["", format_speed(rows, profiles)]
+    summary = real_summary(rows, t_model, study["best"])
     if summary:
-        parts += ["", "Real draft model (teacher-forced runs): hybrid over the draft model alone", summary]
+        parts += ["", f"Real draft model (teacher-forced runs): hybrid (T={t_model}) over the draft model alone",
+                  summary]
     data = {"profiles": [pr.as_json() for pr in profiles], "length_study": {"score": study["score"],
-            "best": list(study["best"])}, "speed": rows}
+            "best": list(study["best"])}, "speed": rows,
+            "model_threshold": None if t_study is None else {"best": t_study["best"],
+                                                             "ratios": {str(t): v for t, v in t_study["ratios"].items()}}}
     return "\n".join(parts), data

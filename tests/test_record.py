@@ -92,7 +92,8 @@ def test_record_traces_end_to_end_and_resume(model_dirs, tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "| draft-model (tiny-draft) |" in text and "hybrid:draft-model:T=4" in text
-    assert "| real | draft-model K=3 |" in text and "hybrid over the draft model alone" in text
+    assert "| real | draft-model K=3 |" in text and ") over the draft model alone" in text
+    assert "hybrid threshold over the real draft model: T=" in text
     res = json.loads((tmp_path / "sim" / "results.json").read_text())
     assert {r["drafter"] for r in res["workloads"]["real"]["rows"]} >= {"draft-model", "tree:draft-model:T=4"}
 

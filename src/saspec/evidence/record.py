@@ -95,16 +95,11 @@ def read_prompts(path: str | Path) -> list[dict[str, Any]]:
     """Prompts from a JSONL file: ``{"id": str, "workload": str, "prompt_ids": [int],
     "max_new_tokens": int >= 1, "meta": {}}`` per line (``meta`` optional).
     ``ValueError`` naming ``path:line`` for a malformed line or a repeated id."""
+    from .workloads import json_lines
+
     out, seen = [], set()
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
+        for where, obj in json_lines(f, path, ValueError):
             ok = (isinstance(obj, dict) and isinstance(obj.get("id"), str) and isinstance(obj.get("workload"), str)
                   and isinstance(obj.get("prompt_ids"), list) and obj["prompt_ids"]
                   and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in obj["prompt_ids"])

@@ -515,6 +515,19 @@ def build_sharegpt(tokenizer: Tokenizer, n: int, seed: int = 0, max_prompt_token
 # ==========================================================================
 
 
+def json_lines(f: IO[str], path: str | Path, error: type[Exception]) -> Iterator[tuple[str, Any]]:
+    """``(where, object)`` for each non-blank line of the JSON Lines file ``f``
+    (``where`` is ``path:line``); ``error`` naming ``where`` for invalid JSON."""
+    for lineno, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{where}: invalid JSON ({exc.msg})") from None
+
+
 def _open_text(path: str | Path, mode: str) -> IO[str]:
     """A UTF-8 text stream over ``path``, gzip-compressed when it ends in ``.gz``."""
     if str(path).endswith(".gz"):
@@ -583,14 +596,7 @@ def load_traces(path: str | Path, name: str | None = None, vocab_size: int | Non
     """
     traces, models = [], []
     with _open_text(path, "r") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(f"{where}: invalid JSON ({exc.msg})") from None
+        for where, obj in json_lines(f, path, TraceFormatError):
             if not isinstance(obj, dict) or "prompt_ids" not in obj or "output_ids" not in obj:
                 raise TraceFormatError(f"{where}: expected an object with prompt_ids and output_ids")
             prompt = _check_ids(obj["prompt_ids"], "prompt_ids", where, vocab_size)

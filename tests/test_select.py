@@ -92,3 +92,87 @@ def test_check_length_rule_names_the_problem():
     for bad in (0.0, -1.0, float("inf"), float("nan"), "two", None):
         with pytest.raises(ValueError, match="scale must be a finite number > 0"):
             check_length_rule("per-match", bad)
+
+
+# -- the cost gate ---------------------------------------------------------------------
+
+from saspec.select import CostGate, best_draft_length, expected_tokens  # noqa: E402
+
+
+def test_best_draft_length_is_the_brute_force_argmax():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        k = int(rng.integers(1, 33))
+        q = float(rng.random())
+        vc = np.concatenate([[1.0], 1.0 + np.cumsum(rng.random(k) * rng.choice([0.02, 0.3, 1.2]))])
+        dc = float(rng.choice([0.0, 0.1, 0.5]))
+        gains = [1.0] + [sum(q ** i for i in range(d + 1)) / (vc[d] + d * dc) for d in range(1, k + 1)]
+        d, g = best_draft_length(q, k, vc, dc)
+        assert g == pytest.approx(max(gains))
+        assert d == int(np.argmax(gains))  # the first (shortest) best
+    assert expected_tokens(0.5, 3) == pytest.approx(1.875)
+    assert best_draft_length(0.99, 8, np.arange(1.0, 10.0), 0.0)[0] == 0  # every token costs a forward: never pays
+
+
+def test_gate_asks_for_a_plain_step_until_it_has_a_unit_of_cost():
+    g = CostGate(8)
+    assert not g.timed and g.choose(20, 8, 8) == ("none", 0)
+    g.observe_forward(40, 5.0)  # larger than any verify: ignored
+    assert not g.timed
+    g.observe_forward(1, 0.3)
+    assert g.timed
+    source, n = g.choose(20, 8, 8)
+    assert source == "sa" and n == 8  # a long match, verify assumed cheap until measured
+
+
+def test_gate_learns_costs_and_stops_drafting_where_verify_is_dear():
+    g = CostGate(8)
+    g.observe_forward(1, 0.3)
+    g.observe_forward(2, 0.6)  # one more token costs a whole forward (bf16 without native matmuls)
+    vc = g.verify_cost()
+    assert vc[1] == pytest.approx(2.0) and np.all(np.diff(vc) >= 0) and vc[8] == pytest.approx(9.0)
+    for m in (1, 4, 30):
+        assert g.choose(m, 8, 8) == ("none", 0)
+    flat = CostGate(8)
+    flat.observe_forward(1, 0.3)
+    flat.observe_forward(3, 0.32)
+    flat.observe_forward(8, 0.5)
+    vc = flat.verify_cost()
+    assert vc[2] == vc[3] == pytest.approx(0.32 / 0.3) and vc[7] == pytest.approx(0.5 / 0.3)
+    assert flat.choose(1, 8)[0] == "sa"  # verifying a few tokens is nearly free: even a short match pays
+
+
+def test_gate_learns_acceptance():
+    g = CostGate(8, verify_cost=1.0 + 0.1 * np.arange(9), draft_cost=0.4)
+    q0 = g.q("sa", 2)
+    for _ in range(20):
+        g.observe("sa", 2, 4, 0)
+    assert g.q("sa", 2) < 0.25 < q0
+    assert g.q("sa", 20) == pytest.approx(CostGate(8).q("sa", 20))  # other buckets untouched
+    for _ in range(20):
+        g.observe("draft", 0, 4, 4)
+    assert g.q("draft") > 0.95
+    assert g.choose(2, 8, 8)[0] == "draft"  # the SA keeps missing at this match, the draft model does not
+    assert g.choose(0, 0, 0) == ("none", 0)
+
+
+def test_gate_rejects_bad_settings_and_observations():
+    with pytest.raises(ValueError, match="k_max"):
+        CostGate(0)
+    with pytest.raises(ValueError, match="verify_cost"):
+        CostGate(8, verify_cost=np.ones(5))
+    with pytest.raises(ValueError, match="verify_cost"):
+        CostGate(2, verify_cost=[1.0, float("nan"), 2.0])
+    with pytest.raises(ValueError, match="draft_cost is fixed only"):
+        CostGate(2, draft_cost=0.3)
+    with pytest.raises(ValueError, match="model_prior"):
+        CostGate(2, model_prior=1.5)
+    with pytest.raises(ValueError, match="ema"):
+        CostGate(2, ema=0.0)
+    g = CostGate(4)
+    with pytest.raises(ValueError, match="unknown source"):
+        g.observe("eagle", 1, 2, 1)
+    with pytest.raises(ValueError, match="accepted"):
+        g.observe("sa", 1, 2, 3)
+    with pytest.raises(ValueError, match="unknown source"):
+        g.q("eagle")

@@ -359,3 +359,222 @@ def truncate_drafts(drafts: Any, lengths: Any, fill: int = -1) -> Any:
     drafts = np.asarray(drafts)
     keep = np.arange(drafts.shape[1])[None, :] < np.asarray(lengths)[:, None]
     return np.where(keep, drafts, np.asarray(fill, drafts.dtype))
+
+
+# -- drafting only where it pays -----------------------------------------------------
+#
+# A step that verifies d draft tokens costs a forward over d + 1 tokens,
+# ``verify_cost[d]`` in units of a plain 1-token forward, plus ``d * draft_cost``
+# to make the drafts (0 for the SA). If each draft token is accepted with
+# probability q given the ones before it, the step emits on average
+# 1 + q + q^2 + ... + q^d tokens (the target's own token always counts), while
+# plain decoding emits 1 per unit. So draft the d with the most tokens per unit
+# of time, and nothing where no d beats 1. On a GPU at small batch verify_cost
+# is nearly flat and every draft pays; on a CPU it can grow by a whole forward
+# per token (bf16 without native bf16 matmuls) and no draft pays.
+
+
+@njit(cache=True)
+def expected_tokens(q, d):
+    """Mean tokens a step emits: ``1 + q + ... + q**d`` (float), for ``d``
+    draft tokens each accepted with probability ``q`` given the ones before."""
+    e = 1.0
+    p = 1.0
+    for _ in range(d):
+        p *= q
+        e += p
+    return e
+
+
+@njit(cache=True)
+def best_draft_length(q, k_max, verify_cost, draft_cost):
+    """``(d, gain)``: the draft length in ``0..k_max`` with the most expected
+    tokens per unit of time, and that rate relative to plain decoding.
+
+    ``q``: per-token acceptance probability (0..1); ``verify_cost``: float64
+    [>= k_max + 1], ``verify_cost[d]`` the time of a target forward over
+    ``d + 1`` tokens in units of a 1-token forward; ``draft_cost``: time to
+    make one draft token, same units. ``gain = expected_tokens(q, d) /
+    (verify_cost[d] + d * draft_cost)``, 1.0 for ``d = 0``; a longer draft
+    must beat a shorter one strictly.
+    """
+    best_d = 0
+    best = 1.0
+    e = 1.0
+    p = 1.0
+    for d in range(1, min(k_max, verify_cost.shape[0] - 1) + 1):
+        p *= q
+        e += p
+        g = e / (verify_cost[d] + d * draft_cost)
+        if g > best:
+            best = g
+            best_d = d
+    return best_d, best
+
+
+def _cost_bucket(n: int) -> int:
+    """Bucket of a forward over ``n`` tokens: 0 for 1, then 2, 3-4, 5-8, ... (powers of two)."""
+    return (n - 1).bit_length()
+
+
+class CostGate:
+    """Chooses, for one sequence and each step, the draft source and length
+    that make the most tokens per second, or no draft (see
+    :func:`best_draft_length`).
+
+    It learns both sides while the sequence runs:
+
+    * costs: the caller reports each target forward (``observe_forward``)
+      and each draft-model forward (``observe_draft_forward``), in seconds;
+      forwards are bucketed by size (1, 2, 3-4, 5-8, ... tokens) and averaged
+      (exponentially, weight ``ema``). A size not seen yet costs
+      ``1 + slope * (n - 1)``, ``slope`` the steepest seen so far per extra
+      token (``slope_prior`` before any multi-token forward), capped by the
+      next larger size seen; a larger size never costs less than a smaller. ``verify_cost`` fixes the table instead
+      (float [>= k_max + 1], units of a 1-token forward; nothing is timed).
+    * acceptance: per-token acceptance of SA drafts per match-length bucket
+      (:func:`match_bucket`), and of the draft model, each a running count
+      with ``prior_weight`` pseudo-tokens of prior: ``m / (m + 1)`` for an SA
+      match of ``m`` tokens (0.5 at 1, 0.9 at 9: about what chat shows; code
+      edits run much higher), ``model_prior`` for the draft model.
+
+    Until a 1-token forward has been timed, ``choose`` asks for one plain
+    step (nothing else gives the unit of cost).
+
+    Args:
+        k_max: the most draft tokens of any source (>= 1).
+        draft_cost: fixed cost of one draft-model token (units of a 1-token
+            target forward) instead of timing it; needs ``verify_cost``.
+    """
+
+    SOURCES = ("sa", "draft")
+
+    def __init__(self, k_max: int, *, verify_cost: Any = None, draft_cost: float | None = None,
+                 slope_prior: float = 0.1, model_prior: float = 0.8, prior_weight: float = 8.0,
+                 ema: float = 0.25) -> None:
+        if isinstance(k_max, bool) or int(k_max) != k_max or k_max < 1:
+            raise ValueError(f"k_max must be an int >= 1, got {k_max!r}")
+        for name, v, lo, hi in (("slope_prior", slope_prior, 0.0, math.inf), ("model_prior", model_prior, 0.0, 1.0),
+                                ("prior_weight", prior_weight, 0.0, math.inf), ("ema", ema, 0.0, 1.0)):
+            if not (lo <= float(v) <= hi) or (name == "ema" and v == 0):
+                raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+        self.k_max = int(k_max)
+        self.slope_prior, self.ema = float(slope_prior), float(ema)
+        self._fixed = verify_cost is not None
+        if self._fixed:
+            vc = np.asarray(verify_cost, dtype=np.float64)
+            if vc.ndim != 1 or vc.shape[0] < self.k_max + 1 or not np.all(np.isfinite(vc)) or np.any(vc <= 0):
+                raise ValueError(f"verify_cost must be 1-D, finite, > 0, with at least k_max + 1 = {self.k_max + 1} "
+                                 f"entries, got shape {vc.shape}")
+            self._verify = vc[: self.k_max + 1].copy()
+        elif draft_cost is not None:
+            raise ValueError("draft_cost is fixed only together with verify_cost")
+        if draft_cost is not None and not (math.isfinite(draft_cost) and draft_cost >= 0):
+            raise ValueError(f"draft_cost must be a finite number >= 0, got {draft_cost}")
+        self._draft_cost = draft_cost
+        n_buckets = _cost_bucket(self.k_max + 1) + 1
+        self._t = np.zeros(n_buckets)  # mean seconds per bucket, 0 = not seen
+        self._n = np.zeros(n_buckets)  # mean tokens of the forwards in the bucket
+        self._t_draft = 0.0
+        m = np.arange(N_BUCKETS, dtype=np.float64)
+        m[8:] = 2.0 ** (np.arange(8, N_BUCKETS) - 5)  # a bucket's smallest match: 8, 16, 32, ...
+        q0 = m / (m + 1.0)
+        self._sa_hits, self._sa_misses = prior_weight * q0, prior_weight * (1 - q0)
+        self._nn_hits, self._nn_misses = prior_weight * model_prior, prior_weight * (1 - model_prior)
+
+    # -- costs --
+
+    def observe_forward(self, n_tokens: int, seconds: float) -> None:
+        """A target forward over ``n_tokens`` tokens took ``seconds``
+        (forwards larger than the biggest verify, like a prefill, are ignored)."""
+        b = _cost_bucket(n_tokens) if n_tokens >= 1 else -1
+        if self._fixed or not 0 <= b < self._t.shape[0] or not seconds > 0:
+            return
+        a = 1.0 if self._t[b] == 0 else self.ema
+        self._t[b] += a * (seconds - self._t[b])
+        self._n[b] += a * (n_tokens - self._n[b])
+
+    def observe_draft_forward(self, seconds: float) -> None:
+        """One draft-model forward (one draft token) took ``seconds``."""
+        if seconds > 0:
+            self._t_draft = seconds if self._t_draft == 0 else self._t_draft + self.ema * (seconds - self._t_draft)
+
+    @property
+    def timed(self) -> bool:
+        """Whether the unit of cost (a 1-token forward) is known."""
+        return self._fixed or self._t[0] > 0
+
+    def verify_cost(self) -> np.ndarray:
+        """float64 [k_max + 1]: the cost of verifying d drafts (a forward over
+        d + 1 tokens), units of a 1-token forward, as currently estimated."""
+        if self._fixed:
+            return self._verify
+        t1 = self._t[0]
+        out = np.ones(self.k_max + 1)
+        if t1 <= 0:
+            return out + self.slope_prior * np.arange(self.k_max + 1)
+        seen = [(b, self._t[b] / t1) for b in range(1, self._t.shape[0]) if self._t[b] > 0]
+        slope = max([(r - 1.0) / max(self._n[b] - 1.0, 1.0) for b, r in seen], default=self.slope_prior)
+        ratio = dict(seen)
+        above = math.inf  # an unseen size costs no more than the next larger size seen
+        for d in range(self.k_max, 0, -1):
+            r = ratio.get(_cost_bucket(d + 1))
+            above = r if r is not None else above
+            out[d] = r if r is not None else min(1.0 + slope * d, above)
+        return np.maximum.accumulate(out)
+
+    def draft_cost(self) -> float:
+        """Cost of one draft-model token, units of a 1-token target forward
+        (0.5 until both are timed)."""
+        if self._draft_cost is not None:
+            return self._draft_cost
+        return self._t_draft / self._t[0] if self._t_draft > 0 and self._t[0] > 0 else 0.5
+
+    # -- acceptance --
+
+    def q(self, source: str, match: int = 0) -> float:
+        """Estimated per-token acceptance of ``source``'s drafts ("sa" at a
+        match of ``match`` tokens, or "draft")."""
+        if source == "sa":
+            b = match_bucket(max(int(match), 0))
+            return self._sa_hits[b] / (self._sa_hits[b] + self._sa_misses[b])
+        if source == "draft":
+            return self._nn_hits / (self._nn_hits + self._nn_misses)
+        raise ValueError(f"unknown source {source!r}; choose from {', '.join(self.SOURCES)}")
+
+    def observe(self, source: str, match: int, drafted: int, accepted: int) -> None:
+        """A step verified ``drafted`` tokens from ``source`` (made at a match
+        of ``match`` tokens for the SA) and accepted the first ``accepted``."""
+        if source not in self.SOURCES:
+            raise ValueError(f"unknown source {source!r}; choose from {', '.join(self.SOURCES)}")
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"need 0 <= accepted <= drafted, got accepted={accepted}, drafted={drafted}")
+        miss = 1.0 if accepted < drafted else 0.0
+        if source == "sa":
+            b = match_bucket(max(int(match), 0))
+            self._sa_hits[b] += accepted
+            self._sa_misses[b] += miss
+        else:
+            self._nn_hits += accepted
+            self._nn_misses += miss
+
+    # -- the choice --
+
+    def choose(self, match: int, sa_len: int, model_k: int = 0) -> tuple[str, int]:
+        """``(source, length)`` for this step: "sa" with up to ``sa_len``
+        tokens (what the automaton offers at a match of ``match``), "draft"
+        with up to ``model_k`` draft-model tokens (0: no draft model), or
+        ``("none", 0)`` where no draft is expected to beat a plain step."""
+        if not self.timed:
+            return "none", 0
+        vc = self.verify_cost()
+        best = ("none", 0, 1.0)
+        if sa_len > 0 and match > 0:
+            d, g = best_draft_length(self.q("sa", match), min(sa_len, self.k_max), vc, 0.0)
+            if g > best[2]:
+                best = ("sa", d, g)
+        if model_k > 0:
+            d, g = best_draft_length(self.q("draft"), min(model_k, self.k_max), vc, self.draft_cost())
+            if g > best[2]:
+                best = ("draft", d, g)
+        return best[0], best[1]

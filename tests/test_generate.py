@@ -25,13 +25,16 @@ transformers = pytest.importorskip("transformers")
 
 from saspec.evidence.generate import (  # noqa: E402
     DRAFTERS,
+    SMALL_ROWS,
     HybridDrafter,
     ModelDrafter,
     SADrafter,
+    fast_small_linears,
     hf_generate,
     make_drafter,
     speculative_generate,
 )
+from saspec.select import CostGate  # noqa: E402
 
 V = 256
 NO_EOS: tuple[int, ...] = ()
@@ -351,3 +354,78 @@ def test_bench_report_shows_dtype_and_decode(models):
     assert "(float32)" in md and "auto: CPU lacks native bf16" in md
     assert "| decode tok/s |" in md and "| prefill s |" in md
     assert f"| p0 | sa | float32 | {len(prompt)} | 30 |" in md
+
+
+# -- drafting only where it pays (CostGate) -----------------------------------------
+
+FLAT = 1.0 + 0.01 * np.arange(33)  # verifying is nearly free (a GPU at small batch)
+STEEP = np.arange(1.0, 34.0)  # every verified token costs a forward (bf16 on a CPU without bf16 matmuls)
+
+
+@pytest.mark.parametrize("prompt_name", list(PROMPTS))
+@pytest.mark.parametrize("kind", ["sa", "draft", "hybrid"])
+def test_gated_drafters_keep_greedy_output(models, prompt_name, kind):
+    target_name, prompt = PROMPTS[prompt_name]
+    expected = greedy(models[target_name], prompt, 60)
+    res = run(models, prompt_name, kind, k=8, gate=True)  # costs timed while it runs
+    assert res.tokens == expected
+    assert sum(res.stats.steps.values()) == res.stats.target_forwards
+
+
+def _gated(models, prompt_name, kind, costs, draft_cost=0.3, k=8):
+    target_name, prompt = PROMPTS[prompt_name]
+    gate = CostGate(k, verify_cost=costs, draft_cost=draft_cost)
+    draft = models[DRAFT_FOR[target_name]]
+    drafter = {"sa": lambda: SADrafter(k, gate=gate), "draft": lambda: ModelDrafter(draft, k, gate=gate),
+               "hybrid": lambda: HybridDrafter(SADrafter(k), ModelDrafter(draft, k), gate=gate)}[kind]()
+    res = speculative_generate(models[target_name], prompt, drafter, 60, NO_EOS)
+    assert res.tokens == greedy(models[target_name], prompt, 60)
+    return res.stats
+
+
+def test_gate_never_drafts_where_verify_is_dear(models):
+    for prompt_name in PROMPTS:
+        for kind in ("sa", "draft", "hybrid"):
+            st = _gated(models, prompt_name, kind, STEEP)
+            assert st.target_forwards == 60 and st.draft_forwards == 0, (prompt_name, kind)  # plain decoding
+
+
+def test_gate_drafts_where_verify_is_cheap(models):
+    st = _gated(models, "loop", "sa", FLAT)
+    assert st.frac("sa") > 0.9 and st.al > 6.0  # the long copy is drafted at full length
+    st = _gated(models, "count", "hybrid", FLAT)
+    assert st.steps["sa"] == 0 and st.steps["draft"] > 0 and st.al > 1.5  # no SA match: the close draft model
+    st = _gated(models, "count", "hybrid", FLAT, draft_cost=5.0)
+    assert st.draft_forwards == 0  # a draft token dearer than the tokens it can save
+
+
+def test_gated_hybrid_drives_its_parts(models):
+    gate = CostGate(8)
+    with pytest.raises(ValueError, match="give them no gate"):
+        HybridDrafter(SADrafter(8, gate=gate), ModelDrafter(models["draft-close"], 8), gate=gate)
+
+
+# -- the faster product for verify-sized inputs ---------------------------------------
+
+
+def test_fast_small_linears_keeps_values_and_plain_decoding():
+    model = tiny_model(11)
+    ref = tiny_model(11)
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert fast_small_linears(model) == n_linear
+    assert fast_small_linears(model) == n_linear  # idempotent
+    ids = torch.tensor([RNG.integers(0, V, 40).tolist()])
+    with torch.inference_mode():
+        for n in (1, 2, 3, 5, SMALL_ROWS, SMALL_ROWS + 1):
+            got, want = model(input_ids=ids[:, :n]).logits, ref(input_ids=ids[:, :n]).logits
+            if n == 1 or n > SMALL_ROWS:
+                assert torch.equal(got, want), n  # F.linear itself
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    prompt = PROMPTS["random"][1]
+    assert greedy(model, prompt, 20) == greedy(ref, prompt, 20)
+    res = speculative_generate(model, prompt, make_drafter("sa", k=4), 20, NO_EOS)
+    assert res.tokens == greedy(ref, prompt, 20)
+    assert fast_small_linears(tiny_model(12).to(torch.bfloat16)) == 0
+    with pytest.raises(ValueError, match="max_rows"):
+        fast_small_linears(model, 1)

@@ -36,13 +36,16 @@ from typing import Any
 
 # -- the commands' arguments -------------------------------------------------------
 
-# Defaults for a CPU, chosen by replaying recorded outputs with this box's costs
-# (a 1-token forward of the 1.5B target ~0.21 s, +~8 ms per extra verified
-# token; a 0.5B draft-model token ~0.085 s, 0.4 of a target forward, plus a
-# prefill on first use). Drafting with the small model is dear here, so the
-# hybrid keeps even a weak SA match until the SA has missed 3 steps in a row
-# (``patience``), and the small model's drafts stay short. SA drafts are capped
-# at 2 tokens per matched token, which lets K be large (32) for long copies.
+# By default every drafter of the loop is gated (``--gate``, see
+# ``saspec.select.CostGate``): it times the forwards as it goes and drafts only
+# where a draft is expected to pay for its verify. The fixed rules below are
+# what ``--no-gate`` uses. They were chosen by replaying recorded outputs with
+# this box's costs before the verify got its faster product
+# (``generate.fast_small_linears``): a draft-model token costs about 0.4 of a
+# target forward, so the hybrid keeps even a weak SA match until the SA has
+# missed 3 steps in a row (``patience``), the small model's drafts stay short,
+# and SA drafts are capped at 2 tokens per matched token, which lets K be
+# large (32) for long copies.
 CPU_THRESHOLD = 4
 CPU_PATIENCE = 3
 CPU_DRAFT_K = 8
@@ -141,6 +144,10 @@ def _model_arguments(p: argparse.ArgumentParser, families: tuple[str, ...]) -> N
     p.add_argument("--threshold", type=nonnegative_int, default=CPU_THRESHOLD, help="hybrid: SA when match >= T")
     p.add_argument("--patience", type=nonnegative_int, default=CPU_PATIENCE,
                    help="hybrid: also keep a weaker SA match until the SA missed this many steps in a row")
+    p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=True,
+                   help="draft only where a draft is expected to pay for its verify, at the length that pays most, "
+                        "under costs timed while generating (saspec.select.CostGate; --per-match, --threshold and "
+                        "--patience then unused); --no-gate: the fixed rules")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="model weights' dtype; auto: bfloat16 only where the CPU has native bf16 (avx512_bf16, "
                         "amx_bf16), else float32")
@@ -223,7 +230,7 @@ def _generate(args: argparse.Namespace) -> int:
     speculative_generate(target, ids[:16], make_drafter(args.drafter, draft_model=draft, k=args.k), 2)
     drafter = make_drafter(args.drafter, draft_model=draft, k=args.k, draft_k=args.draft_k,
                            threshold=_threshold(args), stop_below=args.stop_below, per_match=args.per_match,
-                           patience=args.patience)
+                           patience=args.patience, gate=args.gate)
     res = speculative_generate(target, ids, drafter, args.max_new_tokens)
     print(tok.decode(res.tokens))
     st = res.stats
@@ -333,7 +340,7 @@ def _run_method(method: str, target, draft, ids: list[int], max_new: int, args: 
         return hf_generate(target, ids, max_new, prompt_lookup=n)
     drafter = make_drafter(method, draft_model=draft, k=args.k, draft_k=args.draft_k,
                            threshold=_threshold(args), stop_below=args.stop_below, per_match=args.per_match,
-                           patience=args.patience)
+                           patience=args.patience, gate=args.gate)
     return speculative_generate(target, ids, drafter, max_new)
 
 
@@ -415,7 +422,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     # replay: the simulator's SA-only AL on the loop's own output vs the loop's measured AL
     sim_rows = []
-    if "sa" in methods:
+    if "sa" in methods and not args.gate:  # the gate's choices follow timings: no replay gives them
         for p in prompts:
             toks = outputs[(p["id"], "sa")]
             flat = simulate.Flat.of([Trace(np.asarray(p["prompt_ids"], np.int32), np.asarray(toks, np.int32))])
@@ -439,7 +446,7 @@ def _bench(args: argparse.Namespace) -> int:
     info = {"target": tspec.name, "dtype": args.dtype_used, "dtype_requested": args.dtype,
             "dtype_reason": args.dtype_reason, "threads": threads, "k": args.k,
             "draft_k": args.draft_k, "stop_below": args.stop_below, "threshold": _threshold(args),
-            "per_match": args.per_match,
+            "per_match": args.per_match, "gate": args.gate,
             "prompt_lookup_num_tokens": lookups, "patience": args.patience, "bench_seconds": bench_s,
             "torch": _version("torch"), "transformers": _version("transformers"), "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count()}
@@ -534,10 +541,14 @@ def format_report(info, summary, runs, sim_rows, sim_tables, methods) -> str:
              "",
              f"Models in {info['dtype']}{dtype_note}. "
              f"{info['cores']} cores, {info['threads']} torch threads; torch {info['torch']}, transformers "
-             f"{info['transformers']}. K={info['k']} (SA and HF prompt lookup; SA drafts at most {info['per_match']:g} "
-             f"tokens per matched token), draft model K={info['draft_k']} with confidence stop "
-             f"{info['stop_below']} (also for hybrid steps), hybrid threshold T={info['threshold']} with patience "
-             f"{info['patience']}; HF prompt lookup with {', '.join(map(str, info['prompt_lookup_num_tokens']))} tokens. "
+             f"{info['transformers']}. K={info['k']} (SA and HF prompt lookup), draft model K={info['draft_k']} with "
+             f"confidence stop {info['stop_below']} (also for hybrid steps); "
+             + ("the loop's drafters are gated: each step drafts only where a draft is expected to pay for its verify, "
+                "at the length that pays most, under costs timed while generating (`saspec.select.CostGate`); "
+                if info.get("gate") else
+                f"SA drafts at most {info['per_match']:g} tokens per matched token, hybrid threshold "
+                f"T={info['threshold']} with patience {info['patience']}; ")
+             + f"HF prompt lookup with {', '.join(map(str, info['prompt_lookup_num_tokens']))} tokens. "
              "tok/s = generated tokens / wall seconds including the prefill; the prefill is each run's first step "
              "(the target forward over the prompt, which also verifies the first drafts, and any drafting before "
              "it), timed apart; decode tok/s = the tokens after it / the seconds after it. Methods interleaved "

@@ -54,7 +54,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import numpy as np
 import torch
 
-from ..select import DRAFT_LENGTH_RULES, draft_length
+from ..select import DRAFT_LENGTH_RULES, CostGate, draft_length
 from .models import EOS_IDS
 from .simulate import DEFAULT_THRESHOLD
 
@@ -229,6 +229,55 @@ def _crop(cache: Any, keep: int) -> None:
         cache.crop(-remove)  # negative: tokens to remove (accepted by old and new transformers)
 
 
+# On this x86 CPU (AVX2, MKL), torch's fp32 ``F.linear`` over 2..~16 rows costs
+# about one 1-row product per row: a 1536 -> 8960 layer with 2 threads takes
+# 2.9 ms for 1 row, 5.8 for 2 and 8.4 for 4. The transposed product
+# ``W @ x.T`` takes 2.5 ms for 2 rows, 2.6 for 4 and 4.6 for 8 (BENCHMARKS.md,
+# "verify cost"). Verification forwards have exactly those sizes, so routing
+# them through it makes a verify of a few drafts cost about one plain
+# forward. bf16 has no such gap and is left alone.
+SMALL_ROWS = 32
+
+
+def fast_small_linears(model: torch.nn.Module, max_rows: int = SMALL_ROWS) -> int:
+    """Route ``model``'s float32 ``nn.Linear`` layers through ``(W @ x.T).T``
+    for inputs of 2..``max_rows`` rows (tokens x batch); 1 row (plain
+    decoding) and larger inputs (prefill) keep ``F.linear``, so plain greedy
+    decoding is bit-identical. Values differ from ``F.linear``'s only by
+    float rounding. Idempotent; returns the number of layers routed (0 for a
+    non-float32 model)."""
+    if max_rows < 2:
+        raise ValueError(f"max_rows must be >= 2, got {max_rows}")
+    n = 0
+    for mod in model.modules():
+        if not isinstance(mod, torch.nn.Linear) or mod.weight.dtype != torch.float32:
+            continue
+        if getattr(mod, "_saspec_small_rows", None) is None:
+            mod.forward = _small_rows_forward(mod)
+        mod._saspec_small_rows = max_rows
+        n += 1
+    return n
+
+
+def _small_rows_forward(mod: torch.nn.Linear):
+    linear = torch.nn.functional.linear
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if rows < 2 or rows > mod._saspec_small_rows:
+            return linear(x, mod.weight, mod.bias)
+        # MKL is fast for W @ (row-major x).T at 2, 4, 8, 16 and 32 rows (3 rows
+        # cost more than 4), so pad to a power of two; the result goes on
+        # row-major too, or the next layer gets the slow layout.
+        pad = 1 << (rows - 1).bit_length()
+        xs = x.new_zeros(pad, x.shape[-1])
+        xs[:rows] = x.reshape(rows, x.shape[-1])
+        y = (mod.weight @ xs.T).T[:rows].contiguous().reshape(*x.shape[:-1], mod.out_features)
+        return y if mod.bias is None else y + mod.bias
+
+    return forward
+
+
 class CausalLM:
     """A causal LM with a KV cache over one growing sequence.
 
@@ -274,10 +323,13 @@ class Drafter(Protocol):
     ``(tokens, source)`` with at most ``k`` tokens and ``source`` one of
     ``"sa"``, ``"draft"``, ``"none"``; ``update(seq, n_new)`` reports that the
     last ``n_new`` tokens of ``seq`` were appended (verified); ``end()``
-    releases the sequence's state.
+    releases the sequence's state. ``gate``: the drafter's
+    :class:`~saspec.select.CostGate` or None; the loop reports every
+    verify forward's size and time to it.
     """
 
     name: str
+    gate: CostGate | None
 
     def begin(self, prompt: Sequence[int]) -> None: ...
 
@@ -292,6 +344,7 @@ class NoDrafter:
     """No drafts: plain greedy decoding, one target forward per token."""
 
     name = "none"
+    gate = None
 
     def begin(self, prompt: Sequence[int]) -> None:
         pass
@@ -316,38 +369,62 @@ class ModelDrafter:
     whose probability under the draft model is below ``stop_below`` (that
     token is still proposed: verifying it costs little, drafting past it
     rarely pays).
+
+    With a ``gate`` (:class:`~saspec.select.CostGate`), each step drafts the
+    length the gate chooses, or nothing where no draft pays; the gate times
+    the draft forwards.
     """
 
     name = "draft"
 
-    def __init__(self, model: torch.nn.Module, k: int = 8, stop_below: float = 0.0) -> None:
+    def __init__(self, model: torch.nn.Module, k: int = 8, stop_below: float = 0.0,
+                 gate: CostGate | None = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.lm = CausalLM(model)
         self.k = k
         self.stop_below = stop_below
+        self.gate = gate
         self._fed: list[int] = []  # the tokens whose K/V are in the cache
+        self._last: list[int] = []  # the gated draft of the current step
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.lm.reset()
         self._fed = []
+        self._last = []
 
     def propose(self, seq: list[int]) -> tuple[list[int], str]:
+        if self.gate is None:
+            return self.draft(seq, self.k), "draft"
+        source, n = self.gate.choose(0, 0, self.k)
+        self._last = self.draft(seq, n, self.gate) if source == "draft" else []
+        return (self._last, "draft") if self._last else ([], "none")
+
+    def draft(self, seq: list[int], k: int, timer: CostGate | None = None) -> list[int]:
+        """Up to ``k`` greedy draft tokens after ``seq``; ``timer`` gets the
+        time of each forward that feeds a few tokens (not a catch-up over a
+        long stretch, like the first one after the prompt)."""
         feed = seq[len(self._fed):]
         if not feed:
             raise RuntimeError("draft model cache holds the whole sequence; expected at least the newest token to be new")
         out: list[int] = []
-        for _ in range(self.k):
+        for _ in range(k):
+            t0 = time.perf_counter()
             logits = self.lm.forward(feed, keep=1)[0].float()  # [V]
+            if timer is not None and len(feed) <= SMALL_ROWS:
+                timer.observe_draft_forward(time.perf_counter() - t0)
             self._fed.extend(feed)
             tok = int(torch.argmax(logits))
             out.append(tok)
             if self.stop_below > 0 and float(torch.softmax(logits, -1)[tok]) < self.stop_below:
                 break
             feed = [tok]
-        return out, "draft"
+        return out
 
     def update(self, seq: list[int], n_new: int) -> None:
+        if self.gate is not None and self._last:
+            self.gate.observe("draft", 0, len(self._last), _accepted(self._last, seq, n_new))
+            self._last = []
         # Keep the longest prefix of what the cache holds that is still in seq.
         start = len(seq) - n_new
         keep = min(len(self._fed), start)
@@ -360,6 +437,16 @@ class ModelDrafter:
     def end(self) -> None:
         self.lm.cache = None
         self._fed = []
+        self._last = []
+
+
+def _accepted(draft: list[int], seq: list[int], n_new: int) -> int:
+    """How many leading tokens of ``draft`` the last ``n_new`` tokens of ``seq`` confirm."""
+    new = seq[len(seq) - n_new:]
+    n = 0
+    while n < min(len(draft), len(new)) and draft[n] == new[n]:
+        n += 1
+    return n
 
 
 _FIXED, _PER_MATCH = DRAFT_LENGTH_RULES.index("fixed"), DRAFT_LENGTH_RULES.index("per-match")
@@ -377,11 +464,15 @@ class SADrafter:
     short match rarely continues far, and every drafted token is verified by
     the target (about 4% of a one-token forward per token on a CPU). 0 always
     drafts ``k`` (what ``saspec.evidence.simulate`` models).
+
+    With a ``gate`` (:class:`~saspec.select.CostGate`) the gate chooses the
+    draft length from the match length instead (``per_match`` is unused),
+    and nothing where no draft pays.
     """
 
     name = "sa"
 
-    def __init__(self, k: int = 8, engine: Any = None, per_match: float = 0.0) -> None:
+    def __init__(self, k: int = 8, engine: Any = None, per_match: float = 0.0, gate: CostGate | None = None) -> None:
         from .. import SpecEngine
 
         if k < 1:
@@ -390,10 +481,12 @@ class SADrafter:
             raise ValueError(f"per_match must be >= 0, got {per_match}")
         self.k = k
         self.per_match = per_match
+        self.gate = gate
         self.engine = engine if engine is not None else SpecEngine()
         self._rid: object | None = None
         self._pending: list[int] = []
         self.match = 0
+        self._last: list[int] = []  # the gated draft of the current step
         # the engine's batch arrays, B = 1 row
         self._acc = np.zeros((1, k + 1), np.int32)
         self._lens = np.zeros(1, np.int32)
@@ -407,9 +500,11 @@ class SADrafter:
         self.engine.add_request(self._rid, np.asarray(prompt, dtype=np.int32))
         self.engine.prepare([self._rid])
         self._pending = []
+        self._last = []
 
-    def lookup(self) -> tuple[int, list[int]]:
-        """Feed pending tokens; return (match length, draft tokens)."""
+    def lookup(self, capped: bool = True) -> tuple[int, list[int]]:
+        """Feed pending tokens; return (match length, draft tokens), the
+        draft cut by :meth:`draft_length` unless ``capped`` is False."""
         pending = self._pending
         while True:  # at most K+1 tokens per extend call
             chunk, pending = pending[: self.k + 1], pending[self.k + 1:]
@@ -422,7 +517,8 @@ class SADrafter:
         self.match = int(self._mout[0])
         d = self._dout[0]
         n = int(np.argmax(d < 0)) if (d < 0).any() else self.k
-        n = min(n, self.draft_length(self.match))
+        if capped:
+            n = min(n, self.draft_length(self.match))
         return self.match, d[:n].tolist()
 
     def draft_length(self, match: int) -> int:
@@ -434,12 +530,20 @@ class SADrafter:
         return draft_length(match, self.k, _FIXED, 1.0, -1)
 
     def propose(self, seq: list[int]) -> tuple[list[int], str]:
+        if self.gate is not None:
+            match, draft = self.lookup(capped=False)
+            source, n = self.gate.choose(match, len(draft))
+            self._last = draft[:n] if source == "sa" else []
+            return (self._last, "sa") if self._last else ([], "none")
         match, draft = self.lookup()
         if match == 0 or not draft:
             return [], "none"
         return draft, "sa"
 
     def update(self, seq: list[int], n_new: int) -> None:
+        if self.gate is not None and self._last:
+            self.gate.observe("sa", self.match, len(self._last), _accepted(self._last, seq, n_new))
+            self._last = []
         self._pending.extend(seq[len(seq) - n_new:])
 
     def end(self) -> None:
@@ -460,32 +564,54 @@ class HybridDrafter:
     where the SA recovers right after a short novel span, as in code edits,
     the small LM is not worth waking; in prose, where the SA keeps failing,
     it is. 0 is the plain threshold rule.
+
+    With a ``gate`` (:class:`~saspec.select.CostGate`) the gate makes the
+    choice instead (``threshold`` and ``patience`` are unused): each step,
+    the SA's draft, the small LM's or none, at the length that is expected
+    to make the most tokens per second. The SA and the small LM must then
+    have no gate of their own.
     """
 
     name = "hybrid"
 
     def __init__(self, sa: SADrafter, model: ModelDrafter, threshold: int = DEFAULT_THRESHOLD,
-                 patience: int = 0) -> None:
+                 patience: int = 0, gate: CostGate | None = None) -> None:
+        if gate is not None and (sa.gate is not None or model.gate is not None):
+            raise ValueError("a gated hybrid drives its SA and draft model itself: give them no gate")
         self.sa = sa
         self.model = model
         self.threshold = threshold
         self.patience = patience
+        self.gate = gate
         self._sa_draft: list[int] = []
         self._sa_failures = 0
+        self._last: tuple[str, int, list[int]] = ("none", 0, [])  # the gated step: source, match, draft
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.sa.begin(prompt)
         self.model.begin(prompt)
         self._sa_draft, self._sa_failures = [], 0
+        self._last = ("none", 0, [])
 
     def propose(self, seq: list[int]) -> tuple[list[int], str]:
+        if self.gate is not None:
+            match, draft = self.sa.lookup(capped=False)
+            source, n = self.gate.choose(match, len(draft), self.model.k)
+            if source == "draft":
+                draft = self.model.draft(seq, n, self.gate)
+            self._last = (source, match, draft[:n] if source != "none" else [])
+            return (self._last[2], source) if self._last[2] else ([], "none")
         match, draft = self.sa.lookup()
         self._sa_draft = draft
         if draft and (match >= self.threshold or self._sa_failures < self.patience):
             return draft, "sa"
-        return self.model.propose(seq)
+        return self.model.draft(seq, self.model.k), "draft"
 
     def update(self, seq: list[int], n_new: int) -> None:
+        source, match, draft = self._last
+        if self.gate is not None and draft:
+            self.gate.observe(source, match, len(draft), _accepted(draft, seq, n_new))
+            self._last = ("none", 0, [])
         new = seq[len(seq) - n_new:]
         hit = bool(self._sa_draft) and self._sa_draft[0] == new[0]
         self._sa_failures = 0 if hit else self._sa_failures + 1
@@ -499,23 +625,28 @@ class HybridDrafter:
 
 def make_drafter(kind: str, *, draft_model: torch.nn.Module | None = None, k: int = 8,
                  draft_k: int | None = None, threshold: int = DEFAULT_THRESHOLD,
-                 stop_below: float = 0.0, per_match: float = 0.0, patience: int = 0) -> Drafter:
+                 stop_below: float = 0.0, per_match: float = 0.0, patience: int = 0,
+                 gate: bool = False) -> Drafter:
     """A drafter by name (one of :data:`DRAFTERS`). ``k``: SA draft tokens
     (at most ``per_match`` per matched token when > 0); ``draft_k``: small-LM
     draft tokens (default ``k``), ``stop_below``: its confidence stop;
-    ``threshold``, ``patience``: the hybrid's rule (see :class:`HybridDrafter`)."""
+    ``threshold``, ``patience``: the hybrid's rule (see :class:`HybridDrafter`).
+    ``gate``: draft only where it pays, at the length that pays most, under
+    costs timed while it runs (a fresh :class:`~saspec.select.CostGate`;
+    ``per_match``, ``threshold`` and ``patience`` are then unused)."""
     if kind not in DRAFTERS:
         raise ValueError(f"unknown drafter {kind!r}; choose from {', '.join(DRAFTERS)}")
     if kind in ("draft", "hybrid") and draft_model is None:
         raise ValueError(f"drafter {kind!r} needs a draft model")
+    cost_gate = CostGate(max(k, draft_k or k)) if gate else None
     if kind == "none":
         return NoDrafter()
     if kind == "sa":
-        return SADrafter(k, per_match=per_match)
-    lm = ModelDrafter(draft_model, draft_k or k, stop_below)
+        return SADrafter(k, per_match=per_match, gate=cost_gate)
     if kind == "draft":
-        return lm
-    return HybridDrafter(SADrafter(k, per_match=per_match), lm, threshold, patience)
+        return ModelDrafter(draft_model, draft_k or k, stop_below, gate=cost_gate)
+    return HybridDrafter(SADrafter(k, per_match=per_match), ModelDrafter(draft_model, draft_k or k, stop_below),
+                         threshold, patience, gate=cost_gate)
 
 
 # -- the loop --------------------------------------------------------------------
@@ -545,6 +676,7 @@ def speculative_generate(
     lm.reset()
     stats = GenStats(dtype=model_dtype(target))
     draft_lm = _draft_lm(drafter)
+    gate = getattr(drafter, "gate", None)
     draft_forwards0 = draft_lm.forwards if draft_lm else 0
     seq = list(prompt)
     t0 = time.perf_counter()
@@ -554,7 +686,10 @@ def speculative_generate(
             drafts, source = drafter.propose(seq)
             drafts = drafts[: max_new_tokens - (len(seq) - len(prompt)) - 1]  # never verify past the limit
             feed = seq[lm.cached:] + drafts
+            t_fwd = time.perf_counter()
             picks = torch.argmax(lm.forward(feed, keep=len(drafts) + 1), dim=-1).tolist()  # [len(drafts)+1]
+            if gate is not None and stats.target_forwards > 0:  # the prefill is no verify
+                gate.observe_forward(len(feed), time.perf_counter() - t_fwd)
             n = 0
             while n < len(drafts) and drafts[n] == picks[n]:
                 n += 1

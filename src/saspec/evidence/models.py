@@ -427,8 +427,10 @@ def status(family_name: str | None = None) -> list[dict[str, Any]]:
 # -- load ----------------------------------------------------------------------
 
 
-def load(spec: ModelSpec, dtype: str = "bfloat16") -> tuple[Any, Any]:
+def load(spec: ModelSpec, dtype: str = "bfloat16", fast_verify: bool = True) -> tuple[Any, Any]:
     """(model, tokenizer) from the converted cache, in eval mode, offline.
+    ``fast_verify``: route float32 linear layers through the faster product
+    for verify-sized inputs (``generate.fast_small_linears``).
 
     Raises ``FileNotFoundError`` naming the install command when the model is
     not converted yet.
@@ -442,5 +444,9 @@ def load(spec: ModelSpec, dtype: str = "bfloat16") -> tuple[Any, Any]:
     path = str(converted_dir(spec))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True)
     model.eval()
+    if fast_verify:
+        from .generate import fast_small_linears
+
+        fast_small_linears(model)
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model, tok

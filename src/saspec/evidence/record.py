@@ -245,6 +245,7 @@ def _load_models(args: argparse.Namespace):
     from transformers import AutoModelForCausalLM
 
     from . import models
+    from .generate import fast_small_linears
 
     dtype = getattr(torch, args.dtype)
     tspec, dspec = models.family(args.family)
@@ -252,6 +253,7 @@ def _load_models(args: argparse.Namespace):
     for d, spec in ((args.target_dir, tspec), (args.draft_dir, dspec)):
         if d is not None:
             m = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, local_files_only=True).eval()
+            fast_small_linears(m)
             loaded.append((m, Path(d).name, None))
         else:
             m, tok = models.load(spec, args.dtype)

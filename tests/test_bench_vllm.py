@@ -37,5 +37,9 @@ def test_targets_compare_each_saspec_method_with_the_best_ngram_row():
         "acceptance length 12.50 vs 10.00: met",
         "- 0.5b free-form: saspec-long / plain = 0.95x tok/s (target >= 0.97x): MISSED",
     ]
+    multi = [run("ngram", "multi-turn-edit", 100, 10.0, 70, 20), run("saspec-long", "multi-turn-edit", 100, 8.0, 92, 8)]
+    assert bv.target_checks(bv.summarize(multi)) == [
+        "- 0.5b multi-turn code edits: saspec-long / ngram = 1.25x tok/s (decode 1.29x; target >= 1.15x), mean "
+        "acceptance length 12.50 vs 4.50: met"]
     report = bv.format_report({"date": "d", "k": 8, "long_k": 32, "cpus": 2, "cpu": "x", "argv": []}, runs)
     assert "K = 8 (*-long: 32)" in report and "| 0.5b | code-edit | saspec-long | 1 | 100 | 16.67 |" in report

@@ -278,6 +278,25 @@ def test_code_edits_workload(tok):
         assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
 
 
+def test_multiturn_edits_workload(tok):
+    w = W.build_workload("multiturn-edits", tok, 6, seed=0)
+    assert len(w) == 6 and w.name == "multiturn-edits" and w.meta["turns"] == 2
+    assert same_traces(w, W.build_multiturn_edits(tok, 6, seed=0))
+    assert_valid(w)
+    for t in w:
+        assert len(t.meta["edits"]) == 2
+        prompt = tok.decode(t.prompt)
+        assert prompt.count("<|im_start|>user\n") == 2 and prompt.count("<|im_start|>assistant\n") == 2
+        # the assistant's first reply is the code after the first edit; the output edits that code again
+        first = prompt.split("<|im_start|>assistant\n```python\n", 1)[1].split("```<|im_end|>", 1)[0]
+        ast.parse(first)
+        out = tok.decode(t.output)
+        ast.parse(out)
+        assert out != first and first not in tok.decode(t.prompt).split("<|im_start|>assistant\n")[0]
+    with pytest.raises(ValueError, match="turns"):
+        W.build_code_edits(tok, 1, turns=0)
+
+
 # --------------------------------------------------------------------------
 # HumanEval
 # --------------------------------------------------------------------------

@@ -250,12 +250,15 @@ ALL_METHODS = ("hf-plain", "hf-assisted", "hf-lookup", "none", "draft", "sa", "h
 BENCH_METHODS = ("hf-plain", "hf-assisted", "hf-lookup", "draft", "sa", "hybrid")
 
 
-def bench_prompts(tok, n_code: int, n_free: int, seed: int) -> list[dict[str, Any]]:
+def bench_prompts(tok, n_code: int, n_free: int, seed: int, n_multi: int = 0) -> list[dict[str, Any]]:
     """The bench's prompts: ``{"id", "kind", "prompt_ids", "meta"}``.
 
     Code edits are the simulator's workloads (stdlib function/module edits
     and HumanEval rewrites, Qwen chat format) restricted to references of
-    150-400 tokens; free-form prompts are fixed questions in the chat format.
+    150-400 tokens; free-form prompts are fixed questions in the chat format;
+    ``n_multi`` multi-turn edits (kind ``multi-turn-edit``) are stdlib edits
+    asked in a second user turn after the assistant's reply to a first
+    (``workloads.build_multiturn_edits``), references of 150-400 tokens.
     """
     from . import workloads as wl
 
@@ -272,6 +275,12 @@ def bench_prompts(tok, n_code: int, n_free: int, seed: int) -> list[dict[str, An
         picks = [t for t in w.traces if 150 <= t.output.size <= 400][:n_he]
         out += [{"id": f"{t.meta['source']}:{t.meta['edit']}", "kind": "code-edit", "prompt_ids": t.prompt.tolist(),
                  "meta": {**t.meta, "reference_tokens": int(t.output.size)}} for t in picks]
+    if n_multi:
+        w = wl.build_multiturn_edits(tok, 8 * n_multi, seed, min_tokens=150, max_tokens=400)
+        picks = [t for t in w.traces if 150 <= t.output.size <= 400][:n_multi]
+        out += [{"id": f"multiturn:{t.meta['source'].split(':', 1)[1]}:{t.meta['edit']}", "kind": "multi-turn-edit",
+                 "prompt_ids": t.prompt.tolist(), "meta": {**t.meta, "reference_tokens": int(t.output.size)}}
+                for t in picks]
     for i, q in enumerate(FREE_FORM_PROMPTS[:n_free]):
         out.append({"id": f"free-{i}", "kind": "free-form", "prompt_ids": tok.encode(wl.chat_prompt([("user", q)])),
                     "meta": {"question": q}})

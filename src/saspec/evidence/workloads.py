@@ -235,6 +235,7 @@ def build_code_edits(
     max_tokens: int = 3000,
     combo_prob: float = 0.3,
     kinds: Sequence[str] = CODE_EDIT_KINDS,
+    turns: int = 1,
 ) -> Workload:
     """``n`` agent-style edit tasks on CPython standard-library code.
 
@@ -244,7 +245,15 @@ def build_code_edits(
     probability ``combo_prob``, two.  Units whose tokenized original or edited
     code falls outside ``[min_tokens, max_tokens]`` are skipped.
     ``meta``: ``source``, ``unit``, ``edit`` (kinds joined by ``+``), ``edits``.
+
+    ``turns`` > 1 makes each task a conversation of that many edits, one per
+    user turn: every earlier turn is answered by the assistant with the whole
+    code after its edit, and the output is the code after the last one. The
+    text then holds several versions of the code that share most of their
+    short n-grams, as in an agent's repeated rewrites of one file.
     """
+    if turns < 1:
+        raise ValueError(f"turns must be >= 1, got {turns}")
     root = stdlib_root or sysconfig.get_paths()["stdlib"]
     files = list(stdlib_python_files(root))
     random.Random(seed).shuffle(files)
@@ -255,23 +264,29 @@ def build_code_edits(
             if len(traces) >= n:
                 break
             trace = _code_edit_trace(tokenizer, root, rel, random.Random(f"{seed}:{round_}:{rel}"),
-                                     min_tokens, max_tokens, combo_prob, kinds)
+                                     min_tokens, max_tokens, combo_prob, kinds, turns)
             if trace is not None:
                 traces.append(trace)
                 added += 1
         if len(traces) >= n or added == 0:
             break
-    return Workload("code-edits", traces, {"builder": "code-edits", "seed": seed, "n": n,
-                                           "tokenizer": tokenizer.name, "stdlib": root})
+    name = "code-edits" if turns == 1 else "multiturn-edits"
+    return Workload(name, traces, {"builder": name, "seed": seed, "n": n, "tokenizer": tokenizer.name,
+                                   "stdlib": root, **({"turns": turns} if turns > 1 else {})})
+
+
+def build_multiturn_edits(tokenizer: Tokenizer, n: int, seed: int = 0, turns: int = 2, **kw: Any) -> Workload:
+    """:func:`build_code_edits` as conversations of ``turns`` edits (one per user turn)."""
+    return build_code_edits(tokenizer, n, seed, turns=turns, **kw)
 
 
 def _code_edit_trace(tok: Tokenizer, root: str, rel: str, rng: random.Random, min_tokens: int,
-                     max_tokens: int, combo_prob: float, kinds: Sequence[str]) -> Trace | None:
+                     max_tokens: int, combo_prob: float, kinds: Sequence[str], turns: int = 1) -> Trace | None:
     """One edit task for the file ``rel``, or None if nothing fits."""
     parsed = _read_python(os.path.join(root, rel))
     if parsed is None:
         return None
-    n_edits = 2 if rng.random() < combo_prob else 1
+    n_edits = turns if turns > 1 else 2 if rng.random() < combo_prob else 1
     order = rng.sample(list(kinds), len(kinds))
     for tries, (unit, code) in enumerate(_code_units(*parsed, rng)):
         if tries >= 4:
@@ -280,13 +295,21 @@ def _code_edit_trace(tok: Tokenizer, root: str, rel: str, rng: random.Random, mi
         if not min_tokens <= n_code <= max_tokens:
             continue
         edits = _edit_unit(code, order, rng, n_edits)
-        if not edits:
+        if not edits or (turns > 1 and len(edits) < turns):
             continue
         output = tok.encode(edits[-1].source)
         if not min_tokens <= len(output) <= max_tokens * 1.25:
             continue
         where = rel.replace(os.sep, "/")
-        prompt = chat_prompt([("user", _edit_request([e.instruction for e in edits], code, where))])
+        if turns == 1:
+            messages = [("user", _edit_request([e.instruction for e in edits], code, where))]
+        else:
+            messages = [("user", _edit_request([edits[0].instruction], code, where))]
+            for prev, edit in zip(edits, edits[1:]):
+                messages += [("assistant", f"```python\n{prev.source}```"),
+                             ("user", f"{edit.instruction}\n\nReply with the complete updated code only, "
+                                      "without explanations.")]
+        prompt = chat_prompt(messages)
         meta = {"source": f"stdlib:{where}", "unit": unit, "edit": "+".join(e.kind for e in edits),
                 "edits": [e.kind for e in edits]}
         return Trace(np.asarray(tok.encode(prompt), np.int32), np.asarray(output, np.int32), meta)
@@ -623,6 +646,7 @@ def load_traces(path: str | Path, name: str | None = None, vocab_size: int | Non
 
 BUILTIN_WORKLOADS: dict[str, Callable[..., Workload]] = {
     "code-edits": build_code_edits,
+    "multiturn-edits": build_multiturn_edits,
     "humaneval": build_humaneval,
     "humaneval-edit": build_humaneval_edit,
     "chat": build_sharegpt,

@@ -35,6 +35,7 @@ entries. Two sources:
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -338,6 +339,9 @@ def add_arguments(p) -> None:
                    help="tokens per row to time (default: 1..33 at batch 1; 1,2,3,5,9,17,33 at larger batches)")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed forwards per point at batch 1 (best kept)")
     p.add_argument("--name", default=None, help="the profile's name in tables (default: cpu (measured, MODELS))")
+    p.add_argument("--fast-verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="time the float32 linears as the loop runs them (generate.fast_small_linears); "
+                        "--no-fast-verify: torch's own F.linear")
 
 
 def main(args) -> int:
@@ -359,7 +363,7 @@ def main(args) -> int:
     tokens = {b: list(args.tokens) for b in args.batches} if args.tokens else None
     prof = calibrate(target, draft, name=name, batches=tuple(args.batches), context=args.context, tokens=tokens,
                      repeats=args.repeats, notes={"target": tname, "draft": dname, "dtype": args.dtype,
-                                                  "threads": threads},
+                                                  "threads": threads, "fast_verify": args.fast_verify},
                      log=lambda msg: print(msg, file=__import__("sys").stderr))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     prof.save(args.out)

@@ -248,15 +248,17 @@ def _load_models(args: argparse.Namespace):
     from .generate import fast_small_linears
 
     dtype = getattr(torch, args.dtype)
+    fast = getattr(args, "fast_verify", True)
     tspec, dspec = models.family(args.family)
     loaded = []
     for d, spec in ((args.target_dir, tspec), (args.draft_dir, dspec)):
         if d is not None:
             m = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, local_files_only=True).eval()
-            fast_small_linears(m)
+            if fast:
+                fast_small_linears(m)
             loaded.append((m, Path(d).name, None))
         else:
-            m, tok = models.load(spec, args.dtype)
+            m, tok = models.load(spec, args.dtype, fast_verify=fast)
             loaded.append((m, spec.name, tok))
     (target, tname, ttok), (draft, dname, _) = loaded
     return target, draft, tname, dname, ttok

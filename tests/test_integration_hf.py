@@ -130,7 +130,7 @@ def test_fewer_target_forwards_on_repetitive_prompt(models, arch):
         with Forwards(target) as f_plain:
             expected = plain(target, prompt, max_new_tokens=60)
         with Forwards(target) as f_sa:
-            out = spec(target, prompt, max_new_tokens=60)
+            out = spec(target, prompt, max_new_tokens=60, saspec_gate=False)
         assert torch.equal(out, expected)
         assert f_plain.n == 60
         assert f_sa.n <= most, (prompt_name, f_sa.n)
@@ -148,7 +148,7 @@ def test_hybrid_uses_both_drafters(models):
     with Forwards(target) as t_hf, Forwards(draft) as d_hf:
         assert torch.equal(plain(target, prompt, max_new_tokens=60, assistant_model=draft), expected)
     with Forwards(target) as t_hy, Forwards(draft) as d_hy:
-        assert torch.equal(spec(target, prompt, max_new_tokens=60, assistant_model=draft), expected)
+        assert torch.equal(spec(target, prompt, max_new_tokens=60, assistant_model=draft, saspec_gate=False), expected)
     assert d_hy.n > 0  # the assistant given as `assistant_model=` drafted (before the loop repeats)...
     assert d_hy.n < d_hf.n  # ...but not where the automaton's match was long
     assert t_hy.n < 60
@@ -158,7 +158,7 @@ def test_hybrid_uses_both_drafters(models):
     with Forwards(target) as t_hf, Forwards(draft) as d_hf:
         ref = plain(target, prompt, max_new_tokens=40, assistant_model=draft)
     with Forwards(target) as t_hy, Forwards(draft) as d_hy:
-        assert torch.equal(spec(target, prompt, max_new_tokens=40, assistant_model=draft), ref)
+        assert torch.equal(spec(target, prompt, max_new_tokens=40, assistant_model=draft, saspec_gate=False), ref)
     assert (t_hy.n, d_hy.n) == (t_hf.n, d_hf.n)
 
 
@@ -316,13 +316,40 @@ def test_length_options_reach_the_loop(models):
     prompt = PROMPTS["loop"][1]
     expected = plain(target, prompt, max_new_tokens=40)
     with Forwards(target) as f_fixed:
-        assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_length_rule="fixed"), expected)
+        assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_length_rule="fixed", saspec_gate=False),
+                           expected)
     with Forwards(target) as f_short:
         assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_length_rule="per-match-recent",
-                                saspec_length_scale=0.01), expected)
+                                saspec_length_scale=0.01, saspec_gate=False), expected)
     assert f_fixed.n <= 5 and f_short.n > f_fixed.n  # scale 0.01: 1 draft token per step while matches are short
     with pytest.raises(ValueError, match="scale"):
         spec(target, prompt, max_new_tokens=5, saspec_length_scale=-1.0)
+
+
+def test_gate_drafts_only_where_it_pays(models):
+    from saspec.select import CostGate
+
+    target, draft = models["qwen2", "cycle"], models["qwen2", "draft-cycle"]
+    prompt = PROMPTS["loop"][1]
+    expected = plain(target, prompt, max_new_tokens=40)
+    steep = np.arange(1.0, 10.0)  # every verified token costs a forward: no draft pays
+    for kw in ({}, {"assistant_model": draft}):
+        with Forwards(target) as f, Forwards(draft) as d:
+            out = spec(target, prompt, max_new_tokens=40, saspec_gate=CostGate(8, verify_cost=steep, draft_cost=0.3),
+                       **kw)
+        # plain decoding; transformers' assistant drafts one token at its first call, which must see the prompt
+        assert torch.equal(out, expected) and f.n >= 39 and d.n <= 1, kw
+    flat = 1.0 + 0.01 * np.arange(9)  # verifying is nearly free: the long match is drafted in full
+    with Forwards(target) as f:
+        out = spec(target, prompt, max_new_tokens=40, saspec_gate=CostGate(8, verify_cost=flat, draft_cost=0.3))
+    assert torch.equal(out, expected) and f.n <= 6
+    with Forwards(target) as f:  # the default gate times the steps itself
+        assert torch.equal(spec(target, prompt, max_new_tokens=40), expected)
+    assert f.n < 40
+    with pytest.raises(ValueError, match="saspec_gate"):
+        spec(target, prompt, max_new_tokens=5, saspec_gate="yes")
+    with pytest.raises(ValueError, match="k_max"):
+        spec(target, prompt, max_new_tokens=5, saspec_gate=CostGate(2))
 
 
 def test_version_pin():

@@ -30,6 +30,17 @@ Options (keyword arguments of ``model.generate``):
   (``saspec.select.draft_length``: ``per-match`` drafts ``ceil(scale * m)``,
   ``fixed`` always ``saspec_k``). A short match rarely continues far, and
   every drafted token costs verification.
+* ``saspec_gate`` (bool or a fresh :class:`saspec.select.CostGate` with
+  ``k_max >= saspec_k``, default True): draft only where a draft is expected
+  to pay for its verification (:class:`saspec.select.CostGate`): the steps
+  are timed as they run (a step that verifies n tokens, against a plain
+  step), acceptance is learnt per sequence, and each step takes the
+  automaton's draft (at the length that pays most), the assistant's, or
+  none. Where verifying several tokens costs about one forward (a GPU, or
+  fp32 linears routed like ``saspec.evidence.generate.fast_small_linears``)
+  it drafts nearly always; where each verified token costs a forward it
+  decodes plainly. The length rule and the threshold then only apply with
+  ``saspec_gate=False``.
 
 What the loop guarantees:
 
@@ -71,12 +82,13 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..engine import SpecEngine
-from ..select import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_length
+from ..select import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, CostGate, check_length_rule, draft_length
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -135,6 +147,11 @@ class SACandidateGenerator:
         length_rule, length_scale: the draft-length rule
             (``saspec.select.draft_length``; ``per-match-recent`` uses the
             automaton's accepted tokens at its previous step).
+        gate: a :class:`~saspec.select.CostGate` (``k_max >= k``) that
+            chooses each step's source and length instead of ``threshold``
+            and the length rule, or None. It is told each step's time (from
+            ``get_candidates`` returning to ``update_candidate_strategy``:
+            the verify forward) and outcome.
 
     ``stats`` counts steps, drafted and accepted tokens per draft source
     (``"sa"``, ``"assistant"``, ``"none"``).
@@ -154,10 +171,13 @@ class SACandidateGenerator:
         fallback: Any = None,
         length_rule: str = DEFAULT_LENGTH_RULE,
         length_scale: float = DEFAULT_LENGTH_SCALE,
+        gate: CostGate | None = None,
     ) -> None:
         rule = check_length_rule(length_rule, length_scale)
         if k < 1:
             raise ValueError(f"saspec_k must be >= 1, got {k}")
+        if gate is not None and gate.k_max < k:
+            raise ValueError(f"the gate's k_max ({gate.k_max}) must be >= saspec_k ({k})")
         if threshold < 1:
             raise ValueError(f"saspec_threshold must be >= 1, got {threshold}")
         self.engine, self.k, self.threshold = engine, int(k), int(threshold)
@@ -166,6 +186,10 @@ class SACandidateGenerator:
         self.fallback = fallback
         self._rule, self.length_scale = rule, float(length_scale)
         self._last_sa = -1  # draft tokens accepted at the last automaton step; -1 when the last step was not one
+        self.gate = gate
+        self._fallback_started = False
+        self._step_t0 = 0.0
+        self._step_match = 0
         self._rid = object()
         engine.add_request(self._rid, input_ids[0].cpu().numpy().astype(np.int64))
         engine.prepare([self._rid])
@@ -180,9 +204,10 @@ class SACandidateGenerator:
             s: {"steps": 0, "drafted": 0, "accepted": 0} for s in ("sa", "assistant", "none")
         }
 
-    def lookup(self, input_ids: torch.Tensor) -> tuple[int, list[int]]:
+    def lookup(self, input_ids: torch.Tensor, capped: bool = True) -> tuple[int, list[int]]:
         """Feed the tokens of ``input_ids`` [1, L] the automaton has not seen;
-        return (match length in tokens, up to ``k`` draft tokens)."""
+        return (match length in tokens, up to ``k`` draft tokens, cut by the
+        length rule unless ``capped`` is False)."""
         new = input_ids[0, self._fed:].tolist()
         while True:  # at most K+1 tokens per extend call
             chunk, new = new[: self.k + 1], new[self.k + 1:]
@@ -195,7 +220,8 @@ class SACandidateGenerator:
         d = self._draft[0]
         n = int(np.argmax(d < 0)) if (d < 0).any() else self.k
         m = int(self._match[0])
-        n = min(n, draft_length(m, self.k, self._rule, self.length_scale, self._last_sa))
+        if capped:
+            n = min(n, draft_length(m, self.k, self._rule, self.length_scale, self._last_sa))
         return m, d[:n].tolist()
 
     def get_candidates(self, input_ids: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -203,26 +229,49 @@ class SACandidateGenerator:
         [1, L + n] int64; draft logits [1, n, vocab] float from the fallback, or None)."""
         import torch
 
-        match, draft = self.lookup(input_ids)
+        match, draft = self.lookup(input_ids, capped=self.gate is None)
         room = self.max_length - int(input_ids.shape[1]) - 1  # the target adds one token of its own
         for i, t in enumerate(draft):
             if t in self.eos:
                 draft = draft[: i + 1]
                 break
         draft = draft[: max(room, 0)]
-        if draft and match >= self.threshold:
+        use_sa, use_fallback = bool(draft) and match >= self.threshold, self.fallback is not None and room > 0
+        if self.gate is not None:
+            if use_fallback and not self._fallback_started:
+                source, n = "draft", 1  # transformers' assistant must see the prompt alone at its first call
+            else:
+                source, n = self.gate.choose(match, len(draft), self.k if use_fallback else 0)
+            draft = draft[:n]
+            use_sa, use_fallback = source == "sa", source == "draft"
+            if use_fallback and hasattr(self.fallback, "num_assistant_tokens"):
+                self.fallback.num_assistant_tokens = n  # the gate's length (transformers' schedule adapts it after)
+        self._step_match = match
+        if use_sa:
             self._source, self._drafted = "sa", len(draft)
             tail = torch.tensor([draft], dtype=input_ids.dtype, device=input_ids.device)
-            return torch.cat([input_ids, tail], dim=1), None
-        if self.fallback is not None and room > 0:
+            out = torch.cat([input_ids, tail], dim=1), None
+        elif use_fallback:
+            self._fallback_started = True
+            t0 = time.perf_counter()
             ids, logits = self.fallback.get_candidates(input_ids, **kwargs)
             self._source, self._drafted = "assistant", int(ids.shape[1] - input_ids.shape[1])
-            return ids, logits
-        self._source, self._drafted = "none", 0
-        return input_ids, None
+            if self.gate is not None and self._drafted:
+                self.gate.observe_draft_forward((time.perf_counter() - t0) / self._drafted)
+            out = ids, logits
+        else:
+            self._source, self._drafted = "none", 0
+            out = input_ids, None
+        self._step_t0 = time.perf_counter()
+        return out
 
     def update_candidate_strategy(self, input_ids: torch.Tensor, scores: torch.Tensor, num_matches: int) -> None:
         """Record the step's outcome; the fallback adapts after its own steps."""
+        if self.gate is not None:
+            self.gate.observe_forward(1 + self._drafted, time.perf_counter() - self._step_t0)
+            if self._drafted:
+                source = "sa" if self._source == "sa" else "draft"
+                self.gate.observe(source, self._step_match, self._drafted, min(int(num_matches), self._drafted))
         st = self.stats[self._source]
         st["steps"] += 1
         st["drafted"] += self._drafted
@@ -301,6 +350,7 @@ def generate(
     saspec_threshold: int | None = None,
     saspec_length_rule: str = DEFAULT_LENGTH_RULE,
     saspec_length_scale: float = DEFAULT_LENGTH_SCALE,
+    saspec_gate: bool | CostGate = True,
     **model_kwargs: Any,
 ) -> Any:
     """Speculative ``generate`` with suffix-automaton drafts (see the module doc).
@@ -354,9 +404,15 @@ def generate(
 
     def candidate_generator(**kwargs: Any) -> SACandidateGenerator:
         fallback = original(**kwargs) if kwargs.get("assistant_model") is not None else None
+        if isinstance(saspec_gate, CostGate):
+            gate = saspec_gate
+        elif isinstance(saspec_gate, bool):
+            gate = CostGate(max(int(saspec_k), 1)) if saspec_gate else None
+        else:
+            raise ValueError(f"saspec_gate must be a bool or a saspec.select.CostGate, got {type(saspec_gate).__name__}")
         gen = SACandidateGenerator(kwargs["input_ids"], engine=SpecEngine(), k=saspec_k, threshold=threshold,
                                    max_length=generation_config.max_length, eos_token_ids=eos_ids, fallback=fallback,
-                                   length_rule=saspec_length_rule, length_scale=saspec_length_scale)
+                                   length_rule=saspec_length_rule, length_scale=saspec_length_scale, gate=gate)
         made.append(gen)
         return gen
 

@@ -429,3 +429,18 @@ def test_fast_small_linears_keeps_values_and_plain_decoding():
     assert fast_small_linears(tiny_model(12).to(torch.bfloat16)) == 0
     with pytest.raises(ValueError, match="max_rows"):
         fast_small_linears(model, 1)
+
+
+def test_gate_probes_the_verify_cost_before_starting_the_draft_model(models):
+    target_name, prompt = PROMPTS["count"]
+    gate = CostGate(8)
+    drafter = ModelDrafter(models[DRAFT_FOR[target_name]], 8, gate=gate)
+    drafter.begin(prompt)
+    seq = list(prompt)
+    assert drafter.propose(seq) == ([], "none")  # no unit of cost yet: a plain step
+    gate.observe_forward(1, 0.3)
+    assert drafter.propose(seq) == (seq[-1:], "none")  # a free one-token guess, to time a 2-token verify
+    gate.observe_forward(2, 0.6)  # each verified token costs a forward
+    assert drafter.propose(seq) == ([], "none")
+    assert drafter.lm.forwards == 0  # the draft model never had to read the prompt
+    drafter.end()

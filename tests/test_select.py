@@ -120,9 +120,12 @@ def test_gate_asks_for_a_plain_step_until_it_has_a_unit_of_cost():
     g.observe_forward(40, 5.0)  # larger than any verify: ignored
     assert not g.timed
     g.observe_forward(1, 0.3)
-    assert g.timed
+    assert g.timed and not g.probed
+    assert g.choose(20, 8, 8) == ("probe", 1)  # one cheap token first: what does a multi-token verify cost?
+    g.observe_forward(2, 0.33)
+    assert g.probed
     source, n = g.choose(20, 8, 8)
-    assert source == "sa" and n == 8  # a long match, verify assumed cheap until measured
+    assert source == "sa" and n == 8  # a long match, and verifying more tokens looks cheap
 
 
 def test_gate_learns_costs_and_stops_drafting_where_verify_is_dear():

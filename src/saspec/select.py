@@ -439,7 +439,11 @@ class CostGate:
       edits run much higher), ``model_prior`` for the draft model.
 
     Until a 1-token forward has been timed, ``choose`` asks for one plain
-    step (nothing else gives the unit of cost).
+    step (nothing else gives the unit of cost). Then, until a multi-token
+    forward has been timed, it asks for a *probe*: ``("probe", 1)``, a
+    one-token draft of whatever costs nothing (the SA's first draft token,
+    else any guess), so that the verify cost is known before a dear draft
+    (the draft model's first call feeds it the whole prompt) is started.
 
     Args:
         k_max: the most draft tokens of any source (>= 1).
@@ -504,6 +508,11 @@ class CostGate:
         """Whether the unit of cost (a 1-token forward) is known."""
         return self._fixed or self._t[0] > 0
 
+    @property
+    def probed(self) -> bool:
+        """Whether a multi-token forward has been timed (or the costs are fixed)."""
+        return self._fixed or bool(np.any(self._t[1:] > 0))
+
     def verify_cost(self) -> np.ndarray:
         """float64 [k_max + 1]: the cost of verifying d drafts (a forward over
         d + 1 tokens), units of a 1-token forward, as currently estimated."""
@@ -564,9 +573,12 @@ class CostGate:
         """``(source, length)`` for this step: "sa" with up to ``sa_len``
         tokens (what the automaton offers at a match of ``match``), "draft"
         with up to ``model_k`` draft-model tokens (0: no draft model), or
-        ``("none", 0)`` where no draft is expected to beat a plain step."""
+        ``("none", 0)`` where no draft is expected to beat a plain step, or
+        ``("probe", 1)`` (see the class doc)."""
         if not self.timed:
             return "none", 0
+        if not self.probed:
+            return "probe", 1
         vc = self.verify_cost()
         best = ("none", 0, 1.0)
         if sa_len > 0 and match > 0:

@@ -397,6 +397,8 @@ class ModelDrafter:
         if self.gate is None:
             return self.draft(seq, self.k), "draft"
         source, n = self.gate.choose(0, 0, self.k)
+        if source == "probe":
+            return seq[-1:], "none"  # a guess: only the verify's cost is wanted
         self._last = self.draft(seq, n, self.gate) if source == "draft" else []
         return (self._last, "draft") if self._last else ([], "none")
 
@@ -533,7 +535,9 @@ class SADrafter:
         if self.gate is not None:
             match, draft = self.lookup(capped=False)
             source, n = self.gate.choose(match, len(draft))
-            self._last = draft[:n] if source == "sa" else []
+            if source == "probe" and not draft:
+                return seq[-1:], "none"  # a guess: only the verify's cost is wanted
+            self._last = draft[:n] if source in ("sa", "probe") else []
             return (self._last, "sa") if self._last else ([], "none")
         match, draft = self.lookup()
         if match == 0 or not draft:
@@ -597,6 +601,10 @@ class HybridDrafter:
         if self.gate is not None:
             match, draft = self.sa.lookup(capped=False)
             source, n = self.gate.choose(match, len(draft), self.model.k)
+            if source == "probe":
+                if not draft:
+                    return seq[-1:], "none"  # a guess: only the verify's cost is wanted
+                source = "sa"
             if source == "draft":
                 draft = self.model.draft(seq, n, self.gate)
             self._last = (source, match, draft[:n] if source != "none" else [])

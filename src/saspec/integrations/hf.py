@@ -242,6 +242,9 @@ class SACandidateGenerator:
                 source, n = "draft", 1  # transformers' assistant must see the prompt alone at its first call
             else:
                 source, n = self.gate.choose(match, len(draft), self.k if use_fallback else 0)
+            if source == "probe":  # one token, to time a multi-token verify: the automaton's, else a guess
+                draft = draft[:1] or input_ids[0, -1:].tolist()
+                source = "sa"
             draft = draft[:n]
             use_sa, use_fallback = source == "sa", source == "draft"
             if use_fallback and hasattr(self.fallback, "num_assistant_tokens"):

@@ -262,25 +262,26 @@ def bench_prompts(tok, n_code: int, n_free: int, seed: int, n_multi: int = 0) ->
     """
     from . import workloads as wl
 
+    def picked(w: Any, n: int, kind: str, name: Any) -> list[dict[str, Any]]:
+        """The first ``n`` traces of ``w`` with a 150-400 token reference, as prompts."""
+        picks = [t for t in w.traces if 150 <= t.output.size <= 400][:n]
+        return [{"id": name(t), "kind": kind, "prompt_ids": t.prompt.tolist(),
+                 "meta": {**t.meta, "reference_tokens": int(t.output.size)}} for t in picks]
+
+    def stdlib_name(t: Any) -> str:
+        return f"{t.meta['source'].split(':', 1)[1]}:{t.meta['edit']}"
+
     out: list[dict[str, Any]] = []
     n_std, n_he = (n_code + 1) // 2, n_code // 2
     if n_std:
-        w = wl.build_code_edits(tok, 8 * n_std, seed, min_tokens=150, max_tokens=400)
-        picks = [t for t in w.traces if 150 <= t.output.size <= 400][:n_std]
-        out += [{"id": f"stdlib:{t.meta['source'].split(':', 1)[1]}:{t.meta['edit']}", "kind": "code-edit",
-                 "prompt_ids": t.prompt.tolist(), "meta": {**t.meta, "reference_tokens": int(t.output.size)}}
-                for t in picks]
+        out += picked(wl.build_code_edits(tok, 8 * n_std, seed, min_tokens=150, max_tokens=400), n_std, "code-edit",
+                      lambda t: "stdlib:" + stdlib_name(t))
     if n_he:
-        w = wl.build_humaneval_edit(tok, 40, seed)
-        picks = [t for t in w.traces if 150 <= t.output.size <= 400][:n_he]
-        out += [{"id": f"{t.meta['source']}:{t.meta['edit']}", "kind": "code-edit", "prompt_ids": t.prompt.tolist(),
-                 "meta": {**t.meta, "reference_tokens": int(t.output.size)}} for t in picks]
+        out += picked(wl.build_humaneval_edit(tok, 40, seed), n_he, "code-edit",
+                      lambda t: f"{t.meta['source']}:{t.meta['edit']}")
     if n_multi:
-        w = wl.build_multiturn_edits(tok, 8 * n_multi, seed, min_tokens=150, max_tokens=400)
-        picks = [t for t in w.traces if 150 <= t.output.size <= 400][:n_multi]
-        out += [{"id": f"multiturn:{t.meta['source'].split(':', 1)[1]}:{t.meta['edit']}", "kind": "multi-turn-edit",
-                 "prompt_ids": t.prompt.tolist(), "meta": {**t.meta, "reference_tokens": int(t.output.size)}}
-                for t in picks]
+        out += picked(wl.build_multiturn_edits(tok, 8 * n_multi, seed, min_tokens=150, max_tokens=400), n_multi,
+                      "multi-turn-edit", lambda t: "multiturn:" + stdlib_name(t))
     for i, q in enumerate(FREE_FORM_PROMPTS[:n_free]):
         out.append({"id": f"free-{i}", "kind": "free-form", "prompt_ids": tok.encode(wl.chat_prompt([("user", q)])),
                     "meta": {"question": q}})

@@ -346,6 +346,16 @@ def test_gate_drafts_only_where_it_pays(models):
     with Forwards(target) as f:  # the default gate times the steps itself
         assert torch.equal(spec(target, prompt, max_new_tokens=40), expected)
     assert f.n < 40
+
+    class Recording(CostGate):
+        def observe_forward(self, n_tokens, seconds):
+            timed.append(n_tokens)
+            super().observe_forward(n_tokens, seconds)
+
+    timed: list[int] = []
+    with Forwards(target) as f:
+        assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_gate=Recording(8)), expected)
+    assert len(timed) == f.n - 1  # every verify step is timed, the prefill is not
     with pytest.raises(ValueError, match="saspec_gate"):
         spec(target, prompt, max_new_tokens=5, saspec_gate="yes")
     with pytest.raises(ValueError, match="k_max"):

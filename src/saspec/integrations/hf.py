@@ -188,6 +188,7 @@ class SACandidateGenerator:
         self._last_sa = -1  # draft tokens accepted at the last automaton step; -1 when the last step was not one
         self.gate = gate
         self._fallback_started = False
+        self._prefilled = False
         self._step_t0 = 0.0
         self._step_match = 0
         self._rid = object()
@@ -271,7 +272,9 @@ class SACandidateGenerator:
     def update_candidate_strategy(self, input_ids: torch.Tensor, scores: torch.Tensor, num_matches: int) -> None:
         """Record the step's outcome; the fallback adapts after its own steps."""
         if self.gate is not None:
-            self.gate.observe_forward(1 + self._drafted, time.perf_counter() - self._step_t0)
+            if self._prefilled:  # the first step's forward is the prefill: no verify cost
+                self.gate.observe_forward(1 + self._drafted, time.perf_counter() - self._step_t0)
+            self._prefilled = True
             if self._drafted:
                 source = "sa" if self._source == "sa" else "draft"
                 self.gate.observe(source, self._step_match, self._drafted, min(int(num_matches), self._drafted))

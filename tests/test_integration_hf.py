@@ -401,3 +401,25 @@ def test_readme_example(models):
     scope = {"model": model, "draft": draft, "ids": ids_of(prompt)}
     exec(compile(code.replace("256", "24"), "README.md", "exec"), scope)
     assert torch.equal(scope["out"], plain(model, prompt, max_new_tokens=24))
+
+
+def test_fast_verify_is_scoped_to_the_call(models):
+    target = models["qwen2", "cycle"]
+    prompt = PROMPTS["loop"][1]
+    expected = plain(target, prompt, max_new_tokens=30)
+    linears = [m for m in target.modules() if isinstance(m, torch.nn.Linear)]
+    seen = []
+    orig = sahf._small_rows_forward
+
+    def spy(mod):
+        seen.append(mod)
+        return orig(mod)
+
+    sahf._small_rows_forward = spy
+    try:
+        assert torch.equal(spec(target, prompt, max_new_tokens=30), expected)
+    finally:
+        sahf._small_rows_forward = orig
+    assert len(seen) == len(linears)  # routed during the call...
+    assert all("forward" not in vars(m) and not hasattr(m, "_saspec_small_rows") for m in linears)  # ...and restored
+    assert torch.equal(spec(target, prompt, max_new_tokens=30, saspec_fast_verify=False), expected)

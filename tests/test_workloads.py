@@ -450,7 +450,7 @@ def test_jsonl_vocab_check(tmp_path):
 
 
 def test_registry(tok):
-    assert set(W.BUILTIN_WORKLOADS) == {"code-edits", "humaneval", "humaneval-edit", "chat"}
+    assert set(W.BUILTIN_WORKLOADS) == {"code-edits", "multiturn-edits", "humaneval", "humaneval-edit", "chat"}
     w = W.build_workload("humaneval", tok, 3, seed=0)
     assert len(w) == 3
     with pytest.raises(ValueError, match="unknown workload"):

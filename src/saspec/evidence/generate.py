@@ -54,6 +54,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import numpy as np
 import torch
 
+from ..integrations.hf import SMALL_ROWS, fast_small_linears  # noqa: F401  (re-exported for the loop's users)
 from ..select import DRAFT_LENGTH_RULES, CostGate, draft_length
 from .models import EOS_IDS
 from .simulate import DEFAULT_THRESHOLD
@@ -227,55 +228,6 @@ def _crop(cache: Any, keep: int) -> None:
         raise RuntimeError(f"cannot crop a cache of {cache.get_seq_length()} positions to {keep}")
     if remove:
         cache.crop(-remove)  # negative: tokens to remove (accepted by old and new transformers)
-
-
-# On this x86 CPU (AVX2, MKL), torch's fp32 ``F.linear`` over 2..~16 rows costs
-# about one 1-row product per row: a 1536 -> 8960 layer with 2 threads takes
-# 2.9 ms for 1 row, 5.8 for 2 and 8.4 for 4. The transposed product
-# ``W @ x.T`` takes 2.5 ms for 2 rows, 2.6 for 4 and 4.6 for 8 (BENCHMARKS.md,
-# "verify cost"). Verification forwards have exactly those sizes, so routing
-# them through it makes a verify of a few drafts cost about one plain
-# forward. bf16 has no such gap and is left alone.
-SMALL_ROWS = 32
-
-
-def fast_small_linears(model: torch.nn.Module, max_rows: int = SMALL_ROWS) -> int:
-    """Route ``model``'s float32 ``nn.Linear`` layers through ``(W @ x.T).T``
-    for inputs of 2..``max_rows`` rows (tokens x batch); 1 row (plain
-    decoding) and larger inputs (prefill) keep ``F.linear``, so plain greedy
-    decoding is bit-identical. Values differ from ``F.linear``'s only by
-    float rounding. Idempotent; returns the number of layers routed (0 for a
-    non-float32 model)."""
-    if max_rows < 2:
-        raise ValueError(f"max_rows must be >= 2, got {max_rows}")
-    n = 0
-    for mod in model.modules():
-        if not isinstance(mod, torch.nn.Linear) or mod.weight.dtype != torch.float32:
-            continue
-        if getattr(mod, "_saspec_small_rows", None) is None:
-            mod.forward = _small_rows_forward(mod)
-        mod._saspec_small_rows = max_rows
-        n += 1
-    return n
-
-
-def _small_rows_forward(mod: torch.nn.Linear):
-    linear = torch.nn.functional.linear
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if rows < 2 or rows > mod._saspec_small_rows:
-            return linear(x, mod.weight, mod.bias)
-        # MKL is fast for W @ (row-major x).T at 2, 4, 8, 16 and 32 rows (3 rows
-        # cost more than 4), so pad to a power of two; the result goes on
-        # row-major too, or the next layer gets the slow layout.
-        pad = 1 << (rows - 1).bit_length()
-        xs = x.new_zeros(pad, x.shape[-1])
-        xs[:rows] = x.reshape(rows, x.shape[-1])
-        y = (mod.weight @ xs.T).T[:rows].contiguous().reshape(*x.shape[:-1], mod.out_features)
-        return y if mod.bias is None else y + mod.bias
-
-    return forward
 
 
 class CausalLM:

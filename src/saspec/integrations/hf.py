@@ -37,10 +37,17 @@ Options (keyword arguments of ``model.generate``):
   step), acceptance is learnt per sequence, and each step takes the
   automaton's draft (at the length that pays most), the assistant's, or
   none. Where verifying several tokens costs about one forward (a GPU, or
-  fp32 linears routed like ``saspec.evidence.generate.fast_small_linears``)
+  fp32 linears routed by ``saspec_fast_verify``)
   it drafts nearly always; where each verified token costs a forward it
   decodes plainly. The length rule and the threshold then only apply with
   ``saspec_gate=False``.
+* ``saspec_fast_verify`` (bool, default True): for the duration of the
+  call, route the target's float32 ``nn.Linear`` layers through
+  :func:`fast_small_linears` (restored afterwards; layers already routed
+  stay so). On x86 CPUs torch's fp32 ``F.linear`` costs about one 1-row
+  product per row from 2 to ~16 rows, so verifying 1-3 drafts costs 2-3
+  plain forwards; routed, about 1.1. Plain (1-row) steps and the prefill are
+  unchanged. No effect on other dtypes.
 
 What the loop guarantees:
 
@@ -124,6 +131,59 @@ def check_transformers_version(version: str | None = None) -> None:
             f"the custom_generate call convention) and is tested with transformers {_range_text()}; "
             f"transformers {version} is installed. Install a version in that range."
         )
+
+
+# On this x86 CPU (AVX2, MKL), torch's fp32 ``F.linear`` over 2..~16 rows costs
+# about one 1-row product per row: a 1536 -> 8960 layer with 2 threads takes
+# 2.9 ms for 1 row, 5.8 for 2 and 8.4 for 4. The transposed product
+# ``W @ x.T`` takes 2.5 ms for 2 rows, 2.6 for 4 and 4.6 for 8 (BENCHMARKS.md,
+# "verify cost"). Verification forwards have exactly those sizes, so routing
+# them through it makes a verify of a few drafts cost about one plain
+# forward. bf16 has no such gap and is left alone.
+SMALL_ROWS = 32
+
+
+def fast_small_linears(model: Any, max_rows: int = SMALL_ROWS) -> int:
+    """Route ``model``'s float32 ``nn.Linear`` layers through ``(W @ x.T).T``
+    for inputs of 2..``max_rows`` rows (tokens x batch); 1 row (plain
+    decoding) and larger inputs (prefill) keep ``F.linear``, so plain greedy
+    decoding is bit-identical. Values differ from ``F.linear``'s only by
+    float rounding. Idempotent; returns the number of layers routed (0 for a
+    non-float32 model)."""
+    import torch
+
+    if max_rows < 2:
+        raise ValueError(f"max_rows must be >= 2, got {max_rows}")
+    n = 0
+    for mod in model.modules():
+        if not isinstance(mod, torch.nn.Linear) or mod.weight.dtype != torch.float32:
+            continue
+        if getattr(mod, "_saspec_small_rows", None) is None:
+            mod.forward = _small_rows_forward(mod)
+        mod._saspec_small_rows = max_rows
+        n += 1
+    return n
+
+
+def _small_rows_forward(mod: Any) -> Any:
+    import torch
+
+    linear = torch.nn.functional.linear
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if rows < 2 or rows > mod._saspec_small_rows:
+            return linear(x, mod.weight, mod.bias)
+        # MKL is fast for W @ (row-major x).T at 2, 4, 8, 16 and 32 rows (3 rows
+        # cost more than 4), so pad to a power of two; the result goes on
+        # row-major too, or the next layer gets the slow layout.
+        pad = 1 << (rows - 1).bit_length()
+        xs = x.new_zeros(pad, x.shape[-1])
+        xs[:rows] = x.reshape(rows, x.shape[-1])
+        y = (mod.weight @ xs.T).T[:rows].contiguous().reshape(*x.shape[:-1], mod.out_features)
+        return y if mod.bias is None else y + mod.bias
+
+    return forward
 
 
 class SACandidateGenerator:
@@ -357,6 +417,7 @@ def generate(
     saspec_length_rule: str = DEFAULT_LENGTH_RULE,
     saspec_length_scale: float = DEFAULT_LENGTH_SCALE,
     saspec_gate: bool | CostGate = True,
+    saspec_fast_verify: bool = True,
     **model_kwargs: Any,
 ) -> Any:
     """Speculative ``generate`` with suffix-automaton drafts (see the module doc).
@@ -425,6 +486,10 @@ def generate(
     stop = _StopPerToken(stopping_criteria, int(input_ids.shape[1]), streamer)
     had_override = "_get_candidate_generator" in vars(model)
     model._get_candidate_generator = candidate_generator
+    routed = [m for m in model.modules() if getattr(m, "_saspec_small_rows", None) is None] if saspec_fast_verify else []
+    if saspec_fast_verify:
+        fast_small_linears(model)
+    routed = [m for m in routed if getattr(m, "_saspec_small_rows", None) is not None]
     try:
         out = model._assisted_decoding(
             input_ids,
@@ -444,6 +509,8 @@ def generate(
             del model._get_candidate_generator
         for gen in made:
             gen.close()
+        for mod in routed:  # undo this call's routing
+            del mod.forward, mod._saspec_small_rows
     if streamer is not None:
         streamer.end()
     return _cut(out, stop.stop_at, stop.prompt_len)

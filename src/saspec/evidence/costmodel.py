@@ -340,7 +340,7 @@ def add_arguments(p) -> None:
     p.add_argument("--repeats", type=positive_int, default=3, help="timed forwards per point at batch 1 (best kept)")
     p.add_argument("--name", default=None, help="the profile's name in tables (default: cpu (measured, MODELS))")
     p.add_argument("--fast-verify", action=argparse.BooleanOptionalAction, default=True,
-                   help="time the float32 linears as the loop runs them (generate.fast_small_linears); "
+                   help="time the float32 linears as the loop runs them (saspec.integrations.hf.fast_small_linears); "
                         "--no-fast-verify: torch's own F.linear")
 
 

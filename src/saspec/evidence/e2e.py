@@ -41,7 +41,7 @@ from typing import Any
 # where a draft is expected to pay for its verify. The fixed rules below are
 # what ``--no-gate`` uses. They were chosen by replaying recorded outputs with
 # this box's costs before the verify got its faster product
-# (``generate.fast_small_linears``): a draft-model token costs about 0.4 of a
+# (``integrations.hf.fast_small_linears``): a draft-model token costs about 0.4 of a
 # target forward, so the hybrid keeps even a weak SA match until the SA has
 # missed 3 steps in a row (``patience``), the small model's drafts stay short,
 # and SA drafts are capped at 2 tokens per matched token, which lets K be

@@ -430,7 +430,7 @@ def status(family_name: str | None = None) -> list[dict[str, Any]]:
 def load(spec: ModelSpec, dtype: str = "bfloat16", fast_verify: bool = True) -> tuple[Any, Any]:
     """(model, tokenizer) from the converted cache, in eval mode, offline.
     ``fast_verify``: route float32 linear layers through the faster product
-    for verify-sized inputs (``generate.fast_small_linears``).
+    for verify-sized inputs (``integrations.hf.fast_small_linears``).
 
     Raises ``FileNotFoundError`` naming the install command when the model is
     not converted yet.

@@ -248,7 +248,6 @@ class SACandidateGenerator:
         self._last_sa = -1  # draft tokens accepted at the last automaton step; -1 when the last step was not one
         self.gate = gate
         self._fallback_started = False
-        self._prefilled = False
         self._step_t0 = 0.0
         self._step_match = 0
         self._rid = object()
@@ -332,9 +331,8 @@ class SACandidateGenerator:
     def update_candidate_strategy(self, input_ids: torch.Tensor, scores: torch.Tensor, num_matches: int) -> None:
         """Record the step's outcome; the fallback adapts after its own steps."""
         if self.gate is not None:
-            if self._prefilled:  # the first step's forward is the prefill: no verify cost
+            if any(st["steps"] for st in self.stats.values()):  # the first step's forward is the prefill
                 self.gate.observe_forward(1 + self._drafted, time.perf_counter() - self._step_t0)
-            self._prefilled = True
             if self._drafted:
                 source = "sa" if self._source == "sa" else "draft"
                 self.gate.observe(source, self._step_match, self._drafted, min(int(num_matches), self._drafted))
@@ -466,17 +464,14 @@ def generate(
     eos = generation_config._eos_token_tensor
     eos_ids = [] if eos is None else [int(e) for e in eos.reshape(-1).tolist()]
 
+    if not isinstance(saspec_gate, (bool, CostGate)):
+        raise ValueError(f"saspec_gate must be a bool or a saspec.select.CostGate, got {type(saspec_gate).__name__}")
     made: list[SACandidateGenerator] = []
     original = model._get_candidate_generator  # bound method (or an instance override)
 
     def candidate_generator(**kwargs: Any) -> SACandidateGenerator:
         fallback = original(**kwargs) if kwargs.get("assistant_model") is not None else None
-        if isinstance(saspec_gate, CostGate):
-            gate = saspec_gate
-        elif isinstance(saspec_gate, bool):
-            gate = CostGate(max(int(saspec_k), 1)) if saspec_gate else None
-        else:
-            raise ValueError(f"saspec_gate must be a bool or a saspec.select.CostGate, got {type(saspec_gate).__name__}")
+        gate = saspec_gate if isinstance(saspec_gate, CostGate) else CostGate(max(int(saspec_k), 1)) if saspec_gate else None
         gen = SACandidateGenerator(kwargs["input_ids"], engine=SpecEngine(), k=saspec_k, threshold=threshold,
                                    max_length=generation_config.max_length, eos_token_ids=eos_ids, fallback=fallback,
                                    length_rule=saspec_length_rule, length_scale=saspec_length_scale, gate=gate)

@@ -191,6 +191,12 @@ def find_slot(buf, src, token):
 
 
 @register_jitable
+def find_slot_start(buf, src, token):
+    """Word offset of the first table slot ``find_slot`` probes for (src, token)."""
+    return buf[H_O_SLOTS] + SLOT_WORDS * probe_start(src, token, buf[H_HT_SIZE])
+
+
+@register_jitable
 def probe_start(src, token, size):
     """First slot probed for edge (src, token) in a table of ``size`` slots."""
     return (_hash(src, token) * size) >> 32  # maps the hash onto [0, size) without a division

@@ -173,6 +173,46 @@ def test_add_bad_prompt(eng, prompt, exc, match):
     assert "c" not in eng
 
 
+@pytest.mark.parametrize(
+    "hint, exc, match",
+    [(-1, ValueError, "expected_new_tokens"), (1.5, TypeError, "expected_new_tokens"), (True, TypeError, "expected_new_tokens"),
+     ("8", TypeError, "expected_new_tokens"), (2**40, ValueError, "prompt plus expected_new_tokens")],
+)
+def test_add_bad_expected_new_tokens(eng, hint, exc, match):
+    rejects(eng, exc, match, eng.add_request, "c", [1, 2], hint)
+    assert "c" not in eng
+
+
+def test_expected_new_tokens_reserves_room_up_front():
+    """With the hint the request's memory is sized at add_request and the
+    steps within it never re-allocate; past it the request grows as usual, and
+    matches and drafts are those of the plain automaton throughout."""
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 50, 300).astype(np.int32)
+    stream = np.concatenate([prompt[40:400], rng.integers(0, 50, 400)]).astype(np.int32)
+    hinted, plain = SpecEngine(), SpecEngine()
+    hinted.add_request(0, prompt, expected_new_tokens=600)
+    plain.add_request(0, prompt)
+    assert hinted.stats()["bytes"] > plain.stats()["bytes"]
+    ref = SuffixAutomaton(prompt, policy=hinted.policy)
+    sizes = []
+    for eng in (hinted, plain):
+        eng.prepare([0])
+    for i in range(0, len(stream), K + 1):
+        chunk = stream[i : i + K + 1]
+        ref.extend(chunk)
+        for eng in (hinted, plain):
+            acc, lens, mout, dout = step_arrays(1)
+            acc[0, : len(chunk)] = chunk
+            lens[0] = len(chunk)
+            eng.extend(acc, lens, mout, dout)
+            assert mout[0] == ref.match()[0] and dout[0].tolist() == reference_draft(ref, K)
+        sizes.append((i + len(chunk), hinted.stats()["bytes"]))
+    within = {b for n, b in sizes if n <= 600}
+    assert within == {sizes[0][1]}  # no re-allocation within the hint
+    assert sizes[-1][1] > sizes[0][1]  # 760 tokens: past the hint, it grew
+
+
 def test_remove_unknown(eng):
     rejects(eng, KeyError, "unknown request 'zz'", eng.remove_request, "zz")
 
@@ -447,10 +487,10 @@ def _blocking_build(eng, started: threading.Event, release: threading.Event):
     """Make ``eng``'s next build wait for ``release`` once it has started."""
     build = eng._build_blob
 
-    def slow(tokens):
+    def slow(tokens, headroom=None):
         started.set()
         assert release.wait(30)
-        return build(tokens)
+        return build(tokens, headroom)
 
     eng._build_blob = slow
 

@@ -94,19 +94,33 @@ def _table_size(edges: int) -> int:
     return max(4, (4 * edges) // 3 + 2)
 
 
-def new_blob(expected_tokens: int = 0) -> np.ndarray:
+def new_blob(expected_tokens: int = 0, headroom: int | None = None) -> np.ndarray:
     """An empty automaton sized for about ``expected_tokens`` tokens plus
-    headroom for the tokens decoding will add (1/8 more, at least 256): about
-    80 bytes per prompt token, 108 at 500 tokens. Each later re-allocation
-    (``grow``) copies the whole automaton, which on a decode step costs far more
-    than the step, so the headroom spends the memory budget on fewer of them."""
+    ``headroom`` more, the tokens decoding is expected to add. By default
+    (``None``) 1/8 more, at least 256: about 80 bytes per prompt token, 108 at
+    500 tokens. Each later re-allocation (``grow``) copies the whole automaton,
+    which on a decode step costs far more than the step, so the headroom spends
+    the memory budget on fewer of them."""
     n = int(expected_tokens)
-    n += max(_MIN_HEADROOM, n // _HEADROOM_FRACTION)
+    n += max(_MIN_HEADROOM, n // _HEADROOM_FRACTION) if headroom is None else int(headroom)
     cap_st = int(_STATES_PER_TOKEN * n) + 2
     ht_size = _table_size(int(_EDGES_PER_TOKEN * n))
     buf = empty_blob(core.layout_words(n, cap_st, ht_size))
     _init(buf, n, cap_st, ht_size)
     return buf
+
+
+def check_new_tokens(value: Any, prompt_tokens: int) -> int | None:
+    """Validate ``add_request``'s ``expected_new_tokens``: ``None`` or an int
+    >= 0 such that the prompt and these tokens fit ``MAX_REQUEST_TOKENS``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"expected_new_tokens must be None or an int >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"expected_new_tokens must be None or an int >= 0, got {value}")
+    check_request_tokens(prompt_tokens + int(value), "prompt plus expected_new_tokens")
+    return int(value)
 
 
 def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:

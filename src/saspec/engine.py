@@ -180,9 +180,17 @@ class SpecEngine:
 
     # -- lifecycle -----------------------------------------------------------
 
-    def add_request(self, request_id: Hashable, prompt: Any) -> bool:
+    def add_request(self, request_id: Hashable, prompt: Any, expected_new_tokens: int | None = None) -> bool:
         """Build the automaton of ``prompt`` (1-D token ids in [0, 2**31),
         at most ``build.MAX_REQUEST_TOKENS`` of them).
+
+        ``expected_new_tokens`` (CPU backend): how many tokens decoding will
+        likely append, if the caller knows (e.g. its ``max_new_tokens``); the
+        automaton is sized for them up front, so those steps never stop to
+        re-allocate it. It is a hint, not a limit: a longer request grows as
+        usual. ``None`` (default): room for 1/8 of the prompt, at least 256
+        tokens, then geometric growth. Ignored by the CUDA backend, whose
+        slots hold ``max_seq_len`` tokens.
 
         The build runs without the GIL, so calling this from a background
         thread overlaps with ``extend`` on another thread. On the CUDA backend
@@ -196,10 +204,13 @@ class SpecEngine:
             KeyError: ``request_id`` is already added (or being added).
             TypeError, ValueError: ``prompt`` is not 1-D integer ids in range,
                 has more than ``build.MAX_REQUEST_TOKENS`` tokens, or (CUDA)
-                is longer than ``max_seq_len``.
+                is longer than ``max_seq_len``; ``expected_new_tokens`` is not
+                ``None`` or an int >= 0, or would take the request past
+                ``build.MAX_REQUEST_TOKENS``.
         """
         tokens = build.as_tokens(prompt, "prompt")
         build.check_request_tokens(tokens.shape[0], "prompt")
+        headroom = build.check_new_tokens(expected_new_tokens, tokens.shape[0])
         if self._pool is not None and tokens.shape[0] > self._pool.layout.max_seq_len:
             raise ValueError(
                 f"prompt has {tokens.shape[0]} tokens, more than max_seq_len={self._pool.layout.max_seq_len} "
@@ -211,7 +222,7 @@ class SpecEngine:
                 raise KeyError(f"request {request_id!r} is already added")
             self._building[request_id] = me
         try:
-            blob = self._build_blob(tokens)
+            blob = self._build_blob(tokens, headroom)
         except BaseException:
             with self._lock:
                 if self._building.get(request_id) is me:
@@ -397,8 +408,10 @@ class SpecEngine:
 
     # -- what a drafter kind defines (NgramDrafter overrides these) -----------
 
-    def _build_blob(self, tokens: np.ndarray) -> np.ndarray:
-        return build.ingest(build.new_blob(tokens.shape[0]), tokens, self._policy, self._depth)
+    def _build_blob(self, tokens: np.ndarray, headroom: int | None = None) -> np.ndarray:
+        if self._pool is not None:
+            headroom = None  # the device slot, not this host blob, holds the decoded tokens
+        return build.ingest(build.new_blob(tokens.shape[0], headroom), tokens, self._policy, self._depth)
 
     def _grow_blob(self, blob: np.ndarray, more_tokens: int) -> np.ndarray:
         return build.grow(blob, more_tokens)

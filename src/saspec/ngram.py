@@ -102,8 +102,9 @@ class NgramDrafter(SpecEngine):
         self.policy = "ngram"
         self.min_n, self.max_n = int(min_n), int(max_n)
 
-    def _build_blob(self, tokens: np.ndarray) -> np.ndarray:
-        blob = np.empty(1 + tokens.shape[0] + max(64, tokens.shape[0] // 8), dtype=np.int32)
+    def _build_blob(self, tokens: np.ndarray, headroom: int | None = None) -> np.ndarray:
+        room = max(64, tokens.shape[0] // 8) if headroom is None else headroom
+        blob = np.empty(1 + tokens.shape[0] + room, dtype=np.int32)
         blob[0] = tokens.shape[0]
         blob[1 : 1 + tokens.shape[0]] = tokens
         return blob

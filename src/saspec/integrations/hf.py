@@ -109,6 +109,9 @@ TESTED_TRANSFORMERS: tuple[tuple[int, int], tuple[int, int]] = ((5, 18), (5, 25)
 #: Default hybrid threshold (match length in tokens), the value ``saspec simulate`` found best on code edits.
 HYBRID_THRESHOLD = 4
 
+# The automaton is sized for up to this many new tokens at the start (it grows past them).
+_MAX_RESERVED_TOKENS = 1 << 16
+
 
 def _range_text() -> str:
     (a, b), (c, d) = TESTED_TRANSFORMERS
@@ -251,7 +254,8 @@ class SACandidateGenerator:
         self._step_t0 = 0.0
         self._step_match = 0
         self._rid = object()
-        engine.add_request(self._rid, input_ids[0].cpu().numpy().astype(np.int64))
+        new_tokens = min(max(0, self.max_length - int(input_ids.shape[1])), _MAX_RESERVED_TOKENS)
+        engine.add_request(self._rid, input_ids[0].cpu().numpy().astype(np.int64), expected_new_tokens=new_tokens)
         engine.prepare([self._rid])
         self._fed = int(input_ids.shape[1])  # tokens the automaton holds
         self._acc = np.zeros((1, self.k + 1), np.int32)

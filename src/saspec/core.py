@@ -5,7 +5,8 @@ flat ``int32`` array, the *blob*, that holds one request's whole automaton. The
 same source compiles with ``numba.njit`` for the host (see ``build`` and
 ``extend``) and with ``numba.cuda.jit`` for the device (see ``device.extend``), so
 only scalar loops and array indexing are used here: no Python objects, no
-allocation, no exceptions.
+allocation, no exceptions. (A few are ``host_inline``: the same function, also
+inlined into its callers when compiled for the host.)
 
 Blob layout (all int32; capacities are fixed for a given blob, the host grows a
 request by copying it into a larger blob, see ``build.grow``)::

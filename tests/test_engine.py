@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from saspec import NgramDrafter, SpecEngine, SuffixAutomaton, core
+from saspec import extend as kx
 from saspec.ngram import ngram_draft
 
 K = 5
@@ -34,12 +35,15 @@ def reference_draft(sa: SuffixAutomaton, k: int) -> list[int]:
 
 
 @pytest.mark.parametrize("policy", ["first", "near-recent"])
-@pytest.mark.parametrize("parallel_threshold", [1, 1000])
-def test_interleaved_lifecycle_matches_single_automata(policy, parallel_threshold, backend):
-    if backend.cuda and parallel_threshold == 1:
-        pytest.skip("parallel_threshold is a CPU-backend setting")
+@pytest.mark.parametrize("parallel_threshold, lookahead", [(1, None), (1000, None), (1000, 0)])
+def test_interleaved_lifecycle_matches_single_automata(policy, parallel_threshold, lookahead, backend):
+    """``lookahead`` 0: the serial kernel prefetches rows ahead at any size."""
+    if backend.cuda and (parallel_threshold == 1 or lookahead is not None):
+        pytest.skip("parallel_threshold and the look-ahead are CPU-backend settings")
     rng = np.random.default_rng(0)
     eng = backend.engine(policy=policy, parallel_threshold=parallel_threshold)
+    if lookahead is not None:
+        eng._ctl[kx.C_LOOKAHEAD] = lookahead
     refs: dict[int, SuffixAutomaton] = {}
     next_id = 0
     for step in range(300):

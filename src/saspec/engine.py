@@ -176,6 +176,7 @@ class SpecEngine:
         self._ctl[kx.C_LIMIT] = build.MAX_REQUEST_TOKENS
         self._ctl[kx.C_POLICY] = self._policy
         self._ctl[kx.C_DEPTH] = self._depth
+        self._ctl[kx.C_LOOKAHEAD] = kx.LOOKAHEAD_MIN_BYTES
         self._warned_overflow: set[Hashable] = set()
 
     # -- lifecycle -----------------------------------------------------------
@@ -423,7 +424,7 @@ class SpecEngine:
         """Run the step's kernel over the address table; return how many rows
         stopped for lack of room. ``parallel``: the caller holds ``PARALLEL_LOCK``."""
         run = kx.extend_rows_parallel if parallel else kx.extend_rows
-        return run(self._table, self._rp, acc, lens, mout, dout, self._policy, self._depth)
+        return run(self._table, self._rp, acc, lens, mout, dout, self._policy, self._depth, self._ctl[kx.C_LOOKAHEAD])
 
     # -- the CUDA backend (see ``prepare``) -------------------------------------
 

@@ -173,6 +173,18 @@ def test_large_blobs_start_on_a_huge_page_and_grow_correctly():
     assert sa.match()[0] == 200_000 - 5003  # the text has period 5003
 
 
+def test_reserve_makes_room_for_more_tokens_at_once():
+    tokens = (np.arange(3000, dtype=np.int32) * 31) % 97
+    sa = SuffixAutomaton(tokens[:1000], policy="first")
+    buf = sa._buf
+    assert build.reserve(buf, 10) is buf  # the default headroom already holds 10
+    big = build.reserve(buf, 2000)
+    assert big is not buf and big[core.H_CAP_TOK] >= 3000 and big[core.H_CAP_ST] >= buf[core.H_NSTATES] + 4000
+    m, _, _, _, done = run_core(big, tokens[1000:], core.FIRST_OCC, -1, K)
+    assert done == 2000  # no NO_ROOM within the reservation
+    assert m.tolist() == [r[0] for r in matches(tokens.tolist())][1000:]
+
+
 @njit(boundscheck=True)
 def fill_fixed(buf, tokens, out):
     for i in range(tokens.shape[0]):

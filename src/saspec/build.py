@@ -96,13 +96,13 @@ def _table_size(edges: int) -> int:
 
 def new_blob(expected_tokens: int = 0, headroom: int | None = None) -> np.ndarray:
     """An empty automaton sized for about ``expected_tokens`` tokens plus
-    ``headroom`` more, the tokens decoding is expected to add. By default
-    (``None``) 1/8 more, at least 256: about 80 bytes per prompt token, 108 at
-    500 tokens. Each later re-allocation (``grow``) copies the whole automaton,
-    which on a decode step costs far more than the step, so the headroom spends
-    the memory budget on fewer of them."""
+    headroom for the tokens decoding will add: 1/8 more, at least 256 (about
+    80 bytes per prompt token, 108 at 500 tokens), or ``headroom`` if that is
+    more. Each later re-allocation (``grow``) copies the whole automaton,
+    which on a decode step costs far more than the step, so the headroom
+    spends the memory budget on fewer of them."""
     n = int(expected_tokens)
-    n += max(_MIN_HEADROOM, n // _HEADROOM_FRACTION) if headroom is None else int(headroom)
+    n += max(_MIN_HEADROOM, n // _HEADROOM_FRACTION, int(headroom or 0))
     cap_st = int(_STATES_PER_TOKEN * n) + 2
     ht_size = _table_size(int(_EDGES_PER_TOKEN * n))
     buf = empty_blob(core.layout_words(n, cap_st, ht_size))
@@ -146,6 +146,28 @@ def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:
         ht = max(_table_size(need_edges), int(ht0 * _TABLE_GROWTH))
     elif (cap_tok, cap_st) == (cap_tok0, cap_st0):
         ht = int(ht0 * _TABLE_GROWTH)  # nothing else is short: one token needs many edges
+    return _copied(buf, cap_tok, cap_st, ht)
+
+
+def reserve(buf: np.ndarray, more_tokens: int) -> np.ndarray:
+    """``buf``, or a larger copy of it, with room for ``more_tokens`` more
+    tokens: text, the at most two states each can add, and table slots at the
+    typical rate of one edge per token (a rate, not a bound: a text that
+    branches more grows later as usual)."""
+    more = int(more_tokens)
+    n, ns, used = int(buf[core.H_N]), int(buf[core.H_NSTATES]), int(buf[core.H_USED])
+    cap_tok0, cap_st0, ht0 = int(buf[core.H_CAP_TOK]), int(buf[core.H_CAP_ST]), int(buf[core.H_HT_SIZE])
+    cap_tok = max(cap_tok0, n + more)
+    cap_st = max(cap_st0, ns + 2 * more)
+    need_edges = used + int(_EDGES_PER_TOKEN * more)
+    ht = ht0 if core.max_used(ht0) >= need_edges else _table_size(need_edges)
+    if (cap_tok, cap_st, ht) == (cap_tok0, cap_st0, ht0):
+        return buf
+    return _copied(buf, cap_tok, cap_st, ht)
+
+
+def _copied(buf: np.ndarray, cap_tok: int, cap_st: int, ht: int) -> np.ndarray:
+    """A copy of ``buf``'s automaton in a new blob with these capacities."""
     new = empty_blob(core.layout_words(cap_tok, cap_st, ht))
     _init(new, cap_tok, cap_st, ht)
     _copy_regions(buf, new)

@@ -187,11 +187,11 @@ class SpecEngine:
 
         ``expected_new_tokens`` (CPU backend): how many tokens decoding will
         likely append, if the caller knows (e.g. its ``max_new_tokens``); the
-        automaton is sized for them up front, so those steps never stop to
-        re-allocate it. It is a hint, not a limit: a longer request grows as
-        usual. ``None`` (default): room for 1/8 of the prompt, at least 256
-        tokens, then geometric growth. Ignored by the CUDA backend, whose
-        slots hold ``max_seq_len`` tokens.
+        automaton is sized for them up front (``build.reserve``), so those
+        steps do not stop to re-allocate it. It is a hint, not a limit: a
+        longer request grows as usual. Without it (or beyond it) there is room
+        for 1/8 of the prompt, at least 256 tokens, then geometric growth.
+        Ignored by the CUDA backend, whose slots hold ``max_seq_len`` tokens.
 
         The build runs without the GIL, so calling this from a background
         thread overlaps with ``extend`` on another thread. On the CUDA backend
@@ -412,7 +412,8 @@ class SpecEngine:
     def _build_blob(self, tokens: np.ndarray, headroom: int | None = None) -> np.ndarray:
         if self._pool is not None:
             headroom = None  # the device slot, not this host blob, holds the decoded tokens
-        return build.ingest(build.new_blob(tokens.shape[0], headroom), tokens, self._policy, self._depth)
+        blob = build.ingest(build.new_blob(tokens.shape[0], headroom), tokens, self._policy, self._depth)
+        return blob if headroom is None else build.reserve(blob, headroom)
 
     def _grow_blob(self, blob: np.ndarray, more_tokens: int) -> np.ndarray:
         return build.grow(blob, more_tokens)

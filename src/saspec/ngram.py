@@ -103,7 +103,7 @@ class NgramDrafter(SpecEngine):
         self.min_n, self.max_n = int(min_n), int(max_n)
 
     def _build_blob(self, tokens: np.ndarray, headroom: int | None = None) -> np.ndarray:
-        room = max(64, tokens.shape[0] // 8) if headroom is None else headroom
+        room = max(64, tokens.shape[0] // 8, headroom or 0)
         blob = np.empty(1 + tokens.shape[0] + room, dtype=np.int32)
         blob[0] = tokens.shape[0]
         blob[1 : 1 + tokens.shape[0]] = tokens

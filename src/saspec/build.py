@@ -110,17 +110,25 @@ def new_blob(expected_tokens: int = 0, headroom: int | None = None) -> np.ndarra
     return buf
 
 
-def check_new_tokens(value: Any, prompt_tokens: int) -> int | None:
-    """Validate ``add_request``'s ``expected_new_tokens``: ``None`` or an int
-    >= 0 such that the prompt and these tokens fit ``MAX_REQUEST_TOKENS``."""
+def optional_int(value: Any, name: str, low: int) -> int | None:
+    """``value`` as an int if it is ``None`` or an int >= ``low`` (not a bool);
+    otherwise ``TypeError`` or ``ValueError`` naming ``name``."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"expected_new_tokens must be None or an int >= 0, got {value!r}")
-    if value < 0:
-        raise ValueError(f"expected_new_tokens must be None or an int >= 0, got {value}")
-    check_request_tokens(prompt_tokens + int(value), "prompt plus expected_new_tokens")
+        raise TypeError(f"{name} must be None or an int >= {low}, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be None or an int >= {low}, got {value}")
     return int(value)
+
+
+def check_new_tokens(value: Any, prompt_tokens: int) -> int | None:
+    """Validate ``add_request``'s ``expected_new_tokens``: ``None`` or an int
+    >= 0 such that the prompt and these tokens fit ``MAX_REQUEST_TOKENS``."""
+    value = optional_int(value, "expected_new_tokens", 0)
+    if value is not None:
+        check_request_tokens(prompt_tokens + value, "prompt plus expected_new_tokens")
+    return value
 
 
 def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:

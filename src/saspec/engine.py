@@ -24,7 +24,6 @@ CUDA tensors, with no host sync (it can be captured in a CUDA graph).
 from __future__ import annotations
 
 import importlib.util
-import numbers
 import threading
 import warnings
 from collections.abc import Hashable, Sequence
@@ -58,16 +57,6 @@ def _exact_step():
 
 def _step_exact_impl(table, rp, accepted, lens, match_out, draft_out, ctl):
     return kx.step(table, rp, accepted, lens, match_out, draft_out, ctl)
-
-
-def _check_parallel_threshold(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"parallel_threshold must be None or an int >= 1, got {value!r}")
-    if value < 1:
-        raise ValueError(f"parallel_threshold must be None or an int >= 1, got {value}")
-    return int(value)
 
 
 def _span(x: Any) -> tuple[int, int] | None:
@@ -156,7 +145,7 @@ class SpecEngine:
         self.policy = policy
         self._policy = build.policy_code(policy)
         self._depth = build.check_recent_depth(recent_depth)
-        self.parallel_threshold = _check_parallel_threshold(parallel_threshold)
+        self.parallel_threshold = build.optional_int(parallel_threshold, "parallel_threshold", 1)
         self._parallel_from = _NEVER if self.parallel_threshold is None else self.parallel_threshold
         self.backend = backend
         self._pool = _device_pool(backend, max_slots, max_seq_len, device, self._policy, self._depth)

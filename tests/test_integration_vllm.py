@@ -140,7 +140,11 @@ class FakeWorker:
             if not new:
                 assert draft == [], f"row {b} is in prefill but got a draft"
                 continue
-            assert draft == reference_draft(req.tokens, self.proposer), f"row {b}, request {req.name}"
+            if self.proposer.length_rule == "gate" and len(self.rows) == 1:  # the gate's choice (batch 1)
+                sa = SuffixAutomaton(req.tokens).draft(self.proposer.k).tolist()
+                assert draft == sa[: len(draft)] or draft == [req.tokens[-1]], f"row {b}, request {req.name}"
+            else:
+                assert draft == reference_draft(req.tokens, self.proposer), f"row {b}, request {req.name}"
             self.checked_drafts += 1
             self.nonempty_drafts += bool(draft)
             req.draft = draft
@@ -153,14 +157,17 @@ def reference_draft(tokens: list[int], proposer: SAProposer) -> list[int]:
     if m < proposer.min_match:
         return []
     room = proposer.max_model_len - len(tokens)
-    n = int(draft_lengths(np.array([m]), proposer.k, proposer.length_rule, proposer.length_scale)[0])
+    rule = "per-match" if proposer.length_rule == "gate" else proposer.length_rule  # batches: the default rule
+    n = int(draft_lengths(np.array([m]), proposer.k, rule, proposer.length_scale)[0])
     return sa.draft(proposer.k).tolist()[: min(max(room, 0), n)]
 
 
 def run_traffic(seed: int, *, steps: int, rows: int, max_detached: int, max_model_len: int = 512,
-                p_arrive: float = 0.5, p_preempt: float = 0.08, p_swap: float = 0.1, duplicates: bool = True):
+                p_arrive: float = 0.5, p_preempt: float = 0.08, p_swap: float = 0.1, duplicates: bool = True,
+                length_rule: str | None = None):
     rng = np.random.default_rng(seed)
-    proposer = SAProposer(vllm_config(max_model_len=max_model_len, max_num_seqs=rows), max_detached=max_detached)
+    proposer = SAProposer(vllm_config(max_model_len=max_model_len, max_num_seqs=rows), max_detached=max_detached,
+                          length_rule=length_rule)
     worker = FakeWorker(proposer, rows, max_model_len, rng)
     waiting: list[Req] = []  # preempted requests waiting to resume, oldest first
     started = 0
@@ -352,3 +359,63 @@ def test_config_errors_are_clear():
 
 def test_load_model_accepts_the_target_model():
     SAProposer(vllm_config()).load_model(object())
+
+
+def gated_run(cost_per_draft_token: float, *, k: int = 8, seed: int = 0, requests: int = 3):
+    """One request at a time (batch 1) through a gated proposer whose clock
+    advances by a step's cost: 1 + ``cost_per_draft_token`` per draft token
+    verified. Every draft must be the SA's (a prefix of a fresh automaton's
+    draft) or the gate's one-token probe guess (the last token again)."""
+    rng = np.random.default_rng(seed)
+    proposer = SAProposer(vllm_config(k=k, max_model_len=1024), min_match=2, length_rule="gate")
+    clock = [0.0]
+    proposer._clock = lambda: clock[0]
+    lengths = []
+    for _ in range(requests):
+        prompt, _ = copy_heavy(rng)
+        target = (prompt[2:-1] * 3)[:150]  # long copies of the prompt
+        worker = FakeWorker(proposer, 1, 1024, rng)
+        req = Req(0, prompt, target)
+        worker.update_batch([], [req], swap=False)
+        req.prefill_steps = 1
+        while not req.done:
+            clock[0] += 1.0 + cost_per_draft_token * len(req.draft)
+            sampled = []
+            if req.prefill_steps:
+                req.prefill_steps = 0
+                new = [req.target[0]]
+            else:
+                pos, n = len(req.out), 0
+                while n < len(req.draft) and pos + n < len(req.target) - 1 and req.draft[n] == req.target[pos + n]:
+                    n += 1
+                new = req.target[pos : pos + n + 1]
+            req.out += new
+            worker._write_row(0, req)
+            sampled.append(new)
+            (draft,) = proposer.propose(sampled, worker.num_tokens_no_spec, worker.token_ids_cpu)
+            assert len(draft) <= k
+            sa = SuffixAutomaton(req.tokens).draft(k).tolist()
+            assert draft == sa[: len(draft)] or draft == [req.tokens[-1]], (draft, sa)
+            req.draft = draft
+            lengths.append(len(draft))
+        worker.update_batch([req], [], swap=False)
+    return proposer, lengths
+
+
+def test_gate_drafts_long_copies_when_verifying_is_cheap():
+    proposer, lengths = gated_run(0.01)
+    assert proposer._gate.probed and max(lengths) == 8
+    assert sum(lengths[-20:]) >= 8 * 10  # copying: mostly full drafts by the end
+
+
+def test_gate_stops_drafting_when_each_draft_token_costs_a_forward():
+    proposer, lengths = gated_run(1.0)
+    assert proposer._gate.probed
+    assert sum(lengths[10:]) == 0  # after the probe, plain decoding is faster
+
+
+def test_gate_leaves_batches_to_the_length_rule():
+    """With several rows live the gate stays out: drafts equal the default
+    rule's (FakeWorker checks each); with one row they are the gate's."""
+    proposer, worker, _ = run_traffic(0, steps=300, rows=4, max_detached=4, length_rule="gate")
+    assert proposer._gate.timed and worker.nonempty_drafts > 50

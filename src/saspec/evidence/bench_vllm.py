@@ -19,7 +19,8 @@ defaults, ``prompt_lookup_min = max = 5``), ``ngram-2-5`` (min 2, max 5) and
 ``saspec`` (``saspec.integrations.vllm.SAProposer``) draft ``--k`` tokens;
 ``ngram-2-5-long`` and ``saspec-long`` draft up to ``--long-k`` (the
 automaton's natural setting: long drafts where the match is long, by the
-proposer's draft-length rule). Per prompt and method: wall time, prefill time, tok/s
+proposer's draft-length rule); ``saspec-gate-long`` too, with the proposer's
+``length_rule="gate"`` (a ``CostGate`` timing vLLM's steps picks each length). Per prompt and method: wall time, prefill time, tok/s
 over the whole call and over decoding alone (``(tokens - 1) / (total -
 prefill)``), and from ``llm.get_metrics()`` (deltas over the call) the drafts,
 draft tokens and accepted tokens, giving vLLM's mean acceptance length
@@ -47,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-METHODS = ("plain", "ngram", "ngram-2-5", "saspec", "ngram-2-5-long", "saspec-long")
+METHODS = ("plain", "ngram", "ngram-2-5", "saspec", "ngram-2-5-long", "saspec-long", "saspec-gate-long")
 MODEL_SIZES = ("0.5b", "1.5b")
 SASPEC_CLASS = "saspec.integrations.vllm.SAProposer"
 DEFAULT_VLLM_PYTHON = "/work/venvs/vllm/bin/python"
@@ -64,7 +65,7 @@ def speculative_config(method: str, k: int, long_k: int = 32) -> dict[str, Any] 
         return {"method": "ngram", "num_speculative_tokens": k}
     if method == "ngram-2-5":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
-    if method == "saspec":
+    if method in ("saspec", "saspec-gate"):
         return {"method": "custom_class", "model": SASPEC_CLASS, "num_speculative_tokens": k}
     raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
 
@@ -86,7 +87,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--long-k", type=int, default=32, help="draft tokens per step for the *-long methods")
     p.add_argument("--min-match", type=int, default=None, help="saspec: minimum match length (default: the proposer's)")
     p.add_argument("--long-min-match", type=int, default=2,
-                   help="saspec-long: minimum match length (its draft-length rule keeps short matches' drafts short)")
+                   help="saspec-long and saspec-gate-long: minimum match length (their length rules keep short matches' drafts short)")
     p.add_argument("--threads", type=int, default=None, help="vLLM CPU threads (default: vLLM's)")
     p.add_argument("--seed", type=int, default=0, help="workload builders' seed")
     p.add_argument("--out", default="benchmarks/vllm", help="output directory")
@@ -132,7 +133,9 @@ def main(args: argparse.Namespace) -> int:
         for method in methods:
             job = {"model": str(models.converted_dir(by_size[size])), "model_name": by_size[size].name,
                    "method": method, "k": args.k, "long_k": args.long_k, "threads": args.threads,
-                   "min_match": args.long_min_match if method == "saspec-long" else args.min_match,
+                   "min_match": args.long_min_match if method.startswith("saspec") and method.endswith("-long")
+                   else args.min_match,
+                   "length_rule": "gate" if method == "saspec-gate-long" else None,
                    "prompts": [{k: p[k] for k in ("id", "kind", "prompt_ids", "max_new")} for p in prompts]}
             print(f"[bench-vllm] {by_size[size].name} / {method}: {len(prompts)} prompts", file=sys.stderr)
             res = _run_child(args.vllm_python, job, out / f".job-{size}-{method}")
@@ -164,6 +167,8 @@ def _run_child(python: str, job: dict[str, Any], stem: Path) -> dict[str, Any]:
         env["OMP_NUM_THREADS"] = str(job["threads"])
     if job["min_match"]:
         env["SASPEC_VLLM_MIN_MATCH"] = str(job["min_match"])
+    if job.get("length_rule"):
+        env["SASPEC_VLLM_LENGTH_RULE"] = job["length_rule"]
     with open(log_path, "w") as log:
         # -P: no script directory on sys.path (this one holds a tokenizers.py that would shadow HF's)
         proc = subprocess.run([python, "-P", __file__, "--child", str(job_path), str(out_path)],

@@ -74,6 +74,7 @@ when present, ``model_config.max_model_len`` and
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -81,11 +82,13 @@ import numpy as np
 from numba import njit
 
 from ..engine import SpecEngine
-from ..select import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_lengths
+from ..select import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, CostGate, check_length_rule, draft_lengths
 
 #: Default minimum match length (tokens) for a row to draft: vLLM's n-gram
 #: drafter matches n-grams of at most ``prompt_lookup_max`` tokens (default 5).
 DEFAULT_MIN_MATCH = 5
+#: ``length_rule`` value that sizes drafts with ``saspec.select.CostGate`` (see ``SAProposer``).
+GATE = "gate"
 #: Tokens at the start of a request hashed into its fingerprint.
 HEAD = 32
 #: Tokens at the end of a request's text compared exactly before appending.
@@ -202,7 +205,13 @@ class SAProposer:
             K). Default: ``$SASPEC_VLLM_LENGTH_RULE`` / ``$SASPEC_VLLM_LENGTH_SCALE``,
             else :data:`saspec.select.DEFAULT_LENGTH_RULE` / ``DEFAULT_LENGTH_SCALE``.
             ``per-match-recent`` takes each row's accepted drafts at its
-            previous step from ``sampled_token_ids``.
+            previous step from ``sampled_token_ids``. ``"gate"``: while a
+            single request runs (batch 1), a ``saspec.select.CostGate`` picks
+            each draft's length, or none, for the most tokens per second: it
+            times vLLM's steps (from one ``propose`` return to the next call,
+            the forward that verified the last draft) and learns how often
+            drafts at each match length are accepted; a batch of several rows
+            shares each step's cost, so there the default rule applies.
         max_detached: how many requests that left their rows (finished,
             preempted or moved) are kept for a possible resume before the
             oldest is freed. Default: ``$SASPEC_VLLM_MAX_DETACHED``, else
@@ -247,8 +256,12 @@ class SAProposer:
             length_scale = _env_float("SASPEC_VLLM_LENGTH_SCALE")
         self.length_rule = length_rule
         self.length_scale = DEFAULT_LENGTH_SCALE if length_scale is None else length_scale
-        check_length_rule(self.length_rule, self.length_scale)  # now, not at the first step
+        self._gate = CostGate(self.k) if length_rule == GATE else None
+        check_length_rule(DEFAULT_LENGTH_RULE if self._gate else self.length_rule, self.length_scale)  # now
         self.length_scale = float(self.length_scale)
+        self._clock = time.perf_counter
+        self._t_return: float | None = None  # when the last propose returned
+        self._gate_last: tuple[int, int, int, bool] | None = None  # (rid, match, drafted, from the SA) at batch 1
         model_config = getattr(vllm_config, "model_config", None)
         self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
         if max_detached is None:
@@ -303,9 +316,16 @@ class SAProposer:
             B lists of draft tokens (at most K each; empty where the row has no
             confident match).
         """
+        now = self._clock()
+        out = self._propose(now, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        self._t_return = self._clock()
+        return out
+
+    def _propose(self, now: float, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
         b_live = len(sampled_token_ids)
         self.stats["steps"] += 1
         if b_live == 0:
+            self._gate_last = None
             return []
         token_ids = _int32_2d(token_ids_cpu, "token_ids_cpu")
         num_tokens = np.asarray(num_tokens_no_spec)
@@ -353,6 +373,7 @@ class SAProposer:
         _commit(token_ids, num_tokens, active, hash_new, self._row_len, self._row_hash, self._row_tail)
         out: list[list[int]] = [[] for _ in range(b_live)]
         if active.shape[0] == 0:
+            self._gate_last = None
             return out
         rids = self._row_rid[active]
         if not self._prepared or not np.array_equal(rids, self._batch_rids):
@@ -367,11 +388,19 @@ class SAProposer:
         # drafted for this request in this row; -1 (unknown) otherwise
         drafted_before = (status[active] == CONTINUE) & (self._row_drafted[active] > 0)
         last = np.where(drafted_before, step_lens[active] - 1, -1)
-        count = np.minimum(count, draft_lengths(match, self.k, self.length_rule, self.length_scale, last))
-        count[match < self.min_match] = 0
+        offered = np.where(match < self.min_match, 0, count)
+        rule = DEFAULT_LENGTH_RULE if self._gate is not None else self.length_rule
+        count = np.minimum(offered, draft_lengths(match, self.k, rule, self.length_scale, last))
+        gated = self._gated(now, b_live, active, status, step_lens, rids, match, offered)
+        if gated is not None:
+            count[0] = gated
+            if gated and not offered[0]:  # the gate's probe with no SA draft: guess the last token again
+                draft[0, 0] = token_ids[active[0], num_tokens[active[0]] - 1]
         if self.max_model_len is not None:  # never draft past the model's context
             room = self.max_model_len - num_tokens[active]
             count = np.minimum(count, np.maximum(room, 0))
+        if self._gate_last is not None:
+            self._gate_last = (*self._gate_last[:2], int(count[0]), bool(offered[0]))
         self._row_drafted[:b_live] = 0
         self._row_drafted[active] = count
         for i in np.flatnonzero(count):
@@ -379,6 +408,27 @@ class SAProposer:
         self.stats["drafted"] += int(np.count_nonzero(count))
         self.stats["draft_tokens"] += int(count.sum())
         return out
+
+    def _gated(self, now: float, b_live: int, active: np.ndarray, status: np.ndarray, step_lens: np.ndarray,
+               rids: np.ndarray, match: np.ndarray, offered: np.ndarray) -> int | None:
+        """With ``length_rule="gate"`` and one live row: feed the gate what the
+        last step cost and accepted, and return its draft length for this
+        step (a probe may exceed ``offered``, the SA tokens on offer: see
+        ``propose``); None otherwise (the default rule applies)."""
+        last, self._gate_last = self._gate_last, None
+        if self._gate is None or b_live != 1 or active.shape[0] != 1:
+            return None
+        g, rid, b = self._gate, int(rids[0]), int(active[0])
+        if last is not None and last[0] == rid and status[b] == CONTINUE and self._t_return is not None:
+            _, m, d, from_sa = last  # the step since the last return verified d draft tokens
+            g.observe_forward(1 + d, now - self._t_return)
+            if d and from_sa:
+                g.observe("sa", m, d, min(int(step_lens[b]) - 1, d))
+        self._gate_last = (rid, int(match[0]), 0, False)
+        source, d = g.choose(int(match[0]), int(offered[0]))
+        if source == "probe":
+            return 1
+        return min(d, int(offered[0])) if source == "sa" else 0
 
     # -- row tracking -------------------------------------------------------------
 

@@ -53,7 +53,9 @@ at least ``min_match`` tokens; other rows get an empty draft. A drafting row
 proposes as many tokens as the draft-length rule allows for its match
 (``saspec.select.draft_lengths``: by default at most 2 tokens per matched
 token, and never more than K), and no draft runs past ``max_model_len`` (text
-plus draft at most ``max_model_len`` tokens, as vLLM's n-gram drafter). vLLM
+plus draft at most ``max_model_len`` tokens, as vLLM's n-gram drafter). With
+``length_rule="gate"`` a single running request's draft lengths come from a
+``saspec.select.CostGate`` instead, which times vLLM's steps. vLLM
 builds the class itself and sets ``prompt_lookup_min`` to 0 for custom
 classes, so inside vLLM the settings come from the environment (inherited by
 the spawned workers): ``SASPEC_VLLM_MIN_MATCH`` (default

@@ -82,10 +82,12 @@ def _prefetch(typingctx, address):
         return None
 
     def codegen(context, builder, signature, args):
-        ptr, i32 = ir.PointerType(), ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [ptr, i32, i32, i32]), "llvm.prefetch.p0"
-        )
+        try:
+            ptr, name = ir.PointerType(), "llvm.prefetch.p0"  # opaque pointers (llvmlite >= 0.44)
+        except TypeError:
+            ptr, name = ir.IntType(8).as_pointer(), "llvm.prefetch.p0i8"
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, i32, i32, i32]), name)
         builder.call(fn, [builder.inttoptr(args[0], ptr), i32(0), i32(3), i32(1)])
         return context.get_dummy_value()
 

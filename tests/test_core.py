@@ -173,6 +173,25 @@ def test_large_blobs_start_on_a_huge_page_and_grow_correctly():
     assert sa.match()[0] == 200_000 - 5003  # the text has period 5003
 
 
+def test_grow_keeps_a_table_with_room_and_resizes_a_short_one():
+    """Text that copies adds few table edges: a blob whose text ran out keeps
+    its table (copied as is); one that needs many new edges gets a larger one."""
+    periodic = np.tile(np.arange(50, dtype=np.int32), 40)
+    buf = new_blob(500)
+    _, _, _, _, done = run_core(buf, periodic, core.FIRST_OCC, -1, K)
+    assert done == buf[core.H_CAP_TOK] < len(periodic)  # the text ran out, the table did not
+    kept = grow(buf, len(periodic) - done)
+    assert kept[core.H_HT_SIZE] == buf[core.H_HT_SIZE] and kept[core.H_CAP_TOK] >= len(periodic)
+    m, _, _, _, done2 = run_core(kept, periodic[done:], core.FIRST_OCC, -1, K)
+    assert done2 == len(periodic) - done
+    assert m.tolist() == [r[0] for r in matches(periodic.tolist())][done:]
+    rnd = np.random.default_rng(5).integers(0, 10**6, 3000).astype(np.int32)  # about one table edge per token
+    short = new_blob(500)
+    _, _, _, _, done = run_core(short, rnd, core.FIRST_OCC, -1, K)
+    assert done < len(rnd)
+    assert grow(short, len(rnd) - done)[core.H_HT_SIZE] > short[core.H_HT_SIZE]
+
+
 def test_reserve_makes_room_for_more_tokens_at_once():
     tokens = (np.arange(3000, dtype=np.int32) * 31) % 97
     sa = SuffixAutomaton(tokens[:1000], policy="first")

@@ -44,6 +44,7 @@ _EDGES_PER_TOKEN = 1.0  # table edges
 _MIN_HEADROOM = 256
 _HEADROOM_FRACTION = 8  # headroom: 1/8 of the prompt (at least _MIN_HEADROOM) for the tokens decoding adds
 _TABLE_GROWTH = 2.0  # re-inserting every edge is the costly part of growth: do it rarely
+_TABLE_MARGIN = 0.25  # table edges per token of new headroom below which a grow also resizes the table
 
 
 # Blobs of at least HUGE_PAGE bytes start on a huge-page boundary and are
@@ -138,8 +139,11 @@ def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:
     times the current count (and at least ``more_tokens`` more), at the typical
     rates above, so one re-allocation serves the next geometric stretch of
     tokens whichever capacity ran out first. Growth is therefore amortized
-    O(1) per token. The table grows only when it is short (by at least
-    ``_TABLE_GROWTH``): re-inserting its edges is the costly part of a copy.
+    O(1) per token. The table grows only when it has room for fewer than
+    ``_TABLE_MARGIN`` edges per token of the new headroom (then by at least
+    ``_TABLE_GROWTH``): re-inserting its edges is the costly part of a copy,
+    and text that copies adds few edges (random text, about one per token,
+    then grows the table on its own a little later).
     """
     more = max(int(more_tokens), 1)
     n, ns, used = int(buf[core.H_N]), int(buf[core.H_NSTATES]), int(buf[core.H_USED])
@@ -148,10 +152,9 @@ def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:
     extra = target - n
     cap_tok = max(cap_tok0, target)
     cap_st = max(cap_st0, ns + 2 + int(_STATES_PER_TOKEN * extra))
-    need_edges = used + 2 + int(_EDGES_PER_TOKEN * extra)
     ht = ht0
-    if core.max_used(ht0) < need_edges:
-        ht = max(_table_size(need_edges), int(ht0 * _TABLE_GROWTH))
+    if core.max_used(ht0) < used + 2 + int(_TABLE_MARGIN * extra):
+        ht = max(_table_size(used + 2 + int(_EDGES_PER_TOKEN * extra)), int(ht0 * _TABLE_GROWTH))
     elif (cap_tok, cap_st) == (cap_tok0, cap_st0):
         ht = int(ht0 * _TABLE_GROWTH)  # nothing else is short: one token needs many edges
     return _copied(buf, cap_tok, cap_st, ht)

@@ -146,8 +146,7 @@ def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:
     then grows the table on its own a little later).
     """
     more = max(int(more_tokens), 1)
-    n, ns, used = int(buf[core.H_N]), int(buf[core.H_NSTATES]), int(buf[core.H_USED])
-    cap_tok0, cap_st0, ht0 = int(buf[core.H_CAP_TOK]), int(buf[core.H_CAP_ST]), int(buf[core.H_HT_SIZE])
+    (n, ns, used), (cap_tok0, cap_st0, ht0) = _fill(buf)
     target = max(n + more, int(GROWTH * n))
     extra = target - n
     cap_tok = max(cap_tok0, target)
@@ -166,8 +165,7 @@ def reserve(buf: np.ndarray, more_tokens: int) -> np.ndarray:
     typical rate of one edge per token (a rate, not a bound: a text that
     branches more grows later as usual)."""
     more = int(more_tokens)
-    n, ns, used = int(buf[core.H_N]), int(buf[core.H_NSTATES]), int(buf[core.H_USED])
-    cap_tok0, cap_st0, ht0 = int(buf[core.H_CAP_TOK]), int(buf[core.H_CAP_ST]), int(buf[core.H_HT_SIZE])
+    (n, ns, used), (cap_tok0, cap_st0, ht0) = _fill(buf)
     cap_tok = max(cap_tok0, n + more)
     cap_st = max(cap_st0, ns + 2 * more)
     need_edges = used + int(_EDGES_PER_TOKEN * more)
@@ -175,6 +173,12 @@ def reserve(buf: np.ndarray, more_tokens: int) -> np.ndarray:
     if (cap_tok, cap_st, ht) == (cap_tok0, cap_st0, ht0):
         return buf
     return _copied(buf, cap_tok, cap_st, ht)
+
+
+def _fill(buf: np.ndarray) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """((tokens, states, table edges) held, (their capacities: tokens, states, table slots)) of a blob."""
+    held = (int(buf[core.H_N]), int(buf[core.H_NSTATES]), int(buf[core.H_USED]))
+    return held, (int(buf[core.H_CAP_TOK]), int(buf[core.H_CAP_ST]), int(buf[core.H_HT_SIZE]))
 
 
 def _copied(buf: np.ndarray, cap_tok: int, cap_st: int, ht: int) -> np.ndarray:

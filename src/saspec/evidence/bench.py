@@ -358,9 +358,9 @@ def bench_peer_step(
                 lens = np.full((n_steps, b), ACCEPTED, np.int32)
                 t_sa = t_hint = t_peer = float("inf")
                 peer_sum = 0
+                hint = ACCEPTED * n_steps  # the tokens each row appends
                 for _ in range(repeat):
                     t_sa = min(t_sa, _step_loop(SpecEngine(parallel_threshold=SERIAL), prompts, acc, time.thread_time))
-                    hint = ACCEPTED * n_steps
                     t_hint = min(t_hint, _step_loop(SpecEngine(parallel_threshold=SERIAL), prompts, acc, time.thread_time, hint))
                     t, peer_sum = peer.steps(prompts, acc, lens)
                     t_peer = min(t_peer, t)

@@ -263,7 +263,7 @@ class SAProposer:
         self.length_scale = float(self.length_scale)
         self._clock = time.perf_counter
         self._t_return: float | None = None  # when the last propose returned
-        self._gate_last: tuple[int, int, int, bool] | None = None  # (rid, match, drafted, from the SA) at batch 1
+        self._gate_last: tuple[int, int, bool] | None = None  # (rid, match, SA draft on offer) of a batch-1 step
         model_config = getattr(vllm_config, "model_config", None)
         self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
         if max_detached is None:
@@ -401,8 +401,6 @@ class SAProposer:
         if self.max_model_len is not None:  # never draft past the model's context
             room = self.max_model_len - num_tokens[active]
             count = np.minimum(count, np.maximum(room, 0))
-        if self._gate_last is not None:
-            self._gate_last = (*self._gate_last[:2], int(count[0]), bool(offered[0]))
         self._row_drafted[:b_live] = 0
         self._row_drafted[active] = count
         for i in np.flatnonzero(count):
@@ -422,11 +420,12 @@ class SAProposer:
             return None
         g, rid, b = self._gate, int(rids[0]), int(active[0])
         if last is not None and last[0] == rid and status[b] == CONTINUE and self._t_return is not None:
-            _, m, d, from_sa = last  # the step since the last return verified d draft tokens
+            _, m, from_sa = last
+            d = int(self._row_drafted[b])  # the draft the step since the last return verified
             g.observe_forward(1 + d, now - self._t_return)
             if d and from_sa:
                 g.observe("sa", m, d, min(int(step_lens[b]) - 1, d))
-        self._gate_last = (rid, int(match[0]), 0, False)
+        self._gate_last = (rid, int(match[0]), bool(offered[0]))
         source, d = g.choose(int(match[0]), int(offered[0]))
         if source == "probe":
             return 1

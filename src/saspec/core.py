@@ -70,10 +70,16 @@ Capacity. ``extend`` first checks, without writing anything, that the token fits
 not, it returns ``NO_ROOM`` and the blob is unchanged: the host grows the blob
 and retries; a fixed-size device slot sets ``H_OVERFLOW`` instead, stops growing
 and reports match length 0 from then on.
+
+Indexing. Every computed index into the blob goes through ``_ix``, which makes
+it unsigned: numba wraps a negative signed index around from the end of the
+array, a compare and a select on each access that sit on the critical path of
+the walks' dependent reads. No index here is ever negative.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from numba.extending import overload, register_jitable
 
 
@@ -85,6 +91,13 @@ def host_inline(fn):
     register_jitable(fn)
     overload(fn, target="cpu", inline="always", strict=False)(lambda *args: fn)
     return fn
+
+
+@register_jitable
+def _ix(i):
+    """Index ``i >= 0`` as unsigned, so numba skips negative-index wraparound (see Indexing)."""
+    return np.uint64(i)
+
 
 # Header word indices.
 H_N = 0  # tokens in the text
@@ -153,7 +166,7 @@ def init(buf, cap_tok, cap_st, ht_size):
     with ``cap_st >= 1`` and ``ht_size >= 1``.
     """
     for i in range(HEADER):
-        buf[i] = 0
+        buf[_ix(i)] = 0
     buf[H_CAP_TOK] = cap_tok
     buf[H_CAP_ST] = cap_st
     buf[H_HT_SIZE] = ht_size
@@ -165,16 +178,16 @@ def init(buf, cap_tok, cap_st, ht_size):
     buf[H_O_AUX] = HEADER + cap_tok + STATE_WORDS * cap_st
     buf[H_O_SLOTS] = HEADER + cap_tok + (STATE_WORDS + AUX_WORDS) * cap_st
     root = buf[H_O_STATES]
-    buf[root + LEN] = 0
-    buf[root + LINK] = -1
-    buf[root + TOK] = 0
-    buf[root + DST] = 0
+    buf[_ix(root + LEN)] = 0
+    buf[_ix(root + LINK)] = -1
+    buf[_ix(root + TOK)] = 0
+    buf[_ix(root + DST)] = 0
     a = buf[H_O_AUX]
-    buf[a + POS] = -1
-    buf[a + MORE] = -1
+    buf[_ix(a + POS)] = -1
+    buf[_ix(a + MORE)] = -1
     slots = buf[H_O_SLOTS]
     for i in range(ht_size):
-        buf[slots + SLOT_WORDS * i + SRC] = -1
+        buf[_ix(slots + SLOT_WORDS * i + SRC)] = -1
 
 
 @register_jitable
@@ -195,8 +208,8 @@ def find_slot(buf, src, token):
     i = probe_start(src, token, size)
     while True:
         w = slots + SLOT_WORDS * i
-        s = buf[w + SRC]
-        if s == -1 or (s == src and buf[w + S_TOK] == token):
+        s = buf[_ix(w + SRC)]
+        if s == -1 or (s == src and buf[_ix(w + S_TOK)] == token):
             return w
         i = probe_next(i, size)
 
@@ -243,15 +256,15 @@ def edge(buf, src, token):
     is the word offset of the empty table slot where it would go.
     """
     r = state(buf, src)
-    d = buf[r + DST]
+    d = buf[_ix(r + DST)]
     if d == 0:
         return -1
-    if buf[r + TOK] == token:
+    if buf[_ix(r + TOK)] == token:
         return r + DST
     if d > 0:
         return -2
     w = find_slot(buf, src, token)
-    if buf[w + SRC] == -1:
+    if buf[_ix(w + SRC)] == -1:
         return -3 - w
     return w + S_DST
 
@@ -260,30 +273,30 @@ def edge(buf, src, token):
 def transition(buf, src, token):
     """Target state of edge (src, token), or -1."""
     r = state(buf, src)
-    d = buf[r + DST]
+    d = buf[_ix(r + DST)]
     if d == 0:
         return -1
-    if buf[r + TOK] == token:
+    if buf[_ix(r + TOK)] == token:
         return d if d > 0 else -d
     if d > 0:
         return -1
     w = find_slot(buf, src, token)
-    if buf[w + SRC] == -1:
+    if buf[_ix(w + SRC)] == -1:
         return -1
-    return buf[w + S_DST]
+    return buf[_ix(w + S_DST)]
 
 
 @register_jitable
 def _target(buf, e):
     """Target state stored at edge word ``e`` (see ``edge``)."""
-    d = buf[e]
+    d = buf[_ix(e)]
     return d if d > 0 else -d
 
 
 @register_jitable
 def _retarget(buf, e, dst):
     """Point the edge at word ``e`` to ``dst``, keeping the record's more-edges sign."""
-    buf[e] = dst if buf[e] > 0 else -dst
+    buf[_ix(e)] = dst if buf[_ix(e)] > 0 else -dst
 
 
 @register_jitable
@@ -291,15 +304,15 @@ def _put_slot(buf, w, src, token, dst):
     """Fill the empty table slot at word offset ``w`` with edge (src, token, dst),
     chain it to ``src`` and mark src's record as having table edges."""
     a = aux(buf, src)
-    buf[w + SRC] = src
-    buf[w + S_TOK] = token
-    buf[w + S_DST] = dst
-    buf[w + NEXT] = buf[a + MORE]
-    buf[a + MORE] = (w - buf[H_O_SLOTS]) // SLOT_WORDS
+    buf[_ix(w + SRC)] = src
+    buf[_ix(w + S_TOK)] = token
+    buf[_ix(w + S_DST)] = dst
+    buf[_ix(w + NEXT)] = buf[_ix(a + MORE)]
+    buf[_ix(a + MORE)] = (w - buf[H_O_SLOTS]) // SLOT_WORDS
     buf[H_USED] += 1
     r = state(buf, src)
-    if buf[r + DST] > 0:
-        buf[r + DST] = -buf[r + DST]
+    if buf[_ix(r + DST)] > 0:
+        buf[_ix(r + DST)] = -buf[_ix(r + DST)]
 
 
 @host_inline
@@ -307,8 +320,8 @@ def _add_edge(buf, e, src, token, dst):
     """Add the absent edge (src, token, dst) where ``e = edge(buf, src, token)`` said."""
     if e == -1:
         r = state(buf, src)
-        buf[r + TOK] = token
-        buf[r + DST] = dst
+        buf[_ix(r + TOK)] = token
+        buf[_ix(r + DST)] = dst
     elif e == -2:
         _put_slot(buf, find_slot(buf, src, token), src, token, dst)
     else:
@@ -320,10 +333,10 @@ def _chain_len(buf, s):
     """Number of state s's edges in the table (all but its first)."""
     slots = buf[H_O_SLOTS]
     count = 0
-    i = buf[aux(buf, s) + MORE]
+    i = buf[_ix(aux(buf, s) + MORE)]
     while i != -1:
         count += 1
-        i = buf[slots + SLOT_WORDS * i + NEXT]
+        i = buf[_ix(slots + SLOT_WORDS * i + NEXT)]
     return count
 
 
@@ -368,13 +381,13 @@ def extend(buf, token, policy, depth):
         elif k == 1:
             e1 = e
         k += 1
-        p = buf[state(buf, p) + LINK]
+        p = buf[_ix(state(buf, p) + LINK)]
     q = -1
     clone = False
     if p != -1:
         q = _target(buf, e)
-        lq = buf[state(buf, q) + LEN]
-        clone = buf[state(buf, p) + LEN] + 1 != lq
+        lq = buf[_ix(state(buf, q) + LEN)]
+        clone = buf[_ix(state(buf, p) + LEN)] + 1 != lq
         if clone:
             # The clone copies q's edges as they are after the first loop
             # below: its first inline, the others into the table. If q lies on
@@ -382,23 +395,23 @@ def extend(buf, token, policy, depth):
             # unless it was q's first.
             need += _chain_len(buf, q)
             r = last
-            while r != p and buf[state(buf, r) + LEN] > lq:
-                r = buf[state(buf, r) + LINK]
-            if r == q and buf[state(buf, q) + DST] != 0:
+            while r != p and buf[_ix(state(buf, r) + LEN)] > lq:
+                r = buf[_ix(state(buf, r) + LINK)]
+            if r == q and buf[_ix(state(buf, q) + DST)] != 0:
                 need += 1
     if buf[H_USED] + need > max_used(buf[H_HT_SIZE]):
         return NO_ROOM
 
     # Pass 2: write.
-    buf[buf[H_O_TEXT] + n] = token
+    buf[_ix(buf[H_O_TEXT] + n)] = token
     cur = ns
     c = state(buf, cur)
-    buf[c + LEN] = buf[state(buf, last) + LEN] + 1
-    buf[c + TOK] = 0
-    buf[c + DST] = 0
+    buf[_ix(c + LEN)] = buf[_ix(state(buf, last) + LEN)] + 1
+    buf[_ix(c + TOK)] = 0
+    buf[_ix(c + DST)] = 0
     ca = aux(buf, cur)
-    buf[ca + POS] = n
-    buf[ca + MORE] = -1
+    buf[_ix(ca + POS)] = n
+    buf[_ix(ca + MORE)] = -1
     ns += 1
     r = last
     for j in range(k):
@@ -409,40 +422,40 @@ def extend(buf, token, policy, depth):
         else:
             ej = edge(buf, r, token)
         _add_edge(buf, ej, r, token, cur)
-        r = buf[state(buf, r) + LINK]
+        r = buf[_ix(state(buf, r) + LINK)]
     if p == -1:
-        buf[c + LINK] = 0
+        buf[_ix(c + LINK)] = 0
     elif not clone:
-        buf[c + LINK] = q
+        buf[_ix(c + LINK)] = q
     else:
         qr = state(buf, q)
         qa = aux(buf, q)
         cl = state(buf, ns)
         cla = aux(buf, ns)
-        buf[cl + LEN] = buf[state(buf, p) + LEN] + 1
-        buf[cl + LINK] = buf[qr + LINK]
-        buf[cl + TOK] = buf[qr + TOK]
-        d = buf[qr + DST]
-        buf[cl + DST] = d if d > 0 else -d
-        buf[cla + POS] = buf[qa + POS]
-        buf[cla + MORE] = -1
+        buf[_ix(cl + LEN)] = buf[_ix(state(buf, p) + LEN)] + 1
+        buf[_ix(cl + LINK)] = buf[_ix(qr + LINK)]
+        buf[_ix(cl + TOK)] = buf[_ix(qr + TOK)]
+        d = buf[_ix(qr + DST)]
+        buf[_ix(cl + DST)] = d if d > 0 else -d
+        buf[_ix(cla + POS)] = buf[_ix(qa + POS)]
+        buf[_ix(cla + MORE)] = -1
         slots = buf[H_O_SLOTS]
-        i = buf[qa + MORE]
+        i = buf[_ix(qa + MORE)]
         while i != -1:
             w = slots + SLOT_WORDS * i
-            t = buf[w + S_TOK]
-            _put_slot(buf, find_slot(buf, ns, t), ns, t, buf[w + S_DST])
-            i = buf[w + NEXT]
+            t = buf[_ix(w + S_TOK)]
+            _put_slot(buf, find_slot(buf, ns, t), ns, t, buf[_ix(w + S_DST)])
+            i = buf[_ix(w + NEXT)]
         _retarget(buf, e, ns)  # p's edge: record words and slots never move
-        p = buf[state(buf, p) + LINK]
+        p = buf[_ix(state(buf, p) + LINK)]
         while p != -1:
             e = edge(buf, p, token)
             if e < 0 or _target(buf, e) != q:
                 break
             _retarget(buf, e, ns)
-            p = buf[state(buf, p) + LINK]
-        buf[qr + LINK] = ns
-        buf[c + LINK] = ns
+            p = buf[_ix(state(buf, p) + LINK)]
+        buf[_ix(qr + LINK)] = ns
+        buf[_ix(c + LINK)] = ns
         ns += 1
     buf[H_NSTATES] = ns
     buf[H_LAST] = cur
@@ -471,7 +484,7 @@ def _ends_with_suffix(buf, e, m):
     if e < m - 1 or e >= last:
         return False
     for j in range(m):
-        if buf[text + e - j] != buf[text + last - j]:
+        if buf[_ix(text + e - j)] != buf[_ix(text + last - j)]:
             return False
     return True
 
@@ -491,7 +504,7 @@ def _near(buf, token, m):
     if anchor < 0:
         return -1
     prev_m = buf[H_MATCH_LEN]
-    if buf[buf[H_O_TEXT] + anchor] == token and (prev_m > 0 or m <= 1):
+    if buf[_ix(buf[H_O_TEXT] + anchor)] == token and (prev_m > 0 or m <= 1):
         return anchor  # the source continues: it agrees on prev_m + 1 >= m tokens
     if m > NEAR_MAX_CHECK:
         return -1
@@ -507,15 +520,15 @@ def _near(buf, token, m):
 def _update_match(buf, token, policy, depth):
     """Record the match for the text that just gained ``token`` at position n-1."""
     n = buf[H_N]
-    s = buf[state(buf, buf[H_LAST]) + LINK]
-    m = buf[state(buf, s) + LEN]
+    s = buf[_ix(state(buf, buf[H_LAST]) + LINK)]
+    m = buf[_ix(state(buf, s) + LEN)]
     start = -1
     if m > 0:
         e = -1
         if policy >= NEAR_FIRST:
             e = _near(buf, token, m)
         if e < 0:
-            e = buf[aux(buf, s) + POS]
+            e = buf[_ix(aux(buf, s) + POS)]
         start = e + 1
     if policy >= NEAR_FIRST:
         # Without a match the copy source is assumed to advance in step.
@@ -533,8 +546,8 @@ def _update_match(buf, token, policy, depth):
         # gain end position n-1; their old POS was read above.
         d = 0
         while s > 0 and d != depth:
-            buf[aux(buf, s) + POS] = n - 1
-            s = buf[state(buf, s) + LINK]
+            buf[_ix(aux(buf, s) + POS)] = n - 1
+            s = buf[_ix(state(buf, s) + LINK)]
             d += 1
 
 
@@ -565,7 +578,7 @@ def draft(buf, out, k):
     end = buf[H_N]
     i = start
     for j in range(k):
-        out[j] = buf[text + i]
+        out[j] = buf[_ix(text + i)]
         i += 1
         if i == end:  # wrap: the period is end - start (no division)
             i = start

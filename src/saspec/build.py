@@ -184,30 +184,8 @@ def _fill(buf: np.ndarray) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
 def _copied(buf: np.ndarray, cap_tok: int, cap_st: int, ht: int) -> np.ndarray:
     """A copy of ``buf``'s automaton in a new blob with these capacities."""
     new = empty_blob(core.layout_words(cap_tok, cap_st, ht))
-    _init(new, cap_tok, cap_st, ht)
-    _copy_regions(buf, new)
+    _copy_into(buf, new, cap_tok, cap_st, ht)
     return new
-
-
-def _copy_regions(src: np.ndarray, dst: np.ndarray) -> None:
-    """Copy the automaton in ``src`` into ``dst``, a larger ``init``-ed blob:
-    text, hot and cold records as they are (numpy copies, i.e. ``memcpy``);
-    the edge table as it is when its size is unchanged, else re-inserted by
-    ``core.rehash_into``."""
-    n, ns, ht = int(src[core.H_N]), int(src[core.H_NSTATES]), int(src[core.H_HT_SIZE])
-    regions = [(core.H_O_TEXT, n), (core.H_O_STATES, core.STATE_WORDS * ns), (core.H_O_AUX, core.AUX_WORDS * ns)]
-    if ht == int(dst[core.H_HT_SIZE]):
-        regions.append((core.H_O_SLOTS, core.SLOT_WORDS * ht))
-    for word, size in regions:
-        s0, d0 = int(src[word]), int(dst[word])
-        dst[d0 : d0 + size] = src[s0 : s0 + size]
-    if ht == int(dst[core.H_HT_SIZE]):
-        dst[core.H_USED] = src[core.H_USED]
-    else:
-        _rehash_into(src, dst)
-    for h in (core.H_N, core.H_NSTATES, core.H_LAST, core.H_MATCH_LEN, core.H_MATCH_POS, core.H_OVERFLOW,
-              core.H_ANCHOR):
-        dst[h] = src[h]
 
 
 @njit(nogil=True, cache=True)
@@ -216,8 +194,9 @@ def _init(buf, cap_tok, cap_st, ht_size):
 
 
 @njit(nogil=True, cache=True)
-def _rehash_into(src, dst):
-    core.rehash_into(src, dst)
+def _copy_into(src, dst, cap_tok, cap_st, ht_size):
+    core.lay_out(dst, cap_tok, cap_st, ht_size)
+    core.copy_into(src, dst)
 
 
 @njit(nogil=True, cache=True)

@@ -165,6 +165,13 @@ def init(buf, cap_tok, cap_st, ht_size):
     ``buf`` must hold at least ``layout_words(cap_tok, cap_st, ht_size)`` words,
     with ``cap_st >= 1`` and ``ht_size >= 1``.
     """
+    lay_out(buf, cap_tok, cap_st, ht_size)
+    clear_table(buf)
+
+
+@register_jitable
+def lay_out(buf, cap_tok, cap_st, ht_size):
+    """``init`` but for the table, which is left as it is."""
     for i in range(HEADER):
         buf[_ix(i)] = 0
     buf[H_CAP_TOK] = cap_tok
@@ -185,9 +192,15 @@ def init(buf, cap_tok, cap_st, ht_size):
     a = buf[H_O_AUX]
     buf[_ix(a + POS)] = -1
     buf[_ix(a + MORE)] = -1
+
+
+@register_jitable
+def clear_table(buf):
+    """Mark every table slot empty and the table unused."""
     slots = buf[H_O_SLOTS]
-    for i in range(ht_size):
+    for i in range(buf[H_HT_SIZE]):
         buf[_ix(slots + SLOT_WORDS * i + SRC)] = -1
+    buf[H_USED] = 0
 
 
 @register_jitable
@@ -586,21 +599,40 @@ def draft(buf, out, k):
 
 
 @register_jitable
-def rehash_into(src, dst):
-    """Insert every table edge of ``src`` into the empty table of ``dst``, a
-    larger blob (``init``-ed, with ``src``'s records already copied into it).
+def _copy_words(src, s0, dst, d0, count):
+    for j in range(count):
+        dst[_ix(d0 + j)] = src[_ix(s0 + j)]
 
-    Growing a blob copies the text and the records word for word (the host
-    does it with ``memcpy``) and the table too when its size is unchanged;
-    only a resized table needs this, because a slot's place depends on the
-    table's size. The chains (MORE, NEXT) are rebuilt; their order is
-    irrelevant to the automaton.
+
+@register_jitable
+def copy_into(src, dst):
+    """Copy the automaton in ``src`` into ``dst``, a blob ``lay_out`` has laid
+    out with room for it (how the host grows a request).
+
+    The text and the records are copied word for word, and so is the table
+    when its size is unchanged. A resized table is cleared and every edge
+    re-inserted, because a slot's place depends on the table's size; the
+    chains (MORE, NEXT) are then rebuilt, in an order irrelevant to the
+    automaton.
     """
-    for s in range(src[H_NSTATES]):
-        dst[aux(dst, s) + MORE] = -1
+    ns = src[H_NSTATES]
+    _copy_words(src, src[H_O_TEXT], dst, dst[H_O_TEXT], src[H_N])
+    _copy_words(src, src[H_O_STATES], dst, dst[H_O_STATES], STATE_WORDS * ns)
+    _copy_words(src, src[H_O_AUX], dst, dst[H_O_AUX], AUX_WORDS * ns)
+    for h in (H_N, H_NSTATES, H_LAST, H_MATCH_LEN, H_MATCH_POS, H_OVERFLOW, H_ANCHOR):
+        dst[h] = src[h]
+    size = src[H_HT_SIZE]
     slots = src[H_O_SLOTS]
-    for i in range(src[H_HT_SIZE]):
+    if size == dst[H_HT_SIZE]:
+        _copy_words(src, slots, dst, dst[H_O_SLOTS], SLOT_WORDS * size)
+        dst[H_USED] = src[H_USED]
+        return
+    clear_table(dst)
+    for s in range(ns):
+        dst[_ix(aux(dst, s) + MORE)] = -1
+    for i in range(size):
         w = slots + SLOT_WORDS * i
-        if src[w + SRC] != -1:
-            t = src[w + S_TOK]
-            _put_slot(dst, find_slot(dst, src[w + SRC], t), src[w + SRC], t, src[w + S_DST])
+        if src[_ix(w + SRC)] != -1:
+            a = src[_ix(w + SRC)]
+            t = src[_ix(w + S_TOK)]
+            _put_slot(dst, find_slot(dst, a, t), a, t, src[_ix(w + S_DST)])

@@ -308,9 +308,8 @@ def bench_peer_ingest(peer: PeerSaSpec, repeat: int = 5) -> list[dict]:
     cases = [("code-like", code_like_prompt, n) for n in (20_000, 200_000, 1_000_000)] + [("random", random_prompt, 200_000)]
     for kind, make, n in cases:
         tokens = make(n)
-        reps = repeat if n < 500_000 else max(1, repeat - 2)
         best = {DEFAULT_POLICY: float("inf"), "first": float("inf"), "sa_spec": float("inf")}
-        for r in range(reps):
+        for r in range(repeat):
             for policy in (DEFAULT_POLICY, "first"):
                 t0 = time.thread_time()
                 SuffixAutomaton(tokens, policy=policy)

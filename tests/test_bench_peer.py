@@ -75,3 +75,19 @@ def test_bench_grow_reports_each_size():
     assert [r["tokens"] for r in rows] == [300, 2000]
     for r in rows:
         assert r["grow_us"] > 0 and r["blob_bytes"] > 0 and r["table"] in ("resized", "copied")
+
+
+def test_peer_ingest_rows(fake_harness):
+    """Every prompt gets a row; sa_spec's rate is the harness's "seconds" (one
+    microsecond per token here), and the ratio is the two rates'."""
+    peer = bench.PeerSaSpec(fake_harness)
+    try:
+        rows = bench.bench_peer_ingest(peer, repeat=2)
+    finally:
+        peer.close()
+    assert [(r["prompt"], r["tokens"]) for r in rows] == [
+        ("code-like", 20_000), ("code-like", 200_000), ("code-like", 1_000_000), ("random", 200_000)]
+    for r in rows:
+        assert r["sa_spec_Mtok_per_s"] == pytest.approx(1.0)
+        assert r["saspec_over_sa_spec"] == pytest.approx(r["saspec_Mtok_per_s"] / r["sa_spec_Mtok_per_s"])
+        assert r["saspec_Mtok_per_s"] > 0 and r["saspec_first_Mtok_per_s"] > 0

@@ -162,6 +162,20 @@ def test_hybrid_uses_both_drafters(models):
     assert (t_hy.n, d_hy.n) == (t_hf.n, d_hf.n)
 
 
+@pytest.mark.parametrize("gate", [False, True])
+def test_hybrid_where_the_automaton_drafts_first(models, gate):
+    """The automaton matches at once and the assistant takes over later: its
+    first call must still come at the first step (it expects the prompt alone)."""
+    target, draft = models["qwen2", "count"], models["qwen2", "draft-count"]
+    prompt = [200, 201, 202, *range(50, 66), 210, 211, *range(50, 56)]  # matched at once; counting runs past 65
+    expected = plain(target, prompt, max_new_tokens=30)
+    with Forwards(draft) as d:
+        out = spec(target, prompt, max_new_tokens=30, assistant_model=draft, saspec_gate=gate,
+                   attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    assert torch.equal(out, expected)
+    assert d.n > 0
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_eos_inside_an_accepted_run(models, arch):
     target = models[arch, "cycle"]

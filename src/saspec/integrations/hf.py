@@ -301,9 +301,12 @@ class SACandidateGenerator:
                 break
         draft = draft[: max(room, 0)]
         use_sa, use_fallback = bool(draft) and match >= self.threshold, self.fallback is not None and room > 0
+        first_assist = use_fallback and not self._fallback_started  # transformers' assistant must see the prompt
+        if first_assist and self.gate is None:  # alone at its first call: it drafts the first step
+            use_sa = False
         if self.gate is not None:
-            if use_fallback and not self._fallback_started:
-                source, n = "draft", 1  # transformers' assistant must see the prompt alone at its first call
+            if first_assist:
+                source, n = "draft", 1
             else:
                 source, n = self.gate.choose(match, len(draft), self.k if use_fallback else 0)
             if source == "probe":  # one token, to time a multi-token verify: the automaton's, else a guess

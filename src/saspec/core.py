@@ -600,6 +600,7 @@ def draft(buf, out, k):
 
 @register_jitable
 def _copy_words(src, s0, dst, d0, count):
+    """``dst[d0:d0+count] = src[s0:s0+count]``."""
     for j in range(count):
         dst[_ix(d0 + j)] = src[_ix(s0 + j)]
 

@@ -437,3 +437,26 @@ def test_fast_verify_is_scoped_to_the_call(models):
     assert len(seen) == len(linears)  # routed during the call...
     assert all("forward" not in vars(m) and not hasattr(m, "_saspec_small_rows") for m in linears)  # ...and restored
     assert torch.equal(spec(target, prompt, max_new_tokens=30, saspec_fast_verify=False), expected)
+
+
+def test_fast_verify_leaves_foreign_forwards_alone(models):
+    """A layer whose forward was replaced per instance (as accelerate's hooks
+    do) keeps it: it runs during the call and is still there after it."""
+    target = models["qwen2", "cycle"]
+    prompt = PROMPTS["loop"][1]
+    expected = plain(target, prompt, max_new_tokens=20)
+    lin = target.model.layers[0].mlp.up_proj
+    calls = []
+    original = lin.forward
+
+    def hooked(x):
+        calls.append(x.shape)
+        return original(x)
+
+    lin.forward = hooked
+    try:
+        assert torch.equal(spec(target, prompt, max_new_tokens=20), expected)
+        assert calls and vars(lin)["forward"] is hooked and not hasattr(lin, "_saspec_small_rows")
+    finally:
+        del lin.forward
+

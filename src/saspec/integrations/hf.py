@@ -151,8 +151,10 @@ def fast_small_linears(model: Any, max_rows: int = SMALL_ROWS) -> int:
     for inputs of 2..``max_rows`` rows (tokens x batch); 1 row (plain
     decoding) and larger inputs (prefill) keep ``F.linear``, so plain greedy
     decoding is bit-identical. Values differ from ``F.linear``'s only by
-    float rounding. Idempotent; returns the number of layers routed (0 for a
-    non-float32 model)."""
+    float rounding. Layers that already have a forward of their own (an
+    instance attribute, as accelerate's hooks install) are left alone.
+    Idempotent; returns the number of layers routed (0 for a non-float32
+    model)."""
     import torch
 
     if max_rows < 2:
@@ -161,7 +163,10 @@ def fast_small_linears(model: Any, max_rows: int = SMALL_ROWS) -> int:
     for mod in model.modules():
         if not isinstance(mod, torch.nn.Linear) or mod.weight.dtype != torch.float32:
             continue
-        if getattr(mod, "_saspec_small_rows", None) is None:
+        ours = getattr(mod, "_saspec_small_rows", None) is not None
+        if "forward" in vars(mod) and not ours:
+            continue  # someone else's per-layer forward (e.g. accelerate's hooks): left as it is
+        if not ours:
             mod.forward = _small_rows_forward(mod)
         mod._saspec_small_rows = max_rows
         n += 1

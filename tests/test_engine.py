@@ -240,6 +240,16 @@ def test_extend_after_removing_a_batch_request(eng, bk):
     rejects(eng, RuntimeError, "prepare", bk.extend, eng, *step_arrays(2))
 
 
+def test_batch_property(eng):
+    assert eng.batch == ("a", "b")
+    eng.prepare(["b"])
+    assert eng.batch == ("b",)
+    eng.remove_request("a")  # not in the batch: it stays
+    assert eng.batch == ("b",)
+    eng.remove_request("b")
+    assert eng.batch is None
+
+
 @pytest.mark.parametrize("which", range(4))
 def test_extend_wrong_dtype(eng, bk, which):
     arrays = list(step_arrays(2))

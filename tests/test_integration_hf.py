@@ -460,3 +460,17 @@ def test_fast_verify_leaves_foreign_forwards_alone(models):
     finally:
         del lin.forward
 
+
+def test_generators_sharing_an_engine():
+    """Each generator extends and drafts its own request when they share one engine."""
+    engine = SpecEngine()
+    kw = dict(k=4, threshold=1, max_length=100, eos_token_ids=[])
+    a, b = ids_of([5, 6, 7, 8, 9, 5, 6, 7]), ids_of([1, 2, 3, 1, 2])
+    ga = sahf.SACandidateGenerator(a, engine=engine, **kw)
+    gb = sahf.SACandidateGenerator(b, engine=engine, **kw)
+    alone_a = sahf.SACandidateGenerator(a, engine=SpecEngine(), **kw).lookup(a, capped=False)
+    alone_b = sahf.SACandidateGenerator(b, engine=SpecEngine(), **kw).lookup(b, capped=False)
+    assert ga.lookup(a, capped=False) == alone_a == (3, [8, 9, 5, 6])
+    assert gb.lookup(b, capped=False) == alone_b
+    assert engine.batch == (gb._rid,)
+

@@ -514,6 +514,12 @@ class SpecEngine:
                 return {r: self._blobs[s].copy() for r, s in self._slot.items()}
             return {r: pool.blob(r) if r in pool.slot_of else self._blobs[s].copy() for r, s in self._slot.items()}
 
+    @property
+    def batch(self) -> tuple[Hashable, ...] | None:
+        """The request ids of the prepared batch in row order; None before
+        ``prepare`` and after one of them was removed."""
+        return self._batch
+
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._slot
 

@@ -278,6 +278,8 @@ class SACandidateGenerator:
         return (match length in tokens, up to ``k`` draft tokens, cut by the
         length rule unless ``capped`` is False)."""
         new = input_ids[0, self._fed:].tolist()
+        if self.engine.batch != (self._rid,):  # the engine may be shared: make this request the batch
+            self.engine.prepare([self._rid])
         while True:  # at most K+1 tokens per extend call
             chunk, new = new[: self.k + 1], new[self.k + 1:]
             self._acc[0, : len(chunk)] = chunk

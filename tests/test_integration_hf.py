@@ -474,3 +474,38 @@ def test_generators_sharing_an_engine():
     assert gb.lookup(b, capped=False) == alone_b
     assert engine.batch == (gb._rid,)
 
+
+def test_gate_probe_respects_the_length_limit(models):
+    """A fresh gate probes at its third step; with no room left there it does not draft."""
+    target = models["qwen2", "cycle"]
+    prompt = PROMPTS["loop"][1]
+    sizes = []
+    hook = target.register_forward_pre_hook(lambda mod, args, kw: sizes.append(kw["input_ids"].shape[1]),
+                                            with_kwargs=True)
+    try:
+        out = spec(target, prompt, max_new_tokens=3, saspec_gate=True)
+    finally:
+        hook.remove()
+    assert torch.equal(out, plain(target, prompt, max_new_tokens=3))
+    assert sizes == [len(prompt), 1, 1]
+
+
+def test_guessed_probe_teaches_the_gate_nothing():
+    """Without an automaton draft the gate's probe guesses a token: the step is
+    timed, but the automaton's acceptance statistics stay as they were."""
+    from saspec.select import CostGate
+
+    gate = CostGate(4)
+    ids = ids_of(list(range(100, 120)))  # no repeats: the automaton never drafts
+    gen = sahf.SACandidateGenerator(ids, engine=SpecEngine(), k=4, threshold=1, max_length=100, eos_token_ids=[],
+                                    gate=gate)
+    hits, misses = gate._sa_hits.copy(), gate._sa_misses.copy()
+    drafted = []
+    for step in range(4):
+        out, _ = gen.get_candidates(ids)
+        drafted.append(int(out.shape[1] - ids.shape[1]))
+        gen.update_candidate_strategy(out, None, 0)
+        ids = torch.cat([ids, torch.tensor([[200 + step]])], dim=1)
+    assert 1 in drafted and gate.probed  # the probe ran, on a guess
+    assert np.array_equal(gate._sa_hits, hits) and np.array_equal(gate._sa_misses, misses)
+

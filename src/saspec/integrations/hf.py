@@ -258,6 +258,7 @@ class SACandidateGenerator:
         self._fallback_started = False
         self._step_t0 = 0.0
         self._step_match = 0
+        self._guess = False  # this step's draft is the gate's probe guessing, not the automaton's
         self._rid = object()
         new_tokens = min(max(0, self.max_length - int(input_ids.shape[1])), _MAX_RESERVED_TOKENS)
         engine.add_request(self._rid, input_ids[0].cpu().numpy().astype(np.int64), expected_new_tokens=new_tokens)
@@ -316,9 +317,14 @@ class SACandidateGenerator:
                 source, n = "draft", 1
             else:
                 source, n = self.gate.choose(match, len(draft), self.k if use_fallback else 0)
-            if source == "probe":  # one token, to time a multi-token verify: the automaton's, else a guess
+            guess = False
+            if source == "probe" and room <= 0:  # no room for a draft token
+                source, n = "none", 0
+            elif source == "probe":  # one token, to time a multi-token verify: the automaton's, else a guess
+                guess = not draft
                 draft = draft[:1] or input_ids[0, -1:].tolist()
                 source = "sa"
+            self._guess = guess
             draft = draft[:n]
             use_sa, use_fallback = source == "sa", source == "draft"
             if use_fallback and hasattr(self.fallback, "num_assistant_tokens"):
@@ -347,7 +353,7 @@ class SACandidateGenerator:
         if self.gate is not None:
             if any(st["steps"] for st in self.stats.values()):  # the first step's forward is the prefill
                 self.gate.observe_forward(1 + self._drafted, time.perf_counter() - self._step_t0)
-            if self._drafted:
+            if self._drafted and not self._guess:  # a guessed probe times the verify but says nothing of the automaton
                 source = "sa" if self._source == "sa" else "draft"
                 self.gate.observe(source, self._step_match, self._drafted, min(int(num_matches), self._drafted))
         st = self.stats[self._source]

@@ -239,6 +239,24 @@ def test_siblings_swapping_rows_are_told_apart_by_their_tails():
     assert proposer.stats["new"] == 2 and proposer.stats["reclaimed"] == 2
 
 
+def test_swapped_rows_with_one_head_and_tail_are_told_apart():
+    # A system prompt longer than HEAD and the same closing tokens: only the middles differ,
+    # which the spread positions of the fingerprint sample.
+    system, closing = list(range(1000, 1040)), list(range(2000, 2016))
+    a = system + [7, 8, 9, 10, 11, 7, 8, 9] + closing
+    b = system + [3, 3, 3, 3, 3, 3, 3, 3] + closing
+    proposer = SAProposer(vllm_config(), min_match=1)
+    ids = np.zeros((2, 128), np.int32)
+    n = np.array([len(a), len(b)], np.int32)
+    ids[0, : len(a)], ids[1, : len(b)] = a, b
+    proposer.propose([[a[-1]], [b[-1]]], n, ids)
+    a2, b2 = a + [7], b + [3]
+    ids[0, : len(b2)], ids[1, : len(a2)] = b2, a2  # swapped, and one token each
+    n[:] = len(a2)
+    assert proposer.propose([[3], [7]], n, ids) == [reference_draft(b2, proposer), reference_draft(a2, proposer)]
+    assert proposer.stats["continued"] == 0 and proposer.stats["reclaimed"] == 2
+
+
 def test_memory_stays_bounded_under_endless_traffic():
     proposer, worker, started = run_traffic(3, steps=1500, rows=4, max_detached=3, p_preempt=0.02)
     assert started > 150

@@ -22,16 +22,17 @@ finished or preempted request's row is filled by moving the last row into it,
 rows may be swapped, and a preempted request comes back later, in any row,
 after a new prefill. The proposer maps rows to its own requests from the
 arrays alone. Each tracked request keeps a fingerprint: its length ``L`` (the
-tokens in its automaton), a 64-bit hash of its first ``min(HEAD, L)`` tokens
-and a copy of its last ``min(TAIL, L)`` tokens. At each step, for a row with
+tokens in its automaton), a 64-bit hash of its first ``min(HEAD, L)`` tokens and
+of ``SPREAD`` tokens at evenly spread positions (``L * i // (SPREAD + 1)``), and a
+copy of its last ``min(TAIL, L)`` tokens. At each step, for a row with
 ``s = len(sampled_token_ids[b]) > 0`` tokens added and ``n = num_tokens_no_spec[b]``:
 
 * **continuing**: the request tracked at row ``b`` has ``L == n - s``, the same
-  head hash as ``token_ids_cpu[b, :min(HEAD, n - s)]`` and the same tail as
+  hash as ``token_ids_cpu[b, :n - s]`` and the same tail as
   ``token_ids_cpu[b, n - s - TAIL : n - s]``: its automaton gets the ``s`` new
   tokens. This is the hot path, decided for all rows at once by one jitted
   pass that also gathers the new tokens straight from ``token_ids_cpu``.
-* **moved or resumed**: otherwise the row's fingerprint ``(n - s, head hash)``
+* **moved or resumed**: otherwise the row's fingerprint ``(n - s, hash)``
   is looked up among the requests no row continued this step (those whose row
   now holds something else, plus earlier such requests, kept in a bounded pool)
   and confirmed by the tail; the request takes the row and gets the ``s`` tokens.
@@ -44,9 +45,12 @@ Requests that leave their row (finished, preempted or moved) go to the pool;
 the pool holds at most ``max_detached`` requests and frees the oldest beyond
 that, so memory stays bounded under endless traffic: finished requests are
 freed by eviction, a resumed request found in the pool keeps its automaton,
-and one evicted before it resumes is simply built again. A fingerprint that
-matches a different text (a hash collision with an identical tail and length)
-can only yield poor drafts, which vLLM rejects.
+and one evicted before it resumes is simply built again. A fingerprint matches a
+different text only when the two have the same length and agree on the head,
+the tail and the spread positions (or the hashes collide): for example two
+requests with one long system prompt and the same closing tokens that differ
+only between the sampled positions. Such a mix-up can only yield poor drafts,
+which vLLM rejects.
 
 A row drafts only where the match is long enough to be trusted: match length
 at least ``min_match`` tokens; other rows get an empty draft. A drafting row
@@ -93,6 +97,8 @@ DEFAULT_MIN_MATCH = 5
 GATE = "gate"
 #: Tokens at the start of a request hashed into its fingerprint.
 HEAD = 32
+#: Tokens at evenly spread positions of a request's text hashed into its fingerprint.
+SPREAD = 16
 #: Tokens at the end of a request's text compared exactly before appending.
 TAIL = 16
 
@@ -106,11 +112,15 @@ _FNV_PRIME = np.uint64(0x100000001B3)
 
 
 @njit(nogil=True, cache=True)
-def _hash_prefix(row, n):
-    """FNV-1a over the first ``n`` int32 tokens of ``row``, as uint64."""
+def _fingerprint_hash(row, n, head):
+    """FNV-1a, as uint64, over the first ``min(head, n)`` int32 tokens of
+    ``row[:n]`` and the ``SPREAD`` tokens at positions ``n * i // (SPREAD + 1)``,
+    ``i = 1..SPREAD`` (a sample of the whole text)."""
     h = _FNV_OFFSET
-    for j in range(n):
+    for j in range(min(head, n)):
         h = (h ^ np.uint64(np.uint32(row[j]))) * _FNV_PRIME
+    for i in range(1, SPREAD + 1):
+        h = (h ^ np.uint64(np.uint32(row[(n * i) // (SPREAD + 1)]))) * _FNV_PRIME
     return h
 
 
@@ -123,8 +133,8 @@ def _classify(token_ids, num_tokens, lens, row_rid, row_len, row_hash, row_tail,
     num_tokens: int32 [>= B] (``num_tokens_no_spec``); lens: int32 [B] sampled
     tokens per row; row_*: the per-row fingerprints of the tracked requests
     (row_rid int64 [R'] with -1 for none, row_len int32, row_hash uint64,
-    row_tail int32 [R', TAIL]); head: tokens hashed.
-    Writes status int8 [B], hash_old / hash_new uint64 [B] (head hash of the
+    row_tail int32 [R', TAIL]); head: the leading tokens hashed (``HEAD``).
+    Writes status int8 [B], hash_old / hash_new uint64 [B] (fingerprint hash of the
     text before / after this step's tokens) and accepted[b, :lens[b]] int32
     [B, K+1] for continuing rows.
     """
@@ -144,9 +154,9 @@ def _classify(token_ids, num_tokens, lens, row_rid, row_len, row_hash, row_tail,
                 bad = True
         if bad:
             continue
-        h_old = _hash_prefix(row, min(head, n_old))
+        h_old = _fingerprint_hash(row, n_old, head)
         hash_old[b] = h_old
-        hash_new[b] = h_old if n_old >= head else _hash_prefix(row, min(head, n))
+        hash_new[b] = _fingerprint_hash(row, n, head)
         status[b] = UNMATCHED
         if b >= row_rid.shape[0] or row_rid[b] < 0 or row_len[b] != n_old or row_hash[b] != h_old or s > width:
             continue
@@ -173,7 +183,7 @@ def _tail_of(row, n, out):
 @njit(nogil=True, cache=True)
 def _commit(token_ids, num_tokens, rows, hash_new, row_len, row_hash, row_tail):
     """Record the fingerprints of the rows ``rows`` after this step (lengths
-    ``num_tokens[b]``, head hashes ``hash_new[b]``, tails from ``token_ids``)."""
+    ``num_tokens[b]``, hashes ``hash_new[b]``, tails from ``token_ids``)."""
     for i in range(rows.shape[0]):
         b = rows[i]
         n = num_tokens[b]
@@ -282,7 +292,7 @@ class SAProposer:
         self._row_tail = np.zeros((rows, TAIL), np.int32)
         self._row_drafted = np.zeros(rows, np.int32)  # draft tokens given to each row at the last step
         self._pool: OrderedDict[int, _Detached] = OrderedDict()  # rid -> fingerprint, oldest first
-        self._by_key: dict[tuple[int, int], list[int]] = {}  # (length, head hash) -> rids in the pool
+        self._by_key: dict[tuple[int, int], list[int]] = {}  # (length, fingerprint hash) -> rids in the pool
         self._batch_rids = np.empty(0, np.int64)  # the engine's prepared batch, in row order
         self._prepared = False
         self.stats = {"steps": 0, "new": 0, "continued": 0, "reclaimed": 0, "freed": 0, "drafted": 0,

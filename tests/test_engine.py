@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numba
 import numpy as np
 import pytest
 
@@ -254,6 +255,17 @@ def test_batch_property(eng):
 def test_extend_wrong_dtype(eng, bk, which):
     arrays = list(step_arrays(2))
     arrays[which] = arrays[which].astype(np.int64)
+    rejects(eng, TypeError, "int32", bk.extend, eng, *arrays)
+
+
+@pytest.mark.parametrize("which", range(4))
+def test_extend_byte_swapped_int32(eng, bk, which):
+    # numba's type cache types a byte-swapped array like a native one once it has
+    # seen an unaligned array of that rank: warm it, then check the swapped one is refused.
+    raw = np.zeros(64, np.uint8)
+    numba.njit(lambda a, b: a.sum() + b.sum())(raw[1:5].view(np.int32), raw[1:17].view(np.int32).reshape(1, 4))
+    arrays = list(step_arrays(2))
+    arrays[which] = arrays[which].astype(">i4")
     rejects(eng, TypeError, "int32", bk.extend, eng, *arrays)
 
 

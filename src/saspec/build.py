@@ -133,7 +133,7 @@ def check_new_tokens(value: Any, prompt_tokens: int) -> int | None:
 
 
 def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:
-    """A larger copy of ``buf`` with room for at least one more token.
+    """A larger copy of ``buf`` with room for more tokens.
 
     Every capacity is sized together for ``target`` tokens, at least ``GROWTH``
     times the current count (and at least ``more_tokens`` more), at the typical
@@ -143,7 +143,10 @@ def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:
     ``_TABLE_MARGIN`` edges per token of the new headroom (then by at least
     ``_TABLE_GROWTH``): re-inserting its edges is the costly part of a copy,
     and text that copies adds few edges (random text, about one per token,
-    then grows the table on its own a little later).
+    then grows the table on its own a little later). A token that needs more
+    table room than that (a clone of a state with many edges) finds NO_ROOM
+    again; the caller grows once more, and with text and states to spare that
+    grow doubles the table.
     """
     more = max(int(more_tokens), 1)
     (n, ns, used), (cap_tok0, cap_st0, ht0) = _fill(buf)

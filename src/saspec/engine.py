@@ -38,6 +38,7 @@ from .build import as_int32_array
 
 _EMPTY_BLOB = build.new_blob(0)
 _NEVER = 2**63 - 1  # a batch size no parallel_threshold of None reaches
+_I32 = np.dtype(np.int32)  # native byte order
 _STEP_EXACT = None  # kx.step compiled for exactly the argument types of the fast path (see _exact_step)
 
 
@@ -46,7 +47,10 @@ def _exact_step():
     writable C-contiguous int32 numpy arrays of the right ranks (and the int64
     address table). Anything else fails numba's dispatch with ``TypeError``
     before any code runs, and ``extend`` then re-checks the arguments one by
-    one to say what is wrong. Built on first use (it compiles eagerly)."""
+    one to say what is wrong. ``extend`` also sends only native-byte-order
+    int32 arrays here: numba types a byte-swapped array like a native one once
+    its type cache has seen an unaligned array of that rank. Built on first
+    use (it compiles eagerly)."""
     global _STEP_EXACT
     if _STEP_EXACT is None:
         a1, a2 = int32[::1], int32[:, ::1]
@@ -308,8 +312,10 @@ class SpecEngine:
         token, an output sharing memory with an input or with the other output
         (inputs may share), or a row that would exceed
         ``build.MAX_REQUEST_TOKENS``; a rejected call changes nothing. Writable
-        C-contiguous int32 numpy arrays take the fast path: the checks and a
-        serial step are one jitted call.
+        C-contiguous int32 numpy arrays (native byte order) take the fast path:
+        the checks and a serial step are one jitted call. Only a failure to
+        allocate a larger blob for a full request (``MemoryError``) can leave
+        a step half done: rows may have appended some of their tokens.
 
         CUDA backend: C-contiguous int32 torch tensors on the engine's device;
         one kernel launch on torch's current stream, no host sync, so the call
@@ -338,6 +344,10 @@ class SpecEngine:
                 and type(accepted_lens) is nd
                 and type(match_len_out) is nd
                 and type(draft_out) is nd
+                and accepted.dtype is _I32  # numba types a byte-swapped int32 array like a native one
+                and accepted_lens.dtype is _I32
+                and match_len_out.dtype is _I32
+                and draft_out.dtype is _I32
             ):
                 # The fast path: one jitted call checks and runs the step.
                 try:

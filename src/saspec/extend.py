@@ -171,13 +171,14 @@ def check_step(table, rp, accepted, lens, match_out, draft_out, ctl, n_word):
 
 @njit(inline="always")
 def _row(buf, accepted, lens, progress, match_out, draft_out, b, policy, depth):
+    n = min(lens[b], accepted.shape[1])  # read once, and in bounds even if the caller's array changed since the check
     j = progress[b]
-    while j < lens[b]:
+    while j < n:
         if core.extend(buf, accepted[b, j], policy, depth) == core.NO_ROOM:
             break
         j += 1
     progress[b] = j
-    if j < lens[b]:
+    if j < n:
         return 1
     match_out[b] = core.match_len(buf)
     core.draft(buf, draft_out[b], draft_out.shape[1])

@@ -135,6 +135,17 @@ def test_draft_lengths_bad_inputs():
         draft_lengths(np.array([1.5]), 8)
 
 
+def test_draft_lengths_huge_scale_and_torch_dtype():
+    # ceil(scale * m) beyond int64 must clamp to k_max, not wrap to a negative length
+    m = np.array([10**9, 5, 0], np.int32)
+    assert draft_lengths(m, 8, "per-match", 1e10).tolist() == [8, 8, 0]
+    assert draft_length(10**9, 8, 1, 1e10, -1) == 8 and draft_length(3, 8, 1, 1e300, -1) == 8
+    torch = pytest.importorskip("torch")
+    assert draft_lengths(torch.from_numpy(m), 8, "per-match", 1e300).tolist() == [8, 8, 0]
+    with pytest.raises(ValueError, match="integers"):
+        draft_lengths(torch.tensor([1.5, 0.5]), 8)
+
+
 def test_truncate_drafts():
     d = np.arange(12, dtype=np.int32).reshape(3, 4)
     out = truncate_drafts(d, np.array([0, 2, 4]))

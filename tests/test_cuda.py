@@ -378,8 +378,12 @@ def test_constructor_arguments(cuda_backend):
         SpecEngine(backend="cuda", max_slots=4)
     with pytest.raises(ValueError, match="max_slots applies to backend='cuda' only"):
         SpecEngine(max_slots=4)
-    with pytest.raises(ValueError, match="max_slots must be >= 1"):
+    with pytest.raises(ValueError, match="max_slots must be .*an int >= 1, got 0"):
         SpecEngine(backend="cuda", max_slots=0, max_seq_len=8)
+    for bad in ({"max_slots": 2.7, "max_seq_len": 8}, {"max_slots": "3", "max_seq_len": 8},
+                {"max_slots": 2, "max_seq_len": 8.9}, {"max_slots": True, "max_seq_len": 8}):
+        with pytest.raises(TypeError, match="must be .*an int >= 1"):
+            SpecEngine(backend="cuda", **bad)
     with pytest.raises(ValueError, match="more than 2\\*\\*31 - 1"):
         SpecEngine(backend="cuda", max_slots=1, max_seq_len=2**27)
     with pytest.raises(ValueError, match="unknown policy"):

@@ -346,6 +346,10 @@ def test_bad_constructor_arguments():
         SpecEngine(policy="best")
     with pytest.raises(ValueError, match="min_n"):
         NgramDrafter(min_n=3, max_n=2)
+    with pytest.raises(TypeError, match="min_n must be an int"):
+        NgramDrafter(min_n=1.5, max_n=3)
+    with pytest.raises(TypeError, match="max_n must be an int"):
+        NgramDrafter(min_n=1, max_n=2.9)
     with pytest.raises(ValueError, match="k must be >= 0"):
         SuffixAutomaton([1]).draft(-1)
 

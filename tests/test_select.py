@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from saspec.select import select_drafts, select_drafts_np
+from saspec.select import (N_BUCKETS, AdaptiveSelector, adaptive_init, match_bucket, select_drafts,
+                            select_drafts_np)
 
 MATCH = [0, 1, 2, 2**31 - 2, 2**31 - 1]
 
@@ -179,3 +180,37 @@ def test_gate_rejects_bad_settings_and_observations():
         g.observe("sa", 1, 2, 3)
     with pytest.raises(ValueError, match="unknown source"):
         g.q("eagle")
+
+
+def test_gate_edges_found_in_review():
+    with pytest.raises(ValueError, match="prior_weight"):
+        CostGate(4, prior_weight=0)
+    g = CostGate(4)
+    g.observe_forward(1, 0.01)
+    g.observe_forward(8, 0.08)  # in the last size bucket (5-8) but larger than any verify (5 tokens): ignored
+    assert not g.probed and g.verify_cost()[4] == pytest.approx(1.4)
+    g.observe_forward(5, 0.03)
+    assert g.probed and g.verify_cost()[4] == pytest.approx(3.0)
+    fixed = CostGate(4, verify_cost=[1.0, 1.1, 1.2, 1.3, 1.4])
+    fixed.observe_forward(1, 0.01)  # the unit the draft model's cost is measured in
+    fixed.observe_forward(3, 5.0)  # the verify costs stay fixed
+    fixed.observe_draft_forward(0.1)
+    assert fixed.draft_cost() == pytest.approx(10.0)
+    assert fixed.choose(0, 0, 4) == ("none", 0)  # a draft token costs 10 forwards
+    assert fixed.verify_cost().tolist() == [1.0, 1.1, 1.2, 1.3, 1.4]
+
+
+def test_adaptive_selector_checks_rows_before_updating():
+    sel = AdaptiveSelector(8)
+    with pytest.raises(ValueError, match="match_len has 1 rows, expected 3"):
+        sel.choose(["x", "y", "z"], np.array([5]))
+    before = sel._g_sum.copy()
+    with pytest.raises(ValueError, match="verified has 1 rows, expected 2"):
+        sel.observe(["x", "y"], np.array([5, 6]), np.zeros((2, 8)), np.zeros((2, 8)), [np.zeros(3)])
+    assert np.array_equal(sel._g_sum, before) and sel._req == {}
+    with pytest.raises(ValueError, match="k must be an int >= 1"):
+        AdaptiveSelector(0)
+    g_sum, g_cnt = np.zeros(N_BUCKETS), np.zeros(N_BUCKETS)
+    adaptive_init(g_sum, g_cnt, 32)
+    assert g_sum[match_bucket(5)] == 2.5 and g_sum[match_bucket(16)] == 8.0 and g_sum[match_bucket(100)] == 16.0
+

@@ -10,6 +10,8 @@ A request's blob is ``[n, tokens...]`` (int32), grown geometrically on the host.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 from numba import njit, prange
 
@@ -48,13 +50,14 @@ def ngram_draft(ctx, n_ctx, min_n, max_n, out, k):
 def _row(blob, accepted, lens, progress, match_out, draft_out, b, min_n, max_n):
     n = blob[0]
     room = blob.shape[0] - 1 - n
-    if lens[b] - progress[b] > room:
+    count = min(lens[b], accepted.shape[1])  # read once, and in bounds even if the caller's array changed since the check
+    if count - progress[b] > room:
         return 1
-    for j in range(progress[b], lens[b]):
+    for j in range(progress[b], count):
         blob[1 + n] = accepted[b, j]
         n += 1
     blob[0] = n
-    progress[b] = lens[b]
+    progress[b] = count
     _, m = ngram_draft(blob[1:], n, min_n, max_n, draft_out[b], draft_out.shape[1])
     match_out[b] = m
     return 0
@@ -96,6 +99,9 @@ class NgramDrafter(SpecEngine):
     _FUSED = False
 
     def __init__(self, *, min_n: int = 1, max_n: int = 4, parallel_threshold: int | None = None) -> None:
+        for name, v in (("min_n", min_n), ("max_n", max_n)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"{name} must be an int, got {v!r}")
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         super().__init__(parallel_threshold=parallel_threshold)

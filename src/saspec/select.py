@@ -143,10 +143,12 @@ def match_bucket(m):
 
 @njit(cache=True)
 def adaptive_init(g_sum, g_cnt, k):
-    """Prior for the per-bucket SA statistics: a match of length m predicts
-    about min(m, k) / 2 accepted tokens."""
+    """Prior for the per-bucket SA statistics (one pseudo-observation each): a
+    match of length m predicts about min(m, k) / 2 accepted tokens, m the
+    bucket's smallest match (see ``match_bucket``)."""
     for i in range(N_BUCKETS):
-        g_sum[i] = min(k, max(1, i)) * 0.5
+        m = i if i < 8 else 2 ** (i - 5)
+        g_sum[i] = min(k, max(1, m)) * 0.5
         g_cnt[i] = 1.0
 
 
@@ -172,6 +174,14 @@ def adaptive_observe(g_sum, g_cnt, sa_ratio, nn_recent, m, sa_accepted, nn_accep
     return sa_ratio, 0.8 * nn_recent + 0.2 * nn_accepted
 
 
+def _same_rows(request_ids: Any, **per_row: Any) -> None:
+    """``ValueError`` unless every ``per_row`` argument has ``len(request_ids)`` rows."""
+    b = len(request_ids)
+    for name, x in per_row.items():
+        if len(x) != b:
+            raise ValueError(f"{name} has {len(x)} rows, expected {b} (one per request id)")
+
+
 def _prefix_len(draft: np.ndarray, verified: np.ndarray) -> int:
     n = min(draft.shape[0], verified.shape[0])
     miss = np.flatnonzero(draft[:n] != verified[:n])
@@ -191,6 +201,8 @@ class AdaptiveSelector:
     """
 
     def __init__(self, k: int, neural_prior: float = 2.0) -> None:
+        if isinstance(k, bool) or int(k) != k or k < 1:
+            raise ValueError(f"k must be an int >= 1, got {k!r}")
         self.k = int(k)
         self.neural_prior = float(neural_prior)
         self._g_sum = np.zeros(N_BUCKETS)
@@ -203,6 +215,7 @@ class AdaptiveSelector:
 
     def choose(self, request_ids: Any, match_len: np.ndarray) -> np.ndarray:
         """bool [B]: row b should use the SA draft."""
+        _same_rows(request_ids, match_len=match_len)
         return np.array(
             [adaptive_prefers_sa(self._g_sum, self._g_cnt, *self._state(r), int(m)) for r, m in zip(request_ids, match_len)],
             dtype=bool,
@@ -211,7 +224,10 @@ class AdaptiveSelector:
     def observe(self, request_ids: Any, match_len: np.ndarray, sa_drafts: np.ndarray, neural_drafts: np.ndarray,
                 verified: list[np.ndarray]) -> None:
         """Score both drafts of each row against ``verified[b]``, the tokens the
-        target produced this step (accepted drafts plus its own token)."""
+        target produced this step (accepted drafts plus its own token).
+        All five arguments have B rows (``ValueError`` otherwise, nothing updated)."""
+        _same_rows(request_ids, match_len=match_len, sa_drafts=sa_drafts, neural_drafts=neural_drafts,
+                   verified=verified)
         for b, r in enumerate(request_ids):
             o_sa = _prefix_len(np.asarray(sa_drafts[b]), verified[b])
             o_nn = _prefix_len(np.asarray(neural_drafts[b]), verified[b])
@@ -257,7 +273,8 @@ def draft_length(m, k_max, rule, scale, last):
         return 0
     if rule == 0:
         return k_max
-    n = min(k_max, int(math.ceil(scale * m)))
+    x = scale * m
+    n = k_max if x >= k_max else int(math.ceil(x))  # compared as a float: a huge product must not overflow an int
     if rule == 2 and last >= 0:
         n = min(n, 2 * last + 2)
     return max(n, 1)
@@ -322,11 +339,13 @@ def draft_lengths(match_len: Any, k_max: int, rule: str = DEFAULT_LENGTH_RULE, s
     if type(match_len).__module__.startswith("torch"):
         import torch
 
+        if match_len.dtype.is_floating_point or match_len.dtype.is_complex or match_len.dtype == torch.bool:
+            raise ValueError(f"match_len must hold integers, got dtype {match_len.dtype}")
         m = match_len.to(torch.int64)
         if r == 0:
             n = torch.full_like(m, k_max)
         else:
-            n = torch.ceil(m.to(torch.float64) * scale).to(torch.int64).clamp(1, k_max)
+            n = torch.ceil(m.to(torch.float64) * scale).clamp(1, k_max).to(torch.int64)
             if r == 2:
                 last = last_accepted.to(device=m.device, dtype=torch.int64)
                 n = torch.where(last >= 0, torch.minimum(n, 2 * last + 2), n).clamp(min=1)
@@ -338,7 +357,7 @@ def draft_lengths(match_len: Any, k_max: int, rule: str = DEFAULT_LENGTH_RULE, s
     if r == 0:
         n = np.full_like(m, k_max)
     else:
-        n = np.clip(np.ceil(m.astype(np.float64) * scale).astype(np.int64), 1, k_max)
+        n = np.clip(np.ceil(m.astype(np.float64) * scale), 1, k_max).astype(np.int64)
         if r == 2:
             last = np.asarray(last_accepted).astype(np.int64)
             n = np.maximum(np.where(last >= 0, np.minimum(n, 2 * last + 2), n), 1)
@@ -460,8 +479,9 @@ class CostGate:
             raise ValueError(f"k_max must be an int >= 1, got {k_max!r}")
         for name, v, lo, hi in (("slope_prior", slope_prior, 0.0, math.inf), ("model_prior", model_prior, 0.0, 1.0),
                                 ("prior_weight", prior_weight, 0.0, math.inf), ("ema", ema, 0.0, 1.0)):
-            if not (lo <= float(v) <= hi) or (name == "ema" and v == 0):
-                raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+            if not (lo <= float(v) <= hi) or (name in ("ema", "prior_weight") and v == 0):
+                low = "(0" if name in ("ema", "prior_weight") else f"[{lo}"
+                raise ValueError(f"{name} must be in {low}, {hi}], got {v}")
         self.k_max = int(k_max)
         self.slope_prior, self.ema = float(slope_prior), float(ema)
         self._fixed = verify_cost is not None
@@ -490,9 +510,11 @@ class CostGate:
 
     def observe_forward(self, n_tokens: int, seconds: float) -> None:
         """A target forward over ``n_tokens`` tokens took ``seconds``
-        (forwards larger than the biggest verify, like a prefill, are ignored)."""
-        b = _cost_bucket(n_tokens) if n_tokens >= 1 else -1
-        if self._fixed or not 0 <= b < self._t.shape[0] or not seconds > 0:
+        (forwards larger than the biggest verify, ``k_max + 1`` tokens, like a
+        prefill, are ignored; with a fixed ``verify_cost`` only 1-token
+        forwards are timed, the unit ``draft_cost`` needs)."""
+        b = _cost_bucket(n_tokens) if 1 <= n_tokens <= self.k_max + 1 else -1
+        if not 0 <= b < self._t.shape[0] or not seconds > 0 or (self._fixed and b != 0):
             return
         a = 1.0 if self._t[b] == 0 else self.ema
         self._t[b] += a * (seconds - self._t[b])

@@ -42,6 +42,15 @@ def test_scalar_threshold_limits_numpy(threshold):
     assert np.array_equal(drafts, np.where(use[:, None], sa, neural))
 
 
+def test_torch_match_len_and_threshold_device_are_checked():
+    torch = pytest.importorskip("torch")
+    neural, sa, match = _inputs(torch, torch.int32)
+    with pytest.raises(ValueError, match="match_len must hold integers"):
+        select_drafts(neural, sa, match.to(torch.float32), 2)
+    with pytest.raises(ValueError, match="threshold must be on match_len's device"):
+        select_drafts(neural, sa, match, torch.tensor(2, device="meta"))
+
+
 @pytest.mark.parametrize("threshold", LIMITS, ids=repr)
 def test_scalar_threshold_limits_torch(threshold):
     torch = pytest.importorskip("torch")

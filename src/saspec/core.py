@@ -34,9 +34,10 @@ copy a state's edges. An automaton of n tokens has at most n table edges:
 every state but the one of the whole text has an inline first edge, and the
 edges number at most states - 1 + n.
 
-The hot record is 16 bytes and 16-byte aligned (four per 64-byte cache line on
-the host, one 32-byte sector on the GPU); POS and MORE are read once per token
-and per clone, so they live apart and do not dilute the records the walks touch.
+The hot record is 16 bytes (four to a 64-byte cache line on the host, two to a
+32-byte sector on the GPU; the regions are not padded to align them, which
+measured no different); POS and MORE are read once per token and per clone, so
+they live apart and do not dilute the records the walks touch.
 
 Matching. After each appended token the longest suffix of the text that also
 ends earlier is the state ``link[last]``, and its length is ``length[link[last]]``

@@ -79,7 +79,11 @@ def select_drafts(neural: Any, sa: Any, match_len: Any, threshold: Any) -> tuple
     import torch
 
     _check(neural, sa, match_len)
+    if match_len.dtype.is_floating_point or match_len.dtype.is_complex or match_len.dtype == torch.bool:
+        raise ValueError(f"match_len must hold integers, got dtype {match_len.dtype}")
     if isinstance(threshold, torch.Tensor):
+        if threshold.device != match_len.device:
+            raise ValueError(f"threshold must be on match_len's device ({match_len.device}), got {threshold.device}")
         if threshold.dim() > 1 or (threshold.dim() == 1 and tuple(threshold.shape) != (neural.shape[0],)):
             raise ValueError(f"threshold must be 0-d or [{neural.shape[0]}], got shape {tuple(threshold.shape)}")
         use_sa = (match_len >= threshold) & (match_len > 0)

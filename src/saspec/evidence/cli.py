@@ -49,6 +49,20 @@ positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
 
 
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """A ``type=`` parsing an int in ``[lo, hi]``."""
+    at_least = int_at_least(lo)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > hi:
+            raise argparse.ArgumentTypeError(f"must be <= {hi}, got {value}")
+        return value
+
+    parse.__name__ = f"int in [{lo}, {hi}]"
+    return parse
+
+
 def float_in(lo: float, hi: float | None = None) -> Callable[[str], float]:
     """A ``type=`` parsing a finite float in ``[lo, hi]`` (``hi`` None: no upper bound)."""
 

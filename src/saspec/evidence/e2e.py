@@ -214,7 +214,13 @@ def _ratio(a: float, b: float) -> str:
 def _generate(args: argparse.Namespace) -> int:
     from .cli import CliError
 
-    text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text()
+    if args.prompt is not None:
+        text = args.prompt
+    else:
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise CliError(f"{args.prompt_file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not text.strip():
         raise CliError("the prompt is empty")
 
@@ -359,6 +365,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     from . import simulate
     from ..build import DEFAULT_POLICY
+    from .cli import CliError
     from .tokenizers import get_tokenizer
     from .workloads import Trace, save_traces
 
@@ -369,6 +376,8 @@ def _bench(args: argparse.Namespace) -> int:
         methods[i:i + 1] = [f"hf-lookup:{n}" for n in lookups]
     if "hf-plain" not in methods:
         methods.insert(0, "hf-plain")  # the reference output and the speed-up baseline
+    if args.code_prompts == 0 and args.free_prompts == 0:
+        raise CliError("no prompts: --code-prompts and --free-prompts are both 0")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     threads = _setup_torch(args)

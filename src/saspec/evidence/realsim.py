@@ -390,21 +390,22 @@ def real_summary(rows: list[dict], threshold: int, rule: tuple[str, float]) -> s
 
 
 def speed_section(flats: dict, k: int, p: tuple[float, ...], threshold: int, seed: int,
-                  profiles: list[Profile] | None = None) -> tuple[str, dict]:
+                  profiles: list[Profile] | None = None, policy: str = DEFAULT_POLICY) -> tuple[str, dict]:
     """The cost-model part of ``saspec simulate``: the draft-length study,
     the speed table (with the study's best rule) and, where workloads carry
-    draft-model runs, the hybrid/draft-model ratios. Returns (markdown text,
-    JSON-able dict)."""
+    draft-model runs, the hybrid/draft-model ratios, all with the SA's
+    occurrence ``policy``. Returns (markdown text, JSON-able dict)."""
     from .costmodel import default_profiles
     from .simulate import neural_positions
 
     profiles = profiles or default_profiles()
-    arrays = {name: Arrays(flat, neural_positions(flat, p, seed)) for name, flat in flats.items()}
+    arrays = {name: Arrays(flat, neural_positions(flat, p, seed), policy) for name, flat in flats.items()}
     study = length_study(arrays, profiles, threshold)
     t_study = model_threshold_study(arrays, profiles, study["best"])
     t_model = t_study["best"] if t_study else threshold
     rows = speed_table(arrays, profiles, k, threshold, study["best"], t_model)
-    parts = ["Draft-length rules (SA drafts up to 32 tokens; SA alone and hybrid K=8), modeled tokens/s:",
+    parts = [f"Draft-length rules (SA policy {policy}; SA drafts up to 32 tokens; SA alone and hybrid K=8), "
+             "modeled tokens/s:",
              format_length_study(study)]
     if t_study:
         parts += ["", "Hybrid threshold over the real draft model (K=3 and 8, SA drafts up to 32, every profile "
@@ -414,7 +415,7 @@ def speed_section(flats: dict, k: int, p: tuple[float, ...], threshold: int, see
     if summary:
         parts += ["", f"Real draft model (teacher-forced runs): hybrid (T={t_model}) over the draft model alone",
                   summary]
-    data = {"profiles": [pr.as_json() for pr in profiles], "length_study": {"score": study["score"],
+    data = {"policy": policy, "profiles": [pr.as_json() for pr in profiles], "length_study": {"score": study["score"],
             "best": list(study["best"])}, "speed": rows,
             "model_threshold": None if t_study is None else {"best": t_study["best"],
                                                              "ratios": {str(t): v for t, v in t_study["ratios"].items()}}}

@@ -456,14 +456,16 @@ def _workload_name(text: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli import comma_list, nonnegative_int, output_file, positive_int, probability
+    from .cli import comma_list, int_in, nonnegative_int, output_file, positive_int, probability
+    from .realsim import SA_WIDTH
 
     p.add_argument("--workloads", type=comma_list(_workload_name, what="workload"), default=default_workloads(),
                    help="comma-separated built-in workloads and/or recorded trace files (.jsonl, format below)")
     p.add_argument("--size", type=positive_int, default=None,
                    help="traces per built-in workload (default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_SIZES.items())
                    + ")")
-    p.add_argument("-k", "--k", type=positive_int, default=8, help="draft tokens per step (K)")
+    p.add_argument("-k", "--k", type=int_in(1, SA_WIDTH), default=8,
+                   help=f"draft tokens per step (K, at most {SA_WIDTH}: the cost model's tables stop there)")
     p.add_argument("--threshold", type=positive_int, default=DEFAULT_THRESHOLD,
                    help="hybrid rows: SA drafts when its match length >= T, else the neural drafter")
     p.add_argument("--thresholds", type=comma_list(positive_int, what="threshold"), default=DEFAULT_THRESHOLDS,
@@ -504,7 +506,12 @@ def load_workloads(names: list[str], size: int | None, seed: int) -> dict[str, F
                 raise wl.TraceFormatError(f"{name}: not a UTF-8 JSON Lines file ({exc})") from None
             if not w.traces:
                 raise wl.TraceFormatError(f"{name}: no traces (the file has no non-blank line)")
-            out[Path(name).name.removesuffix(".gz").removesuffix(".jsonl")] = Flat.of(w.traces)
+            key = Path(name).name.removesuffix(".gz").removesuffix(".jsonl")
+            if key in out or key in names:
+                from .cli import CliError
+
+                raise CliError(f"two workloads would be named {key!r} ({name} and another); rename the trace file")
+            out[key] = Flat.of(w.traces)
             continue
         if name == REAL:
             from .record import REAL_OUTPUTS_PATH, split_workloads
@@ -521,6 +528,8 @@ def load_workloads(names: list[str], size: int | None, seed: int) -> dict[str, F
         except wl.WorkloadUnavailable as e:
             print(f"skipping workload {name!r}: {e}")
             continue
+        if size is not None and len(w.traces) < size:
+            print(f"workload {name!r}: {len(w.traces)} traces, all it has (--size asked for {size})")
         out[name] = Flat.of(w.traces)
     return out
 
@@ -724,7 +733,8 @@ def main(args: argparse.Namespace) -> int:
     from .realsim import speed_section  # the cost model: modeled tokens/s, draft-length rules
 
     t1 = time.perf_counter()
-    speed_text, speed = speed_section(flats, args.k, p, args.threshold, args.seed)
+    hybrid_policy = DEFAULT_POLICY if DEFAULT_POLICY in policies else policies[-1]  # as the main table's hybrid rows
+    speed_text, speed = speed_section(flats, args.k, p, args.threshold, args.seed, policy=hybrid_policy)
     print()
     print(speed_text)
     print(f"(cost model in {time.perf_counter() - t1:.1f} s)")

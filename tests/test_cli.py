@@ -108,6 +108,8 @@ BAD = [
     (["bench-e2e", "--free-prompts", "9"], "saspec bench-e2e", "must be in [0, 3], got 9"),
     (["bench-e2e", "--retries", "-1"], "saspec bench-e2e", "must be >= 0"),
     (["bench-e2e", "--code-prompts", "0", "--free-prompts", "0"], "saspec bench-e2e", "no prompts"),
+    (["calibrate", "--out", "{tmp}"], "saspec calibrate", "is a directory"),
+    (["record-traces", "--out", "{tmp}/no/such/dir/x.jsonl.gz"], "saspec record-traces", "does not exist"),
     # bench-vllm
     (["bench-vllm", "-k", "0"], "saspec bench-vllm", "argument -k/--k: must be >= 1"),
     (["bench-vllm", "--code-prompts", "-3"], "saspec bench-vllm", "argument --code-prompts: must be >= 0"),

@@ -322,10 +322,10 @@ def calibrate(target: Any, draft: Any, *, name: str, batches: tuple[int, ...] = 
 
 
 def add_arguments(p) -> None:
-    from .cli import comma_list, positive_int
+    from .cli import comma_list, output_file, positive_int
     from .models import DEFAULT_FAMILY, FAMILIES
 
-    p.add_argument("--out", default=str(CPU_PROFILE_PATH),
+    p.add_argument("--out", default=str(CPU_PROFILE_PATH), type=output_file,
                    help="profile JSON to write (the default path is what `saspec simulate` reads)")
     p.add_argument("--family", default=DEFAULT_FAMILY, choices=tuple(FAMILIES), help="model family (target, draft)")
     p.add_argument("--target-dir", default=None, help="load the target from this HF directory instead of --family")

@@ -215,10 +215,10 @@ def split_workloads(path: str | Path) -> dict[str, Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli import comma_list, nonnegative_int, positive_int
+    from .cli import comma_list, nonnegative_int, output_file, positive_int
     from .models import DEFAULT_FAMILY, FAMILIES
 
-    p.add_argument("--out", default=str(REAL_OUTPUTS_PATH), help="the data file to write (.jsonl.gz)")
+    p.add_argument("--out", default=str(REAL_OUTPUTS_PATH), type=output_file, help="the data file to write (.jsonl.gz)")
     p.add_argument("--family", default=DEFAULT_FAMILY, choices=tuple(FAMILIES), help="model family (target, draft)")
     p.add_argument("--target-dir", default=None, help="load the target from this HF directory instead of --family")
     p.add_argument("--draft-dir", default=None, help="load the draft model from this HF directory instead of --family")

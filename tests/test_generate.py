@@ -444,3 +444,67 @@ def test_gate_probes_the_verify_cost_before_starting_the_draft_model(models):
     assert drafter.propose(seq) == ([], "none")
     assert drafter.lm.forwards == 0  # the draft model never had to read the prompt
     drafter.end()
+
+
+def test_draft_model_proposals_equal_its_fresh_greedy_run(models):
+    """After rejections the draft model's cache is cropped back: on the random
+    model, whose next token depends on the whole context, every proposal
+    equals a fresh (no cache) greedy run of the draft model from the sequence."""
+    prompt = PROMPTS["random"][1]
+    dm = models["draft-random"]
+    for kind, kw in (("draft", dict(k=5)), ("hybrid", dict(k=3, draft_k=7, threshold=2))):
+        drafter = make_drafter(kind, draft_model=dm, **kw)
+        checked = []
+        propose = drafter.propose
+
+        def checking(seq, propose=propose, checked=checked):
+            out, source = propose(seq)
+            if source == "draft" and out:
+                checked.append(out == greedy(dm, list(seq), len(out)))
+            return out, source
+
+        drafter.propose = checking
+        assert speculative_generate(models["random"], prompt, drafter, 40, NO_EOS).tokens == \
+            greedy(models["random"], prompt, 40)
+        assert len(checked) > 5 and all(checked), (kind, checked)
+
+
+def test_a_rejected_prompt_leaves_the_drafter_usable(models):
+    drafter = SADrafter(4)
+    with pytest.raises(ValueError):
+        speculative_generate(models["cycle"], [-1, 3], drafter, 5, NO_EOS)
+    prompt = PROMPTS["loop"][1]
+    assert speculative_generate(models["cycle"], prompt, drafter, 5, NO_EOS).tokens == \
+        greedy(models["cycle"], prompt, 5)
+
+
+def test_prompt_shapes_and_drafter_settings_are_checked(models):
+    prompt = PROMPTS["loop"][1]
+    as_batch = torch.tensor([prompt])
+    assert speculative_generate(models["cycle"], as_batch, SADrafter(4), 5, NO_EOS).tokens == \
+        greedy(models["cycle"], prompt, 5)
+    with pytest.raises(ValueError, match="batch 1"):
+        speculative_generate(models["cycle"], torch.tensor([[7], [9]]), SADrafter(4), 5, NO_EOS)
+    with pytest.raises(ValueError, match="draft_k"):
+        make_drafter("draft", draft_model=models["draft-close"], draft_k=0)
+    with pytest.raises(ValueError, match="stop_below"):
+        make_drafter("draft", draft_model=models["draft-close"], stop_below=2.0)
+    with pytest.raises(ValueError, match="threshold >= 1"):
+        make_drafter("hybrid", draft_model=models["draft-close"], threshold=0)
+
+
+def test_sliding_window_model(models):
+    """A cache of sliding-window layers cannot be cropped once its window is full:
+    the loop keeps every position, and the window still applies through the masks."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Qwen2Config(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                                   tie_word_embeddings=False, use_sliding_window=True, sliding_window=16,
+                                   max_window_layers=0)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(cfg).float().eval()
+    prompt = np.random.default_rng(0).integers(0, V, 40).tolist()
+    expected = greedy(model, prompt, 30)
+    for kind in ("sa", "draft"):
+        drafter = make_drafter(kind, draft_model=models["draft-random"], k=4)
+        assert speculative_generate(model, prompt, drafter, 30, NO_EOS).tokens == expected, kind

@@ -2,8 +2,10 @@
 
 No framework: one loop, a few drafters, and the target's ``DynamicCache``.
 The output is token-identical to plain greedy decoding (``model.generate(
-do_sample=False)``) for every drafter, because every emitted token is the
-target's own argmax given everything before it.
+do_sample=False)``) for every drafter in float32, because every emitted token
+is the target's own argmax given everything before it. (In bfloat16 a verify
+forward over several tokens rounds differently from one-token steps, so an
+exact tie between the top two logits can break the other way.)
 
 State of one sequence::
 
@@ -215,6 +217,10 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
 def _new_cache(model: torch.nn.Module) -> Any:
     from transformers import DynamicCache
 
+    if getattr(model.config, "sliding_window", None) and getattr(model.config, "use_sliding_window", True):
+        # a sliding-window layer's cache cannot be cropped once the window is full; keep every position
+        # (the attention masks still apply the window)
+        return DynamicCache()
     try:
         return DynamicCache(config=model.config)
     except TypeError:  # older transformers
@@ -333,6 +339,8 @@ class ModelDrafter:
                  gate: CostGate | None = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        if not 0.0 <= stop_below <= 1.0:
+            raise ValueError(f"stop_below must be a probability in [0, 1], got {stop_below}")
         self.lm = CausalLM(model)
         self.k = k
         self.stop_below = stop_below
@@ -450,8 +458,9 @@ class SADrafter:
     def begin(self, prompt: Sequence[int]) -> None:
         if self._rid is not None:
             self.end()
-        self._rid = object()
-        self.engine.add_request(self._rid, np.asarray(prompt, dtype=np.int32))
+        rid = object()
+        self.engine.add_request(rid, np.asarray(prompt, dtype=np.int32))  # validates the prompt
+        self._rid = rid
         self.engine.prepare([self._rid])
         self._pending = []
         self._last = []
@@ -534,6 +543,8 @@ class HybridDrafter:
                  patience: int = 0, gate: CostGate | None = None) -> None:
         if gate is not None and (sa.gate is not None or model.gate is not None):
             raise ValueError("a gated hybrid drives its SA and draft model itself: give them no gate")
+        if threshold < 1 or patience < 0:
+            raise ValueError(f"need threshold >= 1 and patience >= 0, got threshold={threshold}, patience={patience}")
         self.sa = sa
         self.model = model
         self.threshold = threshold
@@ -598,6 +609,8 @@ def make_drafter(kind: str, *, draft_model: torch.nn.Module | None = None, k: in
         raise ValueError(f"unknown drafter {kind!r}; choose from {', '.join(DRAFTERS)}")
     if kind in ("draft", "hybrid") and draft_model is None:
         raise ValueError(f"drafter {kind!r} needs a draft model")
+    if draft_k is not None and draft_k < 1:
+        raise ValueError(f"draft_k must be None or >= 1, got {draft_k}")
     cost_gate = CostGate(max(k, draft_k or k)) if gate else None
     if kind == "none":
         return NoDrafter()
@@ -626,6 +639,10 @@ def speculative_generate(
     Stops after ``max_new_tokens`` tokens or at the first token in ``eos_ids``
     (included in the output), exactly like ``generate(do_sample=False)``.
     """
+    if isinstance(prompt, (torch.Tensor, np.ndarray)) and prompt.ndim != 1:
+        if prompt.ndim != 2 or prompt.shape[0] != 1:
+            raise ValueError(f"prompt must be 1-D token ids or [1, T] (batch 1), got shape {tuple(prompt.shape)}")
+        prompt = prompt[0]
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise ValueError("prompt is empty")

@@ -31,6 +31,14 @@ def _check(neural: Any, sa: Any, match_len: Any) -> None:
         raise ValueError(f"match_len must have shape ({neural.shape[0]},), got {tuple(match_len.shape)}")
 
 
+def _check_int_tensor(t: Any, name: str) -> None:
+    """``ValueError`` unless torch tensor ``t`` holds integers (not bool)."""
+    import torch
+
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integers, got dtype {t.dtype}")
+
+
 def _scalar_floor(threshold: Any) -> int | None:
     """The smallest match length a scalar threshold accepts (at least 1), as a
     Python int, or ``None`` when it accepts none (``+inf``).
@@ -79,8 +87,7 @@ def select_drafts(neural: Any, sa: Any, match_len: Any, threshold: Any) -> tuple
     import torch
 
     _check(neural, sa, match_len)
-    if match_len.dtype.is_floating_point or match_len.dtype.is_complex or match_len.dtype == torch.bool:
-        raise ValueError(f"match_len must hold integers, got dtype {match_len.dtype}")
+    _check_int_tensor(match_len, "match_len")
     if isinstance(threshold, torch.Tensor):
         if threshold.device != match_len.device:
             raise ValueError(f"threshold must be on match_len's device ({match_len.device}), got {threshold.device}")
@@ -343,8 +350,7 @@ def draft_lengths(match_len: Any, k_max: int, rule: str = DEFAULT_LENGTH_RULE, s
     if type(match_len).__module__.startswith("torch"):
         import torch
 
-        if match_len.dtype.is_floating_point or match_len.dtype.is_complex or match_len.dtype == torch.bool:
-            raise ValueError(f"match_len must hold integers, got dtype {match_len.dtype}")
+        _check_int_tensor(match_len, "match_len")
         m = match_len.to(torch.int64)
         if r == 0:
             n = torch.full_like(m, k_max)

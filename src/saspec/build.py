@@ -111,16 +111,19 @@ def new_blob(expected_tokens: int = 0, headroom: int | None = None) -> np.ndarra
     return buf
 
 
-def optional_int(value: Any, name: str, low: int) -> int | None:
-    """``value`` as an int if it is ``None`` or an int >= ``low`` (not a bool);
-    otherwise ``TypeError`` or ``ValueError`` naming ``name``."""
-    if value is None:
-        return None
+def check_int(value: Any, name: str, low: int, *, what: str = "an int") -> int:
+    """``value`` as an int if it is an int >= ``low`` (numpy ints too, not a
+    bool); otherwise ``TypeError`` or ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be None or an int >= {low}, got {value!r}")
+        raise TypeError(f"{name} must be {what} >= {low}, got {value!r}")
     if value < low:
-        raise ValueError(f"{name} must be None or an int >= {low}, got {value}")
+        raise ValueError(f"{name} must be {what} >= {low}, got {value}")
     return int(value)
+
+
+def optional_int(value: Any, name: str, low: int) -> int | None:
+    """``None``, or ``value`` checked by :func:`check_int`."""
+    return None if value is None else check_int(value, name, low, what="None or an int")
 
 
 def check_new_tokens(value: Any, prompt_tokens: int) -> int | None:

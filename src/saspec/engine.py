@@ -549,8 +549,8 @@ def _device_pool(backend: str, max_slots: Any, max_seq_len: Any, device: Any, po
         raise ValueError(f"unknown backend {backend!r}; expected 'cpu' or 'cuda'")
     if max_slots is None or max_seq_len is None:
         raise ValueError("backend='cuda' needs max_slots and max_seq_len (device memory is reserved up front)")
-    build.optional_int(max_slots, "max_slots", 1)
-    build.optional_int(max_seq_len, "max_seq_len", 1)
+    build.check_int(max_slots, "max_slots", 1)
+    build.check_int(max_seq_len, "max_seq_len", 1)
     if importlib.util.find_spec("numba_cuda") is None:
         raise ImportError(
             "backend='cuda' needs numba-cuda: pip install 'numba-cuda[cu13]' (or pip install -e '.[cuda]' in the checkout)"

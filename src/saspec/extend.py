@@ -170,8 +170,16 @@ def check_step(table, rp, accepted, lens, match_out, draft_out, ctl, n_word):
 
 
 @njit(inline="always")
+def row_len(lens, accepted, b):
+    """Row ``b``'s accepted-token count, read once and clamped to
+    ``accepted``'s width: in bounds even if the caller's array changed since
+    ``check_step``."""
+    return min(lens[b], accepted.shape[1])
+
+
+@njit(inline="always")
 def _row(buf, accepted, lens, progress, match_out, draft_out, b, policy, depth):
-    n = min(lens[b], accepted.shape[1])  # read once, and in bounds even if the caller's array changed since the check
+    n = row_len(lens, accepted, b)
     j = progress[b]
     while j < n:
         if core.extend(buf, accepted[b, j], policy, depth) == core.NO_ROOM:
@@ -210,7 +218,7 @@ def _look_ahead(table, slot, accepted, lens, progress, b, hops, first):
     buf = blob_at(table, slot)
     base = table[0, slot]
     i = progress[b]
-    n = lens[b]
+    n = row_len(lens, accepted, b)
     if first:
         for t in range(i, n):
             _prefetch(base + 4 * core.find_slot_start(buf, 0, accepted[b, t]))

@@ -10,13 +10,12 @@ A request's blob is ``[n, tokens...]`` (int32), grown geometrically on the host.
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 from numba import njit, prange
 
+from .build import check_int
 from .engine import SpecEngine
-from .extend import blob_at
+from .extend import blob_at, row_len
 
 _GROWTH = 1.5
 
@@ -50,7 +49,7 @@ def ngram_draft(ctx, n_ctx, min_n, max_n, out, k):
 def _row(blob, accepted, lens, progress, match_out, draft_out, b, min_n, max_n):
     n = blob[0]
     room = blob.shape[0] - 1 - n
-    count = min(lens[b], accepted.shape[1])  # read once, and in bounds even if the caller's array changed since the check
+    count = row_len(lens, accepted, b)
     if count - progress[b] > room:
         return 1
     for j in range(progress[b], count):
@@ -99,9 +98,8 @@ class NgramDrafter(SpecEngine):
     _FUSED = False
 
     def __init__(self, *, min_n: int = 1, max_n: int = 4, parallel_threshold: int | None = None) -> None:
-        for name, v in (("min_n", min_n), ("max_n", max_n)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise TypeError(f"{name} must be an int, got {v!r}")
+        check_int(min_n, "min_n", 1)
+        check_int(max_n, "max_n", 1)
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         super().__init__(parallel_threshold=parallel_threshold)

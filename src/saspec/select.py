@@ -31,6 +31,14 @@ def _check(neural: Any, sa: Any, match_len: Any) -> None:
         raise ValueError(f"match_len must have shape ({neural.shape[0]},), got {tuple(match_len.shape)}")
 
 
+def _count(value: Any, name: str) -> int:
+    """``value`` (an int, or a float with a whole value; not a bool) as an int
+    >= 1; ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
 def _check_int_tensor(t: Any, name: str) -> None:
     """``ValueError`` unless torch tensor ``t`` holds integers (not bool)."""
     import torch
@@ -212,9 +220,7 @@ class AdaptiveSelector:
     """
 
     def __init__(self, k: int, neural_prior: float = 2.0) -> None:
-        if isinstance(k, bool) or int(k) != k or k < 1:
-            raise ValueError(f"k must be an int >= 1, got {k!r}")
-        self.k = int(k)
+        self.k = _count(k, "k")
         self.neural_prior = float(neural_prior)
         self._g_sum = np.zeros(N_BUCKETS)
         self._g_cnt = np.zeros(N_BUCKETS)
@@ -333,9 +339,7 @@ def draft_lengths(match_len: Any, k_max: int, rule: str = DEFAULT_LENGTH_RULE, s
         (:func:`truncate_drafts` blanks the rest with -1).
     """
     r = check_length_rule(rule, scale)
-    if isinstance(k_max, bool) or int(k_max) != k_max or k_max < 1:
-        raise ValueError(f"k_max must be an int >= 1, got {k_max!r}")
-    k_max = int(k_max)
+    k_max = _count(k_max, "k_max")
     scale = float(scale)
     if not type(match_len).__module__.startswith("torch"):
         match_len = np.asarray(match_len)
@@ -485,14 +489,13 @@ class CostGate:
     def __init__(self, k_max: int, *, verify_cost: Any = None, draft_cost: float | None = None,
                  slope_prior: float = 0.1, model_prior: float = 0.8, prior_weight: float = 8.0,
                  ema: float = 0.25) -> None:
-        if isinstance(k_max, bool) or int(k_max) != k_max or k_max < 1:
-            raise ValueError(f"k_max must be an int >= 1, got {k_max!r}")
+        k_max = _count(k_max, "k_max")
         for name, v, lo, hi in (("slope_prior", slope_prior, 0.0, math.inf), ("model_prior", model_prior, 0.0, 1.0),
                                 ("prior_weight", prior_weight, 0.0, math.inf), ("ema", ema, 0.0, 1.0)):
             if not (lo <= float(v) <= hi) or (name in ("ema", "prior_weight") and v == 0):
                 low = "(0" if name in ("ema", "prior_weight") else f"[{lo}"
                 raise ValueError(f"{name} must be in {low}, {hi}], got {v}")
-        self.k_max = int(k_max)
+        self.k_max = k_max
         self.slope_prior, self.ema = float(slope_prior), float(ema)
         self._fixed = verify_cost is not None
         if self._fixed:

@@ -215,6 +215,26 @@ def test_max_new_tokens_boundaries(models, max_new):
         res = run(models, "loop", kind, max_new=max_new, k=8)
         assert res.tokens == expected, kind
         assert res.stats.new_tokens == max_new
+        # one draft-model forward per draft token: none is spent on tokens past max_new_tokens
+        assert res.stats.draft_forwards == res.stats.drafted["draft"], kind
+
+
+@pytest.mark.parametrize("gate", [False, True])
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_propose_keeps_to_the_limit(models, kind, gate):
+    """``propose(seq, limit)`` returns at most ``limit`` tokens, and at limit 0
+    none, without running the draft model."""
+    target_name, prompt = PROMPTS["loop"]
+    draft_model = models[DRAFT_FOR[target_name]]
+    for limit in (0, 2):
+        drafter = make_drafter(kind, draft_model=draft_model, k=8, gate=gate)
+        lm = getattr(drafter, "lm", None) or getattr(getattr(drafter, "model", None), "lm", None)
+        drafter.begin(prompt)
+        tokens, source = drafter.propose(list(prompt), limit)
+        assert len(tokens) <= limit, (kind, limit)
+        if limit == 0:
+            assert lm is None or lm.forwards == 0, kind
+        drafter.end()
 
 
 def test_draft_k_larger_than_sa_k_and_early_stop(models):
@@ -457,8 +477,8 @@ def test_draft_model_proposals_equal_its_fresh_greedy_run(models):
         checked = []
         propose = drafter.propose
 
-        def checking(seq, propose=propose, checked=checked):
-            out, source = propose(seq)
+        def checking(seq, limit=None, *, propose=propose, checked=checked):
+            out, source = propose(seq, limit)
             if source == "draft" and out:
                 checked.append(out == greedy(dm, list(seq), len(out)))
             return out, source

@@ -16,7 +16,7 @@ State of one sequence::
 
 One step::
 
-    drafts = drafter.propose(seq)                  # up to K tokens that may follow seq
+    drafts = drafter.propose(seq, limit)           # up to K tokens that may follow seq, at most limit
     logits = target(seq[cached:] + drafts)          # ONE forward; keep the last len(drafts)+1 rows
     picks  = argmax(logits)                         # picks[i]: target's token after seq + drafts[:i]
     n      = longest prefix with drafts[:n] == picks[:n]
@@ -277,10 +277,14 @@ class CausalLM:
 class Drafter(Protocol):
     """Proposes tokens that may follow a sequence.
 
-    ``begin(prompt)`` starts a sequence; ``propose(seq)`` returns
-    ``(tokens, source)`` with at most ``k`` tokens and ``source`` one of
-    ``"sa"``, ``"draft"``, ``"none"``; ``update(seq, n_new)`` reports that the
-    last ``n_new`` tokens of ``seq`` were appended (verified); ``end()``
+    ``begin(prompt)`` starts a sequence; ``propose(seq, limit)`` returns
+    ``(tokens, source)`` with at most ``k`` tokens, and at most ``limit``
+    unless it is None (the loop passes the draft tokens it can still verify
+    before ``max_new_tokens``, so no draft forward is spent on tokens it would
+    cut; the source is still the one the drafter chose), and ``source`` one of
+    ``"sa"``, ``"draft"``, ``"none"``;
+    ``update(seq, n_new)`` reports that the last ``n_new`` tokens of ``seq``
+    were appended (verified); ``end()``
     releases the sequence's state. ``gate``: the drafter's
     :class:`~saspec.select.CostGate` or None; the loop reports every
     verify forward's size and time to it.
@@ -291,7 +295,7 @@ class Drafter(Protocol):
 
     def begin(self, prompt: Sequence[int]) -> None: ...
 
-    def propose(self, seq: list[int]) -> tuple[list[int], str]: ...
+    def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]: ...
 
     def update(self, seq: list[int], n_new: int) -> None: ...
 
@@ -307,7 +311,7 @@ class NoDrafter:
     def begin(self, prompt: Sequence[int]) -> None:
         pass
 
-    def propose(self, seq: list[int]) -> tuple[list[int], str]:
+    def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
         return [], "none"
 
     def update(self, seq: list[int], n_new: int) -> None:
@@ -353,10 +357,13 @@ class ModelDrafter:
         self._fed = []
         self._last = []
 
-    def propose(self, seq: list[int]) -> tuple[list[int], str]:
+    def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
+        k = _limited(self.k, limit)
         if self.gate is None:
-            return self.draft(seq, self.k), "draft"
-        source, n = self.gate.choose(0, 0, self.k)
+            return (self.draft(seq, k) if k else []), "draft"
+        if k == 0:
+            return [], "none"
+        source, n = self.gate.choose(0, 0, k)
         if source == "probe":
             return seq[-1:], "none"  # a guess: only the verify's cost is wanted
         self._last = self.draft(seq, n, self.gate) if source == "draft" else []
@@ -400,6 +407,11 @@ class ModelDrafter:
         self.lm.cache = None
         self._fed = []
         self._last = []
+
+
+def _limited(k: int, limit: int | None) -> int:
+    """``k`` capped by a draft-token ``limit`` (None: no limit)."""
+    return k if limit is None else max(0, min(k, limit))
 
 
 def _accepted(draft: list[int], seq: list[int], n_new: int) -> int:
@@ -492,9 +504,12 @@ class SADrafter:
             return draft_length(match, self.k, _PER_MATCH, self.per_match, -1)
         return draft_length(match, self.k, _FIXED, 1.0, -1)
 
-    def propose(self, seq: list[int]) -> tuple[list[int], str]:
+    def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
         if self.gate is not None:
             match, draft = self.lookup(capped=False)
+            draft = draft[: _limited(len(draft), limit)]
+            if not draft and limit == 0:
+                return [], "none"
             source, n = self.gate.choose(match, len(draft))
             if source == "probe" and not draft:
                 return seq[-1:], "none"  # a guess: only the verify's cost is wanted
@@ -503,7 +518,7 @@ class SADrafter:
         match, draft = self.lookup()
         if match == 0 or not draft:
             return [], "none"
-        return draft, "sa"
+        return draft[: _limited(len(draft), limit)], "sa"
 
     def update(self, seq: list[int], n_new: int) -> None:
         if self.gate is not None and self._last:
@@ -560,10 +575,15 @@ class HybridDrafter:
         self._sa_draft, self._sa_failures = [], 0
         self._last = ("none", 0, [])
 
-    def propose(self, seq: list[int]) -> tuple[list[int], str]:
+    def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
+        model_k = _limited(self.model.k, limit)
         if self.gate is not None:
             match, draft = self.sa.lookup(capped=False)
-            source, n = self.gate.choose(match, len(draft), self.model.k)
+            draft = draft[: _limited(len(draft), limit)]
+            if limit == 0:
+                self._last = ("none", match, [])
+                return [], "none"
+            source, n = self.gate.choose(match, len(draft), model_k)
             if source == "probe":
                 if not draft:
                     return seq[-1:], "none"  # a guess: only the verify's cost is wanted
@@ -575,8 +595,8 @@ class HybridDrafter:
         match, draft = self.sa.lookup()
         self._sa_draft = draft
         if draft and (match >= self.threshold or self._sa_failures < self.patience):
-            return draft, "sa"
-        return self.model.draft(seq, self.model.k), "draft"
+            return draft[: _limited(len(draft), limit)], "sa"
+        return (self.model.draft(seq, model_k) if model_k else []), "draft"
 
     def update(self, seq: list[int], n_new: int) -> None:
         source, match, draft = self._last
@@ -660,8 +680,9 @@ def speculative_generate(
     drafter.begin(prompt)
     try:
         while True:
-            drafts, source = drafter.propose(seq)
-            drafts = drafts[: max_new_tokens - (len(seq) - len(prompt)) - 1]  # never verify past the limit
+            limit = max_new_tokens - (len(seq) - len(prompt)) - 1  # never verify past max_new_tokens
+            drafts, source = drafter.propose(seq, limit)
+            drafts = drafts[:limit]
             feed = seq[lm.cached:] + drafts
             t_fwd = time.perf_counter()
             picks = torch.argmax(lm.forward(feed, keep=len(drafts) + 1), dim=-1).tolist()  # [len(drafts)+1]

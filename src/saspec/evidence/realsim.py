@@ -11,7 +11,8 @@
   ``draft_runs``), whose cost is tracked like ``ModelDrafter`` pays it: ``k_nn``
   forwards per drafting step, the first feeding every accepted token its KV
   cache has not seen (after rejections, and after the steps the hybrid gave to
-  the SA);
+  the SA), and no more than the tokens left in the output (as the loop does
+  before ``max_new_tokens``, and as verification is charged here);
 * the hybrid is ``HybridDrafter``'s rule: the SA draft when it is non-empty and
   its match is >= T (or the SA has failed fewer than ``patience`` steps in a
   row), else the draft model;
@@ -129,13 +130,14 @@ def walk_real(offsets, prompt_lens, match, sa_acc, sa_len, nn_acc, mode, thresho
             if uses_sa:
                 seconds += sa_step_s
             model_runs = src >= 2 or mode == ADAPTIVE
-            if nn_is_model and model_runs and mode != NONE:
+            k_run = min(k_nn, rem)  # the loop drafts nothing it could not verify
+            if nn_is_model and model_runs and mode != NONE and k_run > 0:
                 seq_len = plen + (pos - start)
                 fed = seq_len - cached
-                seconds += _lookup(drf_s, fed) + (k_nn - 1) * drf_s[0]
-                stats[ST_DRAFT_FWD] += k_nn
-                stats[ST_DRAFT_FED] += fed + k_nn - 1
-                cached = seq_len + min(min(nn_acc[pos], k_nn - 1), new)
+                seconds += _lookup(drf_s, fed) + (k_run - 1) * drf_s[0]
+                stats[ST_DRAFT_FWD] += k_run
+                stats[ST_DRAFT_FED] += fed + k_run - 1
+                cached = seq_len + min(min(nn_acc[pos], k_run - 1), new)
             if mode == ADAPTIVE:
                 r_sa_ratio, r_nn = adaptive_observe(g_sum, g_cnt, r_sa_ratio, r_nn, m, min(a_sa, new), min(a_nn, new))
             hit = l_sa > 0 and sa_acc[pos] >= 1

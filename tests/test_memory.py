@@ -52,3 +52,110 @@ def test_decoding_grows_geometrically():
     assert st["bytes"] / st["tokens"] <= 120
     assert len(sizes) <= 12 and sum(sizes) <= 4 * sizes[-1]
     assert all(b > a for a, b in zip(sizes, sizes[1:]))
+
+
+# -- the engine's arena: mid-size blobs packed onto huge pages ---------------------
+
+from saspec import build  # noqa: E402
+
+needs_arena = pytest.mark.skipif(build._madvise is None, reason="the arena packs blobs only where madvise exists (Linux)")
+
+
+def test_size_classes_waste_at_most_an_eighth():
+    for nbytes in list(range(build.ARENA_MIN, build.ARENA_MAX, 4_092)) + [build.ARENA_MIN, build.ARENA_MAX - 4]:
+        size = build._size_class(nbytes)
+        assert nbytes <= size <= 1.125 * nbytes and size % 8192 == 0, nbytes
+    assert build._size_class(100_000) == build._size_class(build._size_class(100_000))
+
+
+def _span(blob):
+    return blob.ctypes.data, blob.ctypes.data + build.blob_bytes(blob)
+
+
+@needs_arena
+def test_arena_blocks_are_disjoint_reused_only_when_unseen():
+    arena = build.BlobArena()
+    words = 40_000  # 160 kB
+    a, b = arena(words), arena(words)
+    assert a.shape == (words,) and a.dtype == np.int32 and a.flags.c_contiguous and a.flags.writeable
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    assert a1 <= b0 or b1 <= a0  # disjoint
+    assert build.blob_bytes(a) == build._size_class(4 * words) < 1.125 * a.nbytes
+    a[:] = 1
+    b[:] = 2
+    assert (a == 1).all()
+    view = a[10:20]
+    addr = a.ctypes.data
+    del a
+    c = arena(words)  # a's block is still seen through `view`
+    assert c.ctypes.data != addr
+    del view
+    d = arena(words)  # now it is free again
+    assert d.ctypes.data == addr
+    assert arena.reserved_bytes == build.ARENA_CHUNK
+
+
+@needs_arena
+def test_arena_chunks_start_on_huge_pages_and_other_sizes_bypass_it():
+    arena = build.BlobArena()
+    first = arena(build.ARENA_MIN // 4)
+    assert first.ctypes.data % build.HUGE_PAGE == 0  # the first block of a chunk
+    small, big = arena(1000), arena(build.ARENA_MAX // 4)
+    assert not isinstance(small.base, build._Block) and not isinstance(big.base, build._Block)
+    assert build.blob_bytes(small) == small.nbytes
+    blobs = [arena(900_000) for _ in range(20)]  # 3.6 MB each: past one chunk
+    assert arena.reserved_bytes > build.ARENA_CHUNK
+    spans = sorted(_span(x) for x in blobs + [first])
+    assert all(p[1] <= q[0] for p, q in zip(spans, spans[1:]))
+
+
+@needs_arena
+def test_arena_under_threads_never_hands_out_a_live_block():
+    import threading
+
+    arena = build.BlobArena()
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        live = []
+        for _ in range(300):
+            if live and rng.random() < 0.5:
+                live.pop(int(rng.integers(len(live))))
+            else:
+                x = arena(int(rng.integers(16_384, 200_000)))
+                x[[0, -1]] = seed  # both ends: a shared block would be overwritten by another thread
+                live.append(x)
+            if any(x[0] != seed or x[-1] != seed for x in live):
+                errors.append(seed)
+                return
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_engine_reports_blocks_and_keeps_results():
+    """Mid-size requests live in the engine's arena; ``stats`` counts their
+    blocks, and a request re-added after another was removed (reusing its
+    block) drafts like a fresh engine."""
+    eng = SpecEngine()
+    p1, p2 = code_like_prompt(4000, seed=1), code_like_prompt(4000, seed=2)
+    eng.add_request("a", p1)
+    bytes_a = eng.stats()["bytes"]
+    assert 4000 * 70 < bytes_a <= 1.125 * 4000 * 100
+    eng.remove_request("a")
+    eng.add_request("b", p2)
+    ref = SpecEngine()
+    ref.add_request("b", p2)
+    out = []
+    for e in (eng, ref):
+        e.prepare(["b"])
+        acc = np.array([[int(p2[100]), int(p2[101]), 0, 0, 0, 0, 0, 0, 0]], np.int32)
+        m, d = np.zeros(1, np.int32), np.zeros((1, 8), np.int32)
+        e.extend(acc, np.array([2], np.int32), m, d)
+        out.append((int(m[0]), d.tolist()))
+    assert out[0] == out[1] and out[0][0] > 0

@@ -5,7 +5,9 @@ builds it with ``ingest``, which runs the core's ``extend`` in a jitted loop
 with the GIL released and, whenever the blob is full, grows it in Python (a
 geometric re-allocation, outside the hot loop) and carries on.
 
-``SuffixAutomaton`` wraps one blob for direct use and for tests.
+``SuffixAutomaton`` wraps one blob for direct use and for tests. An engine
+allocates its blobs from a ``BlobArena``, which packs mid-size ones onto huge
+pages.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import ctypes
 import numbers
 import sys
-from typing import Any
+import threading
+from typing import Any, Callable
 
 import numpy as np
 from numba import njit
@@ -82,6 +85,97 @@ def empty_blob(words: int) -> np.ndarray:
     return buf
 
 
+# Blobs of ARENA_MIN to ARENA_MAX bytes (about 700 to 40,000 tokens) are carved
+# from shared chunks that ``BlobArena`` lays on huge pages: alone, each would sit
+# on 4 KiB pages (below HUGE_PAGE) or end on them. Measured: 8k-token requests
+# on huge pages take 16-26% less time per decode step.
+ARENA_MIN = 64 << 10
+ARENA_MAX = 4 << 20
+ARENA_CHUNK = 64 << 20
+
+Allocator = Callable[[int], np.ndarray]
+
+
+def _size_class(nbytes: int) -> int:
+    """``nbytes`` rounded up to a size class: classes are 1/8 of a power of two
+    apart, so a block is at most 12.5% larger than asked (and a multiple of 8 KiB)."""
+    step = 1 << max(nbytes.bit_length() - 4, 13)
+    return -(-nbytes // step) * step
+
+
+class _Block:
+    """Owner of one arena block; numpy keeps it as the base of every array
+    viewing the block, and it returns the block when the last one is gone."""
+
+    def __init__(self, arena: BlobArena, addr: int, size: int, words: int) -> None:
+        self.arena, self.addr, self.size = arena, addr, size
+        self.__array_interface__ = {"data": (addr, False), "shape": (words,), "typestr": np.dtype(np.int32).str,
+                                    "version": 3}
+
+    def __del__(self) -> None:
+        self.arena._returned.append((self.size, self.addr))  # list.append is atomic: safe from any thread's GC
+
+
+class BlobArena:
+    """Blob memory for one engine: blobs of ``ARENA_MIN`` to ``ARENA_MAX``
+    bytes packed into ``ARENA_CHUNK``-byte chunks on transparent huge pages
+    (Linux; elsewhere, and outside that range, ``empty_blob``).
+
+    A decode step reads a few records in each of many requests' blobs, and
+    on 4 KiB pages most of those reads also miss the TLB. A blob is a block
+    of its size class (``_size_class``: at most 12.5% unused), from the
+    class's free list or else the current chunk (a new chunk when it is
+    full; the old one's tail, less than ``ARENA_MAX``, stays unused). A block
+    returns to the free list once no array views it any more (numpy keeps
+    the block's owner alive), so memory is never reused while anything can
+    still read it. Chunks are kept, not given back to the system: the arena
+    holds the peak its engine needed. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: dict[int, list[int]] = {}  # size class -> block addresses
+        self._returned: list[tuple[int, int]] = []  # (size, address): freed, not yet in _free
+        self._chunks: list[np.ndarray] = []
+        self._next = 0  # the current chunk's unused range [_next, _end)
+        self._end = 0
+
+    def __call__(self, words: int) -> np.ndarray:
+        """An uninitialized int32 blob of ``words`` words (an ``Allocator``)."""
+        nbytes = 4 * words
+        if not ARENA_MIN <= nbytes < ARENA_MAX or _madvise is None:
+            return empty_blob(words)
+        size = _size_class(nbytes)
+        with self._lock:
+            while self._returned:
+                freed_size, addr = self._returned.pop()
+                self._free.setdefault(freed_size, []).append(addr)
+            free = self._free.get(size)
+            if free:
+                addr = free.pop()
+            else:
+                if self._next + size > self._end:
+                    chunk = empty_blob(ARENA_CHUNK // 4)  # huge-page aligned and advised
+                    self._chunks.append(chunk)
+                    self._next, self._end = chunk.ctypes.data, chunk.ctypes.data + ARENA_CHUNK
+                addr = self._next
+                self._next += size
+        return np.asarray(_Block(self, addr, size, words))
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of chunks this arena holds (used, free or not yet handed out)."""
+        return len(self._chunks) * ARENA_CHUNK
+
+
+def blob_bytes(blob: np.ndarray) -> int:
+    """Bytes ``blob`` occupies: its arena block, or its own size."""
+    base = blob.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base.size if isinstance(base, _Block) else int(blob.nbytes)
+
+
 def policy_code(policy: str) -> int:
     """Numeric code of an occurrence policy name (see ``core``)."""
     try:
@@ -95,18 +189,19 @@ def _table_size(edges: int) -> int:
     return max(4, (4 * edges) // 3 + 2)
 
 
-def new_blob(expected_tokens: int = 0, headroom: int | None = None) -> np.ndarray:
+def new_blob(expected_tokens: int = 0, headroom: int | None = None, alloc: Allocator = empty_blob) -> np.ndarray:
     """An empty automaton sized for about ``expected_tokens`` tokens plus
     headroom for the tokens decoding will add: 1/8 more, at least 256 (about
     80 bytes per prompt token, 108 at 500 tokens), or ``headroom`` if that is
     more. Each later re-allocation (``grow``) copies the whole automaton,
     which on a decode step costs far more than the step, so the headroom
-    spends the memory budget on fewer of them."""
+    spends the memory budget on fewer of them. ``alloc`` gives the memory
+    (``empty_blob``, or an engine's ``BlobArena``)."""
     n = int(expected_tokens)
     n += max(_MIN_HEADROOM, n // _HEADROOM_FRACTION, int(headroom or 0))
     cap_st = int(_STATES_PER_TOKEN * n) + 2
     ht_size = _table_size(int(_EDGES_PER_TOKEN * n))
-    buf = empty_blob(core.layout_words(n, cap_st, ht_size))
+    buf = alloc(core.layout_words(n, cap_st, ht_size))
     _init(buf, n, cap_st, ht_size)
     return buf
 
@@ -135,7 +230,7 @@ def check_new_tokens(value: Any, prompt_tokens: int) -> int | None:
     return value
 
 
-def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:
+def grow(buf: np.ndarray, more_tokens: int, alloc: Allocator = empty_blob) -> np.ndarray:
     """A larger copy of ``buf`` with room for more tokens.
 
     Every capacity is sized together for ``target`` tokens, at least ``GROWTH``
@@ -162,10 +257,10 @@ def grow(buf: np.ndarray, more_tokens: int) -> np.ndarray:
         ht = max(_table_size(used + 2 + int(_EDGES_PER_TOKEN * extra)), int(ht0 * _TABLE_GROWTH))
     elif (cap_tok, cap_st) == (cap_tok0, cap_st0):
         ht = int(ht0 * _TABLE_GROWTH)  # nothing else is short: one token needs many edges
-    return _copied(buf, cap_tok, cap_st, ht)
+    return _copied(buf, cap_tok, cap_st, ht, alloc)
 
 
-def reserve(buf: np.ndarray, more_tokens: int) -> np.ndarray:
+def reserve(buf: np.ndarray, more_tokens: int, alloc: Allocator = empty_blob) -> np.ndarray:
     """``buf``, or a larger copy of it, with room for ``more_tokens`` more
     tokens: text, the at most two states each can add, and table slots at the
     typical rate of one edge per token (a rate, not a bound: a text that
@@ -178,7 +273,7 @@ def reserve(buf: np.ndarray, more_tokens: int) -> np.ndarray:
     ht = ht0 if core.max_used(ht0) >= need_edges else _table_size(need_edges)
     if (cap_tok, cap_st, ht) == (cap_tok0, cap_st0, ht0):
         return buf
-    return _copied(buf, cap_tok, cap_st, ht)
+    return _copied(buf, cap_tok, cap_st, ht, alloc)
 
 
 def _fill(buf: np.ndarray) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -187,9 +282,9 @@ def _fill(buf: np.ndarray) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     return held, (int(buf[core.H_CAP_TOK]), int(buf[core.H_CAP_ST]), int(buf[core.H_HT_SIZE]))
 
 
-def _copied(buf: np.ndarray, cap_tok: int, cap_st: int, ht: int) -> np.ndarray:
+def _copied(buf: np.ndarray, cap_tok: int, cap_st: int, ht: int, alloc: Allocator) -> np.ndarray:
     """A copy of ``buf``'s automaton in a new blob with these capacities."""
-    new = empty_blob(core.layout_words(cap_tok, cap_st, ht))
+    new = alloc(core.layout_words(cap_tok, cap_st, ht))
     _copy_into(buf, new, cap_tok, cap_st, ht)
     return new
 
@@ -217,18 +312,18 @@ def _ingest(buf, tokens, start, policy, depth):
     return i
 
 
-def ingest(buf: np.ndarray, tokens: np.ndarray, policy: int, depth: int) -> np.ndarray:
+def ingest(buf: np.ndarray, tokens: np.ndarray, policy: int, depth: int, alloc: Allocator = empty_blob) -> np.ndarray:
     """Append validated int32 ``tokens`` to ``buf``, growing it as needed.
 
-    Returns the blob that now holds the automaton (``buf`` or a grown copy).
-    Runs without the GIL except while growing.
+    Returns the blob that now holds the automaton (``buf`` or a grown copy
+    from ``alloc``). Runs without the GIL except while growing.
     """
     i = 0
     while True:
         i = _ingest(buf, tokens, i, policy, depth)
         if i == tokens.shape[0]:
             return buf
-        buf = grow(buf, tokens.shape[0] - i)
+        buf = grow(buf, tokens.shape[0] - i, alloc)
 
 
 def worst_case_words(n_tokens: int) -> int:

@@ -158,6 +158,7 @@ class SpecEngine:
         # (_table[:, s]: address, words; see ``extend``), which is changed only
         # under the lock, always together with _blobs (which keeps the blob alive).
         self._blobs: list[np.ndarray] = []
+        self._arena = build.BlobArena()  # packs mid-size blobs onto huge pages
         self._table = np.zeros((2, 16), dtype=np.int64)
         self._free: list[int] = []
         self._slot: dict[Hashable, int] = {}
@@ -411,11 +412,12 @@ class SpecEngine:
     def _build_blob(self, tokens: np.ndarray, headroom: int | None = None) -> np.ndarray:
         if self._pool is not None:
             headroom = None  # the device slot, not this host blob, holds the decoded tokens
-        blob = build.ingest(build.new_blob(tokens.shape[0], headroom), tokens, self._policy, self._depth)
-        return blob if headroom is None else build.reserve(blob, headroom)
+        blob = build.ingest(build.new_blob(tokens.shape[0], headroom, self._arena), tokens, self._policy, self._depth,
+                            self._arena)
+        return blob if headroom is None else build.reserve(blob, headroom, self._arena)
 
     def _grow_blob(self, blob: np.ndarray, more_tokens: int) -> np.ndarray:
-        return build.grow(blob, more_tokens)
+        return build.grow(blob, more_tokens, self._arena)
 
     def _blob_tokens(self, blob: np.ndarray) -> int:
         return int(blob[core.H_N])
@@ -460,7 +462,7 @@ class SpecEngine:
                 return self._device_stats()
             blobs = [self._blobs[s] for s in self._slot.values()]
         tokens = sum(self._blob_tokens(b) for b in blobs)
-        nbytes = sum(int(b.nbytes) for b in blobs)
+        nbytes = sum(build.blob_bytes(b) for b in blobs)
         return {"requests": len(blobs), "tokens": tokens, "bytes": nbytes, "overflowed": 0}
 
     def overflowed(self, request_id: Hashable) -> bool:

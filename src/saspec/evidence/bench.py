@@ -197,7 +197,8 @@ def bench_step(
 
 
 def bench_memory(n: int = 200_000) -> list[dict]:
-    """Host bytes per token after ``add_request``, from ``stats()`` and from the
+    """Host bytes per token after ``add_request``, from ``stats()`` (which
+    counts a mid-size blob's arena block, ``build.BlobArena``) and from the
     arrays' own ``nbytes``."""
     rows = []
     for kind, make in (("random", random_prompt), ("code-like", code_like_prompt)):
@@ -430,7 +431,7 @@ def run(quick: bool = False, peer_sa_spec: str | None = None) -> dict[str, list[
             out["peer_step"] = bench_peer_step(peer)
         out["ingest"] = bench_ingest([1000, 20_000, 200_000, 1_000_000], [DEFAULT_POLICY, "first"])
         out["step"] = bench_step([1, 8, 64, 256], [1000, 8000, 32000])
-        out["memory"] = bench_memory(500) + bench_memory(200_000)
+        out["memory"] = bench_memory(500) + bench_memory(8000) + bench_memory(200_000)
         out["grow"] = bench_grow()
         return out
     finally:

@@ -129,7 +129,8 @@ class BlobArena:
     returns to the free list once no array views it any more (numpy keeps
     the block's owner alive), so memory is never reused while anything can
     still read it. Chunks are kept, not given back to the system: the arena
-    holds the peak its engine needed. Thread-safe.
+    holds, per size class, the most blocks its engine held at once (plus the
+    current chunk's unused part). Thread-safe.
     """
 
     def __init__(self) -> None:

@@ -278,16 +278,14 @@ class Drafter(Protocol):
     """Proposes tokens that may follow a sequence.
 
     ``begin(prompt)`` starts a sequence; ``propose(seq, limit)`` returns
-    ``(tokens, source)`` with at most ``k`` tokens, and at most ``limit``
-    unless it is None (the loop passes the draft tokens it can still verify
-    before ``max_new_tokens``, so no draft forward is spent on tokens it would
-    cut; the source is still the one the drafter chose), and ``source`` one of
-    ``"sa"``, ``"draft"``, ``"none"``;
-    ``update(seq, n_new)`` reports that the last ``n_new`` tokens of ``seq``
-    were appended (verified); ``end()``
-    releases the sequence's state. ``gate``: the drafter's
-    :class:`~saspec.select.CostGate` or None; the loop reports every
-    verify forward's size and time to it.
+    ``(tokens, source)``: at most ``k`` tokens (and at most ``limit`` unless
+    it is None) and the source the drafter chose, ``"sa"``, ``"draft"`` or
+    ``"none"``. The loop passes as ``limit`` the draft tokens it can still
+    verify before ``max_new_tokens``, so no draft forward is spent on tokens it
+    would cut. ``update(seq, n_new)`` reports that the last ``n_new`` tokens of
+    ``seq`` were appended (verified); ``end()`` releases the sequence's state.
+    ``gate``: the drafter's :class:`~saspec.select.CostGate` or None; the loop
+    reports every verify forward's size and time to it.
     """
 
     name: str
@@ -507,9 +505,9 @@ class SADrafter:
     def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
         if self.gate is not None:
             match, draft = self.lookup(capped=False)
-            draft = draft[: _limited(len(draft), limit)]
-            if not draft and limit == 0:
+            if limit == 0:
                 return [], "none"
+            draft = draft[: _limited(len(draft), limit)]
             source, n = self.gate.choose(match, len(draft))
             if source == "probe" and not draft:
                 return seq[-1:], "none"  # a guess: only the verify's cost is wanted
@@ -579,10 +577,10 @@ class HybridDrafter:
         model_k = _limited(self.model.k, limit)
         if self.gate is not None:
             match, draft = self.sa.lookup(capped=False)
-            draft = draft[: _limited(len(draft), limit)]
             if limit == 0:
                 self._last = ("none", match, [])
                 return [], "none"
+            draft = draft[: _limited(len(draft), limit)]
             source, n = self.gate.choose(match, len(draft), model_k)
             if source == "probe":
                 if not draft:

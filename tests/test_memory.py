@@ -96,6 +96,21 @@ def test_arena_blocks_are_disjoint_reused_only_when_unseen():
 
 
 @needs_arena
+def test_arena_reuses_a_somewhat_larger_free_block():
+    arena = build.BlobArena()
+    big = arena(100_000)
+    addr, size = big.ctypes.data, build.blob_bytes(big)
+    del big
+    too_small = arena(int(100_000 / build.ARENA_REUSE) - 2_000)  # the free block is over ARENA_REUSE times larger
+    assert too_small.ctypes.data != addr
+    smaller = arena(80_000)
+    assert smaller.ctypes.data == addr and build.blob_bytes(smaller) == size  # counted as the block it holds
+    del smaller
+    again = arena(100_000)
+    assert again.ctypes.data == addr
+
+
+@needs_arena
 def test_arena_chunks_start_on_huge_pages_and_other_sizes_bypass_it():
     arena = build.BlobArena()
     first = arena(build.ARENA_MIN // 4)

@@ -502,7 +502,7 @@ class SpecEngine:
             "requests": len(self._slot),
             "overflowed": self._overflow_check(resident),
             "tokens": sum(pool.tokens(resident)) + sum(self._blob_tokens(b) for b in host),
-            "bytes": sum(int(b.nbytes) for b in host),
+            "bytes": sum(build.blob_bytes(b) for b in host),
             "device_bytes": pool.device_bytes,
             "device_bytes_per_slot": pool.layout.nbytes,
             "max_slots": pool.max_slots,

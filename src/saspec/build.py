@@ -165,13 +165,10 @@ class BlobArena:
         return np.asarray(_Block(self, addr, size, words))
 
     def _take_free(self, size: int) -> tuple[int, int]:
-        """(block size, address) of a free block of ``size`` or, failing that,
-        the smallest free one up to ``ARENA_REUSE`` times larger, so requests
-        whose sizes drift do not keep carving new blocks; (size, -1) if none."""
-        free = self._free.get(size)
-        if free:
-            return size, free.pop()
-        fits = [c for c, blocks in self._free.items() if blocks and size < c <= ARENA_REUSE * size]
+        """(block size, address) of the smallest free block of ``size`` up to
+        ``ARENA_REUSE`` times larger, so requests whose sizes drift do not keep
+        carving new blocks; (size, -1) if none."""
+        fits = [c for c, blocks in self._free.items() if blocks and size <= c <= ARENA_REUSE * size]
         if not fits:
             return size, -1
         c = min(fits)

@@ -236,7 +236,11 @@ class TorchDevice:
     """
 
     simulated = False
-    extend_threads = 128
+    # One row per block, so one per warp: rows take different branches through
+    # the automaton, and rows sharing a warp wait for each other's branches.
+    # Measured on an H200 (BENCHMARKS.md, GPU backend): 128 threads per block
+    # cost 50 us per call at B=256, 1 thread 14.5 us.
+    extend_threads = 1
     upload_threads = 256
     max_upload_blocks = 256
 
@@ -337,7 +341,7 @@ def _configure(kernel, grid, block, stream):
     """``kernel[grid, block, stream]``, without numba's low-occupancy warning
     (a one-thread-per-row kernel at a small batch is small on purpose)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Grid size .* low occupancy")
+        warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")  # numba may prefix ANSI bold
         return kernel[grid, block, stream]
 
 

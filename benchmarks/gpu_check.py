@@ -13,10 +13,15 @@ Sections (each runs even if an earlier one failed; its error is recorded):
 3. extend    time per extend call, batch 1 / 64 / 256, 3 accepted tokens per row,
              K=8: CUDA events around graph replays of 16 calls (target: <= 10 us
              per call at batch 256), one call per graph, and eager calls.
-4. overhead  a decode-step loop (a stand-in model: matmuls and an argmax) with
+4. threads   extend time per call vs threads per block (1 to 128) at batch 64 /
+             256 / 1024, in interleaved rounds: rows take different branches
+             through their automata, so rows that share a warp wait for each
+             other; the engine's default (TorchDevice.extend_threads) should be
+             the fastest.
+5. overhead  a decode-step loop (a stand-in model: matmuls and an argmax) with
              the SA disabled (threshold=inf), enabled, and absent altogether,
              each captured as a CUDA graph and run eagerly.
-5. prepare   upload of a 32k-token prompt into a fresh and into a reused slot.
+6. prepare   upload of a 32k-token prompt into a fresh and into a reused slot.
 
 Prints a table and writes $OUT/gpu_check.json (and the pytest log) when OUT is
 set. Exit status: 0 all good; 1 something failed or mismatched (printed loudly);
@@ -374,6 +379,50 @@ def section_extend() -> dict:
     return out
 
 
+def section_threads() -> dict:
+    """extend per call (graph replays of 16 calls) vs threads per block."""
+    import torch
+
+    threads, rounds, group, replays, warm = (1, 2, 4, 8, 32, 128), 2, 16, 12, 2
+    out: dict[str, Any] = {"accepted_per_row": ACCEPTED, "k": K, "calls_per_graph": group}
+    for b in (64, 256, 1024):
+        rng = np.random.default_rng(b)
+        prompt = 1000
+        steps = rounds * len(threads) * ((replays + warm) * group + 3)
+        streams = make_streams(b, prompt + steps * ACCEPTED + 16, rng)
+        gpu, _ = new_engines(streams, prompt, streams.shape[1], with_cpu=False)
+        rows = list(range(b))
+        gpu.prepare(rows)
+        dev = gpu._pool._dev
+        default = dev.extend_threads
+        acc_all = torch.zeros((group, b, K + 1), dtype=torch.int32, device="cuda")
+        _, lens, mout, dout = device_tensors(torch, b)
+        lens.fill_(ACCEPTED)
+        pos = np.full(b, prompt, np.int64)
+        n = np.full(b, ACCEPTED)
+        us: dict[int, list[float]] = {t: [] for t in threads}
+        for _ in range(rounds):  # the texts grow as the rounds go: interleave the settings
+            for t in threads:
+                dev.extend_threads = t
+                warm_up(torch, gpu, acc_all[0], lens, mout, dout)
+                chunks = np.stack(
+                    [np.stack([take(streams, rows, pos, n, K + 1) for _ in range(group)]) for _ in range(replays + warm)]
+                )
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for g in range(group):
+                        gpu.extend(acc_all[g], lens, mout, dout)
+                us[t].append(replay_us(torch, graph, group, acc_all, torch.from_numpy(chunks).cuda(), warm)[0])
+        dev.extend_threads = default
+        best = {t: round(min(v), 2) for t, v in us.items()}
+        fastest = min(best, key=best.get)
+        out[f"b{b}"] = {"us_per_call_by_threads": best, "fastest": fastest, "default": default}
+        say(f"batch {b:>4}: us per call by threads per block {best}; fastest {fastest}, default {default}")
+        if best[default] > 1.05 * best[fastest]:
+            say(f"!!! NOTE: at batch {b} the default of {default} thread(s) per block is not the fastest ({fastest})")
+    return out
+
+
 def section_overhead() -> dict:
     """Decode-step loops: no SA at all vs SA disabled (threshold=inf) vs SA on."""
     import torch
@@ -588,6 +637,13 @@ def table() -> str:
             )
     if "meets_target" in e:
         row(f"target <= {TARGET_US_AT_256} us at b=256", "met" if e["meets_target"] else "MISSED")
+    th = s.get("threads") or {"error": "not run"}
+    if "error" in th:
+        row("threads per block", th["error"])
+    for b in (64, 256, 1024):
+        r = th.get(f"b{b}")
+        if r:
+            row(f"extend b={b} us/call by threads per block", f"{r['us_per_call_by_threads']} (default {r['default']})")
     o = s.get("overhead") or {"error": "not run"}
     if "error" in o:
         row("overhead", o["error"])
@@ -622,6 +678,7 @@ def main() -> int:
         ("tests", section_tests),
         ("graph", section_graph),
         ("extend", section_extend),
+        ("threads", section_threads),
         ("overhead", section_overhead),
         ("prepare", section_prepare),
     ):

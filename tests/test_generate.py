@@ -461,6 +461,8 @@ def test_gate_probes_the_verify_cost_before_starting_the_draft_model(models):
     gate.observe_forward(1, 0.3)
     assert drafter.propose(seq) == (seq[-1:], "none")  # a free one-token guess, to time a 2-token verify
     gate.observe_forward(2, 0.6)  # each verified token costs a forward
+    assert drafter.propose(seq) == (seq[-1:], "none")  # and a second, in case the first was slow
+    gate.observe_forward(2, 0.61)
     assert drafter.propose(seq) == ([], "none")
     assert drafter.lm.forwards == 0  # the draft model never had to read the prompt
     drafter.end()

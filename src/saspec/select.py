@@ -458,12 +458,18 @@ class CostGate:
     It learns both sides while the sequence runs:
 
     * costs: the caller reports each target forward (``observe_forward``)
-      and each draft-model forward (``observe_draft_forward``), in seconds;
-      forwards are bucketed by size (1, 2, 3-4, 5-8, ... tokens) and averaged
-      (exponentially, weight ``ema``). A size not seen yet costs
-      ``1 + slope * (n - 1)``, ``slope`` the steepest seen so far per extra
-      token (``slope_prior`` before any multi-token forward), capped by the
-      next larger size seen; a larger size never costs less than a smaller. ``verify_cost`` fixes the table instead
+      and each draft-model forward (``observe_draft_forward``), in seconds.
+      Forwards are bucketed by size (1, 2, 3-4, 5-8, ... tokens), and a
+      bucket's cost is the fastest of its last ``window`` forwards: timing
+      noise only ever adds time (a busy machine, a first call of a shape),
+      and one slow forward must not steer a whole output. A bucket timed
+      once may still be such an outlier, so it costs no more than the
+      *cost line* ``1 + slope * (n - 1)``, ``slope`` the gentlest seen per
+      extra token (``slope_prior`` before any multi-token forward); a size
+      not seen yet costs the line, capped by the next larger size seen;
+      a larger size never costs less than a smaller. Being optimistic where
+      a size was timed at most once makes the gate try it again, and the
+      second timing settles it. ``verify_cost`` fixes the table instead
       (float [>= k_max + 1], units of a 1-token forward; nothing is timed).
     * acceptance: per-token acceptance of SA drafts per match-length bucket
       (:func:`match_bucket`), and of the draft model, each a running count
@@ -472,31 +478,36 @@ class CostGate:
       edits run much higher), ``model_prior`` for the draft model.
 
     Until a 1-token forward has been timed, ``choose`` asks for one plain
-    step (nothing else gives the unit of cost). Then, until a multi-token
-    forward has been timed, it asks for a *probe*: ``("probe", 1)``, a
+    step (nothing else gives the unit of cost). Then, until two multi-token
+    forwards have been timed, it asks for a *probe*: ``("probe", 1)``, a
     one-token draft of whatever costs nothing (the SA's first draft token,
     else any guess), so that the verify cost is known before a dear draft
     (the draft model's first call feeds it the whole prompt) is started.
+    A probe costs about a plain step; two of them keep one slow first
+    timing from setting the cost line.
 
     Args:
         k_max: the most draft tokens of any source (>= 1).
         draft_cost: fixed cost of one draft-model token (units of a 1-token
             target forward) instead of timing it; needs ``verify_cost``.
+        window: how many of a bucket's latest forwards its cost is the
+            fastest of (>= 1).
     """
 
     SOURCES = ("sa", "draft")
 
     def __init__(self, k_max: int, *, verify_cost: Any = None, draft_cost: float | None = None,
                  slope_prior: float = 0.1, model_prior: float = 0.8, prior_weight: float = 8.0,
-                 ema: float = 0.25) -> None:
+                 window: int = 4) -> None:
         k_max = _count(k_max, "k_max")
+        window = _count(window, "window")
         for name, v, lo, hi in (("slope_prior", slope_prior, 0.0, math.inf), ("model_prior", model_prior, 0.0, 1.0),
-                                ("prior_weight", prior_weight, 0.0, math.inf), ("ema", ema, 0.0, 1.0)):
-            if not (lo <= float(v) <= hi) or (name in ("ema", "prior_weight") and v == 0):
-                low = "(0" if name in ("ema", "prior_weight") else f"[{lo}"
+                                ("prior_weight", prior_weight, 0.0, math.inf)):
+            if not (lo <= float(v) <= hi) or (name == "prior_weight" and v == 0):
+                low = "(0" if name == "prior_weight" else f"[{lo}"
                 raise ValueError(f"{name} must be in {low}, {hi}], got {v}")
         self.k_max = k_max
-        self.slope_prior, self.ema = float(slope_prior), float(ema)
+        self.slope_prior, self.window = float(slope_prior), window
         self._fixed = verify_cost is not None
         if self._fixed:
             vc = np.asarray(verify_cost, dtype=np.float64)
@@ -510,9 +521,11 @@ class CostGate:
             raise ValueError(f"draft_cost must be a finite number >= 0, got {draft_cost}")
         self._draft_cost = draft_cost
         n_buckets = _cost_bucket(self.k_max + 1) + 1
-        self._t = np.zeros(n_buckets)  # mean seconds per bucket, 0 = not seen
-        self._n = np.zeros(n_buckets)  # mean tokens of the forwards in the bucket
-        self._t_draft = 0.0
+        # per bucket, the latest `window` forwards as (seconds, tokens), inf = none yet
+        self._recent = np.full((n_buckets, window, 2), np.inf)
+        self._seen = np.zeros(n_buckets, np.int64)  # forwards timed per bucket
+        self._recent_draft = np.full(window, np.inf)
+        self._draft_seen = 0
         m = np.arange(N_BUCKETS, dtype=np.float64)
         m[8:] = 2.0 ** (np.arange(8, N_BUCKETS) - 5)  # a bucket's smallest match: 8, 16, 32, ...
         q0 = m / (m + 1.0)
@@ -527,44 +540,57 @@ class CostGate:
         prefill, are ignored; with a fixed ``verify_cost`` only 1-token
         forwards are timed, the unit ``draft_cost`` needs)."""
         b = _cost_bucket(n_tokens) if 1 <= n_tokens <= self.k_max + 1 else -1
-        if not 0 <= b < self._t.shape[0] or not seconds > 0 or (self._fixed and b != 0):
+        if not 0 <= b < self._seen.shape[0] or not seconds > 0 or (self._fixed and b != 0):
             return
-        a = 1.0 if self._t[b] == 0 else self.ema
-        self._t[b] += a * (seconds - self._t[b])
-        self._n[b] += a * (n_tokens - self._n[b])
+        self._recent[b, self._seen[b] % self.window] = (seconds, n_tokens)
+        self._seen[b] += 1
 
     def observe_draft_forward(self, seconds: float) -> None:
         """One draft-model forward (one draft token) took ``seconds``."""
         if seconds > 0:
-            self._t_draft = seconds if self._t_draft == 0 else self._t_draft + self.ema * (seconds - self._t_draft)
+            self._recent_draft[self._draft_seen % self.window] = seconds
+            self._draft_seen += 1
+
+    def _fastest(self, b: int) -> tuple[float, float]:
+        """(seconds, tokens) of bucket ``b``'s fastest recent forward."""
+        i = int(np.argmin(self._recent[b, :, 0]))
+        return float(self._recent[b, i, 0]), float(self._recent[b, i, 1])
 
     @property
     def timed(self) -> bool:
         """Whether the unit of cost (a 1-token forward) is known."""
-        return self._fixed or self._t[0] > 0
+        return self._fixed or self._seen[0] > 0
 
     @property
     def probed(self) -> bool:
-        """Whether a multi-token forward has been timed (or the costs are fixed)."""
-        return self._fixed or bool(np.any(self._t[1:] > 0))
+        """Whether two multi-token forwards have been timed (or the costs are fixed)."""
+        return self._fixed or int(self._seen[1:].sum()) >= 2
 
     def verify_cost(self) -> np.ndarray:
         """float64 [k_max + 1]: the cost of verifying d drafts (a forward over
         d + 1 tokens), units of a 1-token forward, as currently estimated."""
         if self._fixed:
             return self._verify
-        t1 = self._t[0]
         out = np.ones(self.k_max + 1)
-        if t1 <= 0:
+        if self._seen[0] == 0:
             return out + self.slope_prior * np.arange(self.k_max + 1)
-        seen = [(b, self._t[b] / t1) for b in range(1, self._t.shape[0]) if self._t[b] > 0]
-        slope = max([(r - 1.0) / max(self._n[b] - 1.0, 1.0) for b, r in seen], default=self.slope_prior)
-        ratio = dict(seen)
+        t1 = self._fastest(0)[0]
+        ratio, slopes = {}, []
+        for b in range(1, self._seen.shape[0]):
+            if self._seen[b]:
+                t, n = self._fastest(b)
+                ratio[b] = t / t1
+                slopes.append((ratio[b] - 1.0) / max(n - 1.0, 1.0))
+        slope = max(min(slopes, default=self.slope_prior), 0.0)
         above = math.inf  # an unseen size costs no more than the next larger size seen
         for d in range(self.k_max, 0, -1):
-            r = ratio.get(_cost_bucket(d + 1))
-            above = r if r is not None else above
-            out[d] = r if r is not None else min(1.0 + slope * d, above)
+            b = _cost_bucket(d + 1)
+            line = 1.0 + slope * d
+            if b not in ratio:
+                out[d] = min(line, above)
+            else:
+                out[d] = ratio[b] if self._seen[b] >= 2 else min(ratio[b], line)
+                above = out[d]
         return np.maximum.accumulate(out)
 
     def draft_cost(self) -> float:
@@ -572,7 +598,9 @@ class CostGate:
         (0.5 until both are timed)."""
         if self._draft_cost is not None:
             return self._draft_cost
-        return self._t_draft / self._t[0] if self._t_draft > 0 and self._t[0] > 0 else 0.5
+        if self._draft_seen == 0 or self._seen[0] == 0:
+            return 0.5
+        return float(self._recent_draft.min()) / self._fastest(0)[0]
 
     # -- acceptance --
 

@@ -152,10 +152,11 @@ def test_gate_learns_costs_and_stops_drafting_where_verify_is_dear():
     flat = CostGate(8)
     flat.observe_forward(1, 0.3)
     flat.observe_forward(3, 0.32)
+    flat.observe_forward(3, 0.33)
+    flat.observe_forward(8, 0.9)  # timed once, and dearer than the line through the 3-token forwards: maybe slow
+    vc = flat.verify_cost()
+    assert vc[2] == vc[3] == pytest.approx(0.32 / 0.3) and vc[7] == pytest.approx(1 + 7 * (0.02 / 0.3) / 2)
     flat.observe_forward(8, 0.5)
-    vc = flat.verify_cost()  # 8 tokens timed once: no dearer than the gentlest slope says (0.02 / 0.3 per token)
-    assert vc[2] == vc[3] == pytest.approx(0.32 / 0.3) and vc[7] == pytest.approx(1 + 7 * 0.01 / 0.3)
-    flat.observe_forward(8, 0.51)
     vc = flat.verify_cost()  # timed twice: its fastest
     assert vc[2] == vc[3] == pytest.approx(0.32 / 0.3) and vc[7] == pytest.approx(0.5 / 0.3)
     assert flat.choose(1, 8)[0] == "sa"  # verifying a few tokens is nearly free: even a short match pays

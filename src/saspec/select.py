@@ -462,15 +462,14 @@ class CostGate:
       Forwards are bucketed by size (1, 2, 3-4, 5-8, ... tokens), and a
       bucket's cost is the fastest of its last ``window`` forwards: timing
       noise only ever adds time (a busy machine, a first call of a shape),
-      and one slow forward must not steer a whole output. A bucket timed
-      once may still be such an outlier, so it costs no more than the
-      *cost line* ``1 + slope * (n - 1)``, ``slope`` the gentlest seen per
-      extra token (``slope_prior`` before any multi-token forward); a size
-      not seen yet costs the line, capped by the next larger size seen;
-      a larger size never costs less than a smaller. Being optimistic where
-      a size was timed at most once makes the gate try it again, and the
-      second timing settles it. ``verify_cost`` fixes the table instead
-      (float [>= k_max + 1], units of a 1-token forward; nothing is timed).
+      and one slow forward must not steer a whole output. Sizes timed at
+      least twice set the *cost line* ``1 + slope * (n - 1)``, ``slope`` the
+      steepest of them per extra token (``slope_prior`` before any). A size
+      timed once costs no more than the line (a slow first timing is tried
+      again, and the second settles it); a size not timed yet costs the
+      line, capped by the next larger size timed; a larger size never costs
+      less than a smaller. ``verify_cost`` fixes the table instead (float
+      [>= k_max + 1], units of a 1-token forward; nothing is timed).
     * acceptance: per-token acceptance of SA drafts per match-length bucket
       (:func:`match_bucket`), and of the draft model, each a running count
       with ``prior_weight`` pseudo-tokens of prior: ``m / (m + 1)`` for an SA
@@ -580,8 +579,9 @@ class CostGate:
             if self._seen[b]:
                 t, n = self._fastest(b)
                 ratio[b] = t / t1
-                slopes.append((ratio[b] - 1.0) / max(n - 1.0, 1.0))
-        slope = max(min(slopes, default=self.slope_prior), 0.0)
+                if self._seen[b] >= 2:
+                    slopes.append((ratio[b] - 1.0) / max(n - 1.0, 1.0))
+        slope = max(max(slopes, default=self.slope_prior), 0.0)
         above = math.inf  # an unseen size costs no more than the next larger size seen
         for d in range(self.k_max, 0, -1):
             b = _cost_bucket(d + 1)

@@ -625,25 +625,29 @@ def table() -> str:
         or f"{g['steps_mismatched']} of {g['steps']} steps differ (batch {g['batch']}; "
         f"{g['rows_with_match_pct']}% rows matched)",
     )
-    e = s.get("extend") or {"error": "not run"}
-    if "error" in e:
-        row("extend", e["error"])
-    for b in (1, 64, 256):
-        r = e.get(f"b{b}")
-        if r:
-            row(
-                f"extend b={b} (us/call: graph median, 1-call replay, eager)",
-                f"{r['graph_us_per_call_median']} / {r['one_call_graph_replay_us']} / {r['eager_us_per_call']}",
-            )
+    def per_batch(name: str, batches: tuple[int, ...], label: str, fmt: Callable[[dict], str]) -> dict:
+        sec = s.get(name) or {"error": "not run"}
+        if "error" in sec:
+            row(name, sec["error"])
+        for b in batches:
+            if sec.get(f"b{b}"):
+                row(label.format(b=b), fmt(sec[f"b{b}"]))
+        return sec
+
+    e = per_batch(
+        "extend",
+        (1, 64, 256),
+        "extend b={b} (us/call: graph median, 1-call replay, eager)",
+        lambda r: f"{r['graph_us_per_call_median']} / {r['one_call_graph_replay_us']} / {r['eager_us_per_call']}",
+    )
     if "meets_target" in e:
         row(f"target <= {TARGET_US_AT_256} us at b=256", "met" if e["meets_target"] else "MISSED")
-    th = s.get("threads") or {"error": "not run"}
-    if "error" in th:
-        row("threads per block", th["error"])
-    for b in (64, 256, 1024):
-        r = th.get(f"b{b}")
-        if r:
-            row(f"extend b={b} us/call by threads per block", f"{r['us_per_call_by_threads']} (default {r['default']})")
+    per_batch(
+        "threads",
+        (64, 256, 1024),
+        "extend b={b} us/call by threads per block",
+        lambda r: f"{r['us_per_call_by_threads']} (default {r['default']})",
+    )
     o = s.get("overhead") or {"error": "not run"}
     if "error" in o:
         row("overhead", o["error"])

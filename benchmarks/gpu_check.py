@@ -144,6 +144,19 @@ def warm_up(torch, gpu, *tensors) -> None:
     torch.cuda.synchronize()
 
 
+def group_graph(torch, gpu, streams, rows, pos, n, tensors, group: int, chunks: int):
+    """A CUDA graph of ``group`` extend calls on ``tensors`` = (acc_all [group, B, K+1],
+    lens, mout, dout), and ``chunks`` replays' worth of the rows' next stream
+    tokens for it ([chunks, group, B, K+1] on the device, advancing pos)."""
+    acc_all, lens, mout, dout = tensors
+    tokens = np.stack([np.stack([take(streams, rows, pos, n, K + 1) for _ in range(group)]) for _ in range(chunks)])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for g in range(group):
+            gpu.extend(acc_all[g], lens, mout, dout)
+    return graph, torch.from_numpy(tokens).cuda()
+
+
 # -- sections ----------------------------------------------------------------------
 
 
@@ -340,15 +353,8 @@ def section_extend() -> dict:
         lens.fill_(ACCEPTED)
         warm_up(torch, gpu, acc_all[0], lens, mout, dout)
         n = np.full(b, ACCEPTED)
-        chunks = np.stack(
-            [np.stack([take(streams, rows, pos, n, K + 1) for _ in range(group)]) for _ in range(replays + warm)]
-        )
-        chunks_dev = torch.from_numpy(chunks).cuda()
-
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for g in range(group):
-                gpu.extend(acc_all[g], lens, mout, dout)
+        graph, chunks_dev = group_graph(torch, gpu, streams, rows, pos, n, (acc_all, lens, mout, dout), group,
+                                        replays + warm)
         one = torch.cuda.CUDAGraph()
         with torch.cuda.graph(one):
             gpu.extend(acc_all[0], lens, mout, dout)
@@ -405,14 +411,9 @@ def section_threads() -> dict:
             for t in threads:
                 dev.extend_threads = t
                 warm_up(torch, gpu, acc_all[0], lens, mout, dout)
-                chunks = np.stack(
-                    [np.stack([take(streams, rows, pos, n, K + 1) for _ in range(group)]) for _ in range(replays + warm)]
-                )
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for g in range(group):
-                        gpu.extend(acc_all[g], lens, mout, dout)
-                us[t].append(replay_us(torch, graph, group, acc_all, torch.from_numpy(chunks).cuda(), warm)[0])
+                graph, chunks = group_graph(torch, gpu, streams, rows, pos, n, (acc_all, lens, mout, dout), group,
+                                            replays + warm)
+                us[t].append(replay_us(torch, graph, group, acc_all, chunks, warm)[0])
         dev.extend_threads = default
         best = {t: round(min(v), 2) for t, v in us.items()}
         fastest = min(best, key=best.get)

@@ -301,18 +301,18 @@ def _copied(buf: np.ndarray, cap_tok: int, cap_st: int, ht: int, alloc: Allocato
     return new
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, **core.NO_NRT)
 def _init(buf, cap_tok, cap_st, ht_size):
     core.init(buf, cap_tok, cap_st, ht_size)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, **core.NO_NRT)
 def _copy_into(src, dst, cap_tok, cap_st, ht_size):
     core.lay_out(dst, cap_tok, cap_st, ht_size)
     core.copy_into(src, dst)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, **core.NO_NRT)
 def _ingest(buf, tokens, start, policy, depth):
     """Append tokens[start:] until done or out of room; return the next index."""
     i = start

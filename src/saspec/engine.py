@@ -55,7 +55,7 @@ def _exact_step():
     if _STEP_EXACT is None:
         a1, a2 = int32[::1], int32[:, ::1]
         sig = int64(int64[:, ::1], a2, a2, a1, a1, a2, int64[::1])
-        _STEP_EXACT = njit(sig, nogil=True, cache=True)(_step_exact_impl)
+        _STEP_EXACT = njit(sig, nogil=True, cache=True, **core.NO_NRT)(_step_exact_impl)
     return _STEP_EXACT
 
 

@@ -32,9 +32,10 @@ import threading
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, prange, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from numba.np.arrayobj import populate_array
 
 from . import core
 
@@ -62,19 +63,6 @@ CTL_WORDS = 6
 
 
 @intrinsic
-def _int32_ptr(typingctx, address):
-    """An int64 address as an int32 pointer (for ``numba.carray``)."""
-    if not isinstance(address, types.Integer):
-        return None
-    ptr = types.CPointer(types.int32)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(ptr))
-
-    return ptr(address), codegen
-
-
-@intrinsic
 def _prefetch(typingctx, address):
     """Hint the CPU to load the cache line at an int64 address (LLVM's
     ``llvm.prefetch``: read, high locality). It never faults, whatever the address."""
@@ -94,10 +82,33 @@ def _prefetch(typingctx, address):
     return types.void(address), codegen
 
 
-@njit(inline="always")
-def blob_at(table, slot):
-    """Slot ``slot``'s blob as an int32 [table[1, slot]] array (no copy)."""
-    return carray(_int32_ptr(table[0, slot]), table[1, slot])
+@intrinsic
+def blob_at(typingctx, table, slot):
+    """Slot ``slot``'s blob as an int32 [table[1, slot]] array (no copy).
+
+    ``table`` is the int64 [2, slots] C-contiguous address table. The array
+    owns nothing (no meminfo), and building it in codegen rather than with
+    ``numba.carray`` lets the kernels compile without numba's reference
+    counting (see ``core.NO_NRT``)."""
+    if not (isinstance(table, types.Array) and table.dtype == types.int64 and table.ndim == 2
+            and table.layout == "C" and isinstance(slot, types.Integer)):
+        return None
+    blob = types.Array(types.int32, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        tab = context.make_array(signature.args[0])(context, builder, args[0])
+        i = context.cast(builder, args[1], signature.args[1], types.intp)
+        slots = builder.extract_value(tab.shape, 1)
+        address = builder.load(cgutils.gep(builder, tab.data, i))  # table[0, i]
+        words = builder.load(cgutils.gep(builder, tab.data, builder.add(slots, i)))  # table[1, i]
+        out = context.make_array(blob)(context, builder)
+        itemsize = context.get_constant(types.intp, 4)
+        populate_array(out, data=builder.inttoptr(address, context.get_value_type(types.CPointer(types.int32))),
+                       shape=cgutils.pack_array(builder, [words]), strides=cgutils.pack_array(builder, [itemsize]),
+                       itemsize=itemsize, meminfo=None)
+        return out._getvalue()
+
+    return blob(table, slot), codegen
 
 
 @njit(inline="always")
@@ -114,7 +125,7 @@ def _overlap(a, b):
     return alo < ahi and blo < bhi and alo < bhi and blo < ahi
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, **core.NO_NRT)
 def check_step(table, rp, accepted, lens, match_out, draft_out, ctl, n_word):
     """Validate one step; return ``OK`` or a negative code with ``ctl[C_ERR:]`` set.
 
@@ -239,7 +250,7 @@ def _look_ahead(table, slot, accepted, lens, progress, b, hops, first):
             _prefetch(base + 4 * core.state(buf, buf[r + core.LINK]))
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, **core.NO_NRT)
 def extend_rows(table, rp, accepted, lens, match_out, draft_out, policy, depth, lookahead_bytes):
     """Serial batch extend, resuming each row at ``rp[1, b]``; returns how
     many rows stopped for lack of room. When the batch's blobs hold at least
@@ -276,7 +287,7 @@ def extend_rows_parallel(table, rp, accepted, lens, match_out, draft_out, policy
     return blocked
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, **core.NO_NRT)
 def step(table, rp, accepted, lens, match_out, draft_out, ctl):
     """``check_step`` then, if it passed, ``extend_rows``, in one call.
 

@@ -308,7 +308,7 @@ def test_upload_rebuilds_the_same_automaton(cuda_backend):
         )
         assert dev[h] == (ref[h] if layout_word else host[h]), h
     n, ns = int(host[core.H_N]), int(host[core.H_NSTATES])
-    assert np.array_equal(dev[core.HEADER : core.HEADER + n], prompt)
+    assert np.array_equal(dev[dev[core.H_O_TEXT] :][:n], prompt)
     hs = host[host[core.H_O_STATES] :][: core.STATE_WORDS * ns].reshape(ns, core.STATE_WORDS)
     ds = dev[dev[core.H_O_STATES] :][: core.STATE_WORDS * ns].reshape(ns, core.STATE_WORDS)
     assert np.array_equal(hs, ds)  # first edges travel inline

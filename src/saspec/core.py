@@ -12,10 +12,13 @@ Blob layout (all int32; capacities are fixed for a given blob, the host grows a
 request by copying it into a larger blob, see ``build.grow``)::
 
     [0, HEADER)           header words, the H_* indices below
-    text   [cap_tok]      the tokens, 0 <= t < 2**31
     states [4 * cap_st]   hot record per state: (LEN, LINK, TOK, DST)
     aux    [2 * cap_st]   cold record per state: (POS, MORE)
     slots  [4 * ht_size]  the edge table for second and later edges: (SRC, TOK, DST, NEXT)
+    text   [cap_tok]      the tokens, 0 <= t < 2**31
+
+The hot records come first, at a fixed offset, so a record's place needs no
+read of the header (``state``): the walks' dependent reads are one shorter.
 
 Edges. Most states have one outgoing edge, so each state's *first* edge lives
 in its hot record: TOK is its token and DST encodes its target and whether the
@@ -120,7 +123,7 @@ H_MATCH_LEN = 7  # longest suffix that also ends earlier, in tokens
 H_MATCH_POS = 8  # where that occurrence's continuation starts; -1 if none
 H_OVERFLOW = 9  # 1 once a fixed-capacity blob ran out of room
 H_O_TEXT = 10  # word offsets of the regions
-H_O_STATES = 11
+H_O_STATES = 11  # always HEADER
 H_O_SLOTS = 12
 H_ANCHOR = 13  # NEAR_* policies: where the copy source is expected to continue; -1 if none
 H_O_AUX = 14
@@ -168,6 +171,14 @@ def max_used(ht_size):
 
 
 @register_jitable
+def region_offsets(cap_st, ht_size):
+    """Word offsets of the aux, slots and text regions (the states start at ``HEADER``)."""
+    o_aux = HEADER + STATE_WORDS * cap_st
+    o_slots = o_aux + AUX_WORDS * cap_st
+    return o_aux, o_slots, o_slots + SLOT_WORDS * ht_size
+
+
+@register_jitable
 def init(buf, cap_tok, cap_st, ht_size):
     """Lay out an empty automaton (root state only) in ``buf``.
 
@@ -189,10 +200,11 @@ def lay_out(buf, cap_tok, cap_st, ht_size):
     buf[H_NSTATES] = 1
     buf[H_MATCH_POS] = -1
     buf[H_ANCHOR] = -1
-    buf[H_O_TEXT] = HEADER
-    buf[H_O_STATES] = HEADER + cap_tok
-    buf[H_O_AUX] = HEADER + cap_tok + STATE_WORDS * cap_st
-    buf[H_O_SLOTS] = HEADER + cap_tok + (STATE_WORDS + AUX_WORDS) * cap_st
+    o_aux, o_slots, o_text = region_offsets(cap_st, ht_size)
+    buf[H_O_STATES] = HEADER
+    buf[H_O_AUX] = o_aux
+    buf[H_O_SLOTS] = o_slots
+    buf[H_O_TEXT] = o_text
     root = buf[H_O_STATES]
     buf[_ix(root + LEN)] = 0
     buf[_ix(root + LINK)] = -1
@@ -257,8 +269,8 @@ def probe_next(i, size):
 
 @register_jitable
 def state(buf, s):
-    """Word offset of state ``s``'s hot record."""
-    return buf[H_O_STATES] + STATE_WORDS * s
+    """Word offset of state ``s``'s hot record (``buf`` is unused: the states start at ``HEADER``)."""
+    return HEADER + STATE_WORDS * s
 
 
 @register_jitable

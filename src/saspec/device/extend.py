@@ -72,8 +72,8 @@ _ARR1 = int32[::1]
 _ARR2 = int32[:, ::1]
 SIGNATURES: dict[str, tuple] = {
     "extend_kernel": (_ARR2, _ARR1, _ARR2, _ARR1, _ARR1, _ARR2, int32, int32),
-    "unpack_kernel": (_ARR2, _ARR1, int32, int32, int32, int32, int32),
-    "link_kernel": (_ARR2, _ARR1, int32, int32, int32, int32, int32),
+    "unpack_kernel": (_ARR2, _ARR1, int32, int32, int32, int32, int32, int32),
+    "link_kernel": (_ARR2, _ARR1, int32, int32, int32, int32, int32, int32),
 }
 
 
@@ -120,7 +120,7 @@ def extend_kernel(pool, rows, accepted, lens, match_out, draft_out, policy, dept
 
 
 @cuda.jit(cache=True)
-def unpack_kernel(pool, stage, n_req, o_states, o_aux, o_slots, ht_size):
+def unpack_kernel(pool, stage, n_req, o_states, o_aux, o_slots, o_text, ht_size):
     """Copy each uploaded request's header, text, hot and cold state records
     into its slot, clearing the slot's edge table first when ``D_CLEAR`` is set.
 
@@ -134,15 +134,18 @@ def unpack_kernel(pool, stage, n_req, o_states, o_aux, o_slots, ht_size):
         buf = pool[stage[d + D_SLOT]]
         off = stage[d + D_OFFSET]
         n_clear = ht_size if stage[d + D_CLEAR] != 0 else 0
-        head = core.HEADER + stage[off + core.H_N]  # header + text: same offsets in both
+        head = core.HEADER + stage[off + core.H_N]  # header, then text
         n_hot = core.STATE_WORDS * stage[off + core.H_NSTATES]
         n_st = (core.STATE_WORDS + core.AUX_WORDS) * stage[off + core.H_NSTATES]
         for i in range(x0, n_clear + head + n_st, xs):
             if i < n_clear:
                 buf[o_slots + core.SLOT_WORDS * i + core.SRC] = -1
-            elif i < n_clear + head:
+            elif i < n_clear + core.HEADER:
                 j = i - n_clear
                 buf[j] = stage[off + j]
+            elif i < n_clear + head:
+                j = i - n_clear
+                buf[o_text + j - core.HEADER] = stage[off + j]
             else:
                 j = i - n_clear - head
                 if j < n_hot:
@@ -152,7 +155,7 @@ def unpack_kernel(pool, stage, n_req, o_states, o_aux, o_slots, ht_size):
 
 
 @cuda.jit(cache=True)
-def link_kernel(pool, stage, n_req, o_states, o_aux, o_slots, ht_size):
+def link_kernel(pool, stage, n_req, o_states, o_aux, o_slots, o_text, ht_size):
     """Insert each uploaded request's table edges into its slot's table and chains.
 
     Runs after ``unpack_kernel`` (the table is clear, every MORE is -1). One

@@ -65,16 +65,9 @@ class SlotLayout:
         return 4 * self.words
 
     @property
-    def o_states(self) -> int:
-        return core.HEADER + self.cap_tok
-
-    @property
-    def o_aux(self) -> int:
-        return core.HEADER + self.cap_tok + core.STATE_WORDS * self.cap_st
-
-    @property
-    def o_slots(self) -> int:
-        return core.HEADER + self.cap_tok + (core.STATE_WORDS + core.AUX_WORDS) * self.cap_st
+    def offsets(self) -> tuple[int, int, int, int]:
+        """Word offsets of the states, aux, slots and text regions."""
+        return (core.HEADER, *core.region_offsets(self.cap_st, self.ht_size))
 
 
 def slot_layout(max_seq_len: int) -> SlotLayout:
@@ -115,10 +108,11 @@ def pack(blob, out, start, cap_tok, cap_st, ht_size):
     out[start + core.H_CAP_TOK] = cap_tok
     out[start + core.H_CAP_ST] = cap_st
     out[start + core.H_HT_SIZE] = ht_size
-    out[start + core.H_O_TEXT] = core.HEADER
-    out[start + core.H_O_STATES] = core.HEADER + cap_tok
-    out[start + core.H_O_AUX] = core.HEADER + cap_tok + core.STATE_WORDS * cap_st
-    out[start + core.H_O_SLOTS] = core.HEADER + cap_tok + (core.STATE_WORDS + core.AUX_WORDS) * cap_st
+    o_aux, o_slots, o_text = core.region_offsets(cap_st, ht_size)
+    out[start + core.H_O_STATES] = core.HEADER
+    out[start + core.H_O_AUX] = o_aux
+    out[start + core.H_O_SLOTS] = o_slots
+    out[start + core.H_O_TEXT] = o_text
     p = start + core.HEADER
     text = blob[core.H_O_TEXT]
     for i in range(n):
@@ -257,12 +251,7 @@ class DevicePool:
         if new:
             dev.copy_from_stage(stage.device, 0, stage, base, upload_words)
             pool, buf = dev.view(self.pool), dev.view(stage.device)
-            n_req, geo = np.int32(len(new)), (
-                np.int32(lay.o_states),
-                np.int32(lay.o_aux),
-                np.int32(lay.o_slots),
-                np.int32(lay.ht_size),
-            )
+            n_req, geo = np.int32(len(new)), tuple(np.int32(x) for x in (*lay.offsets, lay.ht_size))
             ys = min(len(new), 65535)
             th, mb = dev.upload_threads, dev.max_upload_blocks
             dev.launch(kc.unpack_kernel, (kc._grid(work, th, mb), ys), th, pool, buf, n_req, *geo)

@@ -101,7 +101,7 @@ def host_inline(fn):
 # reference counting (numba's NRT). They allocate nothing, and their arrays are
 # the caller's or own nothing; with NRT, every inlined helper that takes the
 # blob pays an incref and a decref call, whose clobbered registers push the
-# walks' state to the stack (12-28% of a decode step, measured).
+# walks' state to the stack (10-21% of a decode step, measured).
 NO_NRT = {"_nrt": False}
 
 

@@ -417,11 +417,14 @@ def extend(buf, token, policy, depth):
         k += 1
         p = buf[_ix(state(buf, p) + LINK)]
     q = -1
+    lq = 0
+    lp1 = 0
     clone = False
     if p != -1:
         q = _target(buf, e)
         lq = buf[_ix(state(buf, q) + LEN)]
-        clone = buf[_ix(state(buf, p) + LEN)] + 1 != lq
+        lp1 = buf[_ix(state(buf, p) + LEN)] + 1  # LEN never changes once written
+        clone = lp1 != lq
         if clone:
             # The clone copies q's edges as they are after the first loop
             # below: its first inline, the others into the table. If q lies on
@@ -457,16 +460,20 @@ def extend(buf, token, policy, depth):
             ej = edge(buf, r, token)
         _add_edge(buf, ej, r, token, cur)
         r = buf[_ix(state(buf, r) + LINK)]
+    # The new state's suffix link and its length: the match (see _update_match).
     if p == -1:
+        link = 0
         buf[_ix(c + LINK)] = 0
     elif not clone:
+        link = q
         buf[_ix(c + LINK)] = q
     else:
+        link = ns
         qr = state(buf, q)
         qa = aux(buf, q)
         cl = state(buf, ns)
         cla = aux(buf, ns)
-        buf[_ix(cl + LEN)] = buf[_ix(state(buf, p) + LEN)] + 1
+        buf[_ix(cl + LEN)] = lp1
         buf[_ix(cl + LINK)] = buf[_ix(qr + LINK)]
         buf[_ix(cl + TOK)] = buf[_ix(qr + TOK)]
         d = buf[_ix(qr + DST)]
@@ -494,7 +501,7 @@ def extend(buf, token, policy, depth):
     buf[H_NSTATES] = ns
     buf[H_LAST] = cur
     buf[H_N] = n + 1
-    _update_match(buf, token, policy, depth)
+    _update_match(buf, token, policy, depth, n + 1, link, lp1 if clone else lq)
     return APPENDED
 
 
@@ -551,11 +558,11 @@ def _near(buf, token, m):
 
 
 @host_inline
-def _update_match(buf, token, policy, depth):
-    """Record the match for the text that just gained ``token`` at position n-1."""
-    n = buf[H_N]
-    s = buf[_ix(state(buf, buf[H_LAST]) + LINK)]
-    m = buf[_ix(state(buf, s) + LEN)]
+def _update_match(buf, token, policy, depth, n, s, m):
+    """Record the match for the text of ``n`` tokens that just gained ``token``
+    at position n-1: ``s`` is the suffix link of the new last state, ``m`` its
+    length (passed in, not read back: on the device each read-back of a word
+    just written is a round trip to memory)."""
     start = -1
     if m > 0:
         e = -1

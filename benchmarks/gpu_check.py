@@ -18,10 +18,14 @@ Sections (each runs even if an earlier one failed; its error is recorded):
              through their automata, so rows that share a warp wait for each
              other; the engine's default (TorchDevice.extend_threads) should be
              the fastest.
-5. overhead  a decode-step loop (a stand-in model: matmuls and an argmax) with
+5. tokens    where the time of a call goes: extend per call (16 calls in one
+             graph) with 0, 1, 3 and 9 accepted tokens per row, at batch 1 and
+             256, next to a graph of 16 one-element torch fills (the floor of a
+             graph node). 0 tokens is the match and the K drafts alone.
+6. overhead  a decode-step loop (a stand-in model: matmuls and an argmax) with
              the SA disabled (threshold=inf), enabled, and absent altogether,
              each captured as a CUDA graph and run eagerly.
-6. prepare   upload of a 32k-token prompt into a fresh and into a reused slot.
+7. prepare   upload of a 32k-token prompt into a fresh and into a reused slot.
 
 Prints a table and writes $OUT/gpu_check.json (and the pytest log) when OUT is
 set. Exit status: 0 all good; 1 something failed or mismatched (printed loudly);
@@ -424,6 +428,41 @@ def section_threads() -> dict:
     return out
 
 
+def section_tokens() -> dict:
+    """extend per call vs accepted tokens per row, and the floor of a graph node."""
+    import torch
+
+    group, replays, warm, prompt, counts = 16, 20, 2, 1000, (0, 1, 3, K + 1)
+    out: dict[str, Any] = {"k": K, "calls_per_graph": group}
+    fill = torch.zeros(1, dtype=torch.int32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(group):
+            fill.fill_(1)
+    dummy = torch.zeros((replays + warm, 1), dtype=torch.int32, device="cuda")
+    out["floor_us_per_node"] = round(replay_us(torch, graph, group, fill, dummy, warm)[0], 2)
+    say(f"graph node floor (one-element fill): {out['floor_us_per_node']} us")
+    for b in (1, 256):
+        rng = np.random.default_rng(7 + b)
+        streams = make_streams(b, prompt + (replays + warm) * group * sum(counts) + 16, rng)
+        gpu, _ = new_engines(streams, prompt, streams.shape[1], with_cpu=False)
+        rows = list(range(b))
+        gpu.prepare(rows)
+        acc_all = torch.zeros((group, b, K + 1), dtype=torch.int32, device="cuda")
+        _, lens, mout, dout = device_tensors(torch, b)
+        pos = np.full(b, prompt, np.int64)
+        us = {}
+        for c in counts:
+            lens.fill_(c)
+            warm_up(torch, gpu, acc_all[0], lens, mout, dout)
+            graph, chunks = group_graph(torch, gpu, streams, rows, pos, np.full(b, c), (acc_all, lens, mout, dout),
+                                        group, replays + warm)
+            us[c] = round(replay_us(torch, graph, group, acc_all, chunks, warm)[0], 2)
+        out[f"b{b}"] = {"us_per_call_by_tokens": us}
+        say(f"batch {b:>3}: us per call by accepted tokens per row {us}")
+    return out
+
+
 def section_overhead() -> dict:
     """Decode-step loops: no SA at all vs SA disabled (threshold=inf) vs SA on."""
     import torch
@@ -649,6 +688,10 @@ def table() -> str:
         "extend b={b} us/call by threads per block",
         lambda r: f"{r['us_per_call_by_threads']} (default {r['default']})",
     )
+    tk = per_batch("tokens", (1, 256), "extend b={b} us/call by accepted tokens per row",
+                   lambda r: f"{r['us_per_call_by_tokens']}")
+    if "floor_us_per_node" in tk:
+        row("graph node floor (us)", tk["floor_us_per_node"])
     o = s.get("overhead") or {"error": "not run"}
     if "error" in o:
         row("overhead", o["error"])
@@ -684,6 +727,7 @@ def main() -> int:
         ("graph", section_graph),
         ("extend", section_extend),
         ("threads", section_threads),
+        ("tokens", section_tokens),
         ("overhead", section_overhead),
         ("prepare", section_prepare),
     ):

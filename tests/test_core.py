@@ -149,6 +149,7 @@ def test_grow_rehashes_into_a_larger_table():
     assert 0 < done < 3000  # the small blob filled up
     big = grow(buf, 3000 - done)
     assert big[core.H_HT_SIZE] > buf[core.H_HT_SIZE]
+    assert _table_edges(big) == _table_edges(buf)  # every edge re-inserted, each state's chain rebuilt
     m2, start2, _, _, done2 = run_core(big, tokens[done:], core.FIRST_OCC, -1, K)
     assert done2 == 3000 - done
     ref = matches(tokens.tolist())
@@ -241,6 +242,30 @@ def test_suffix_automaton_accepts_torch():
 @njit(boundscheck=True)
 def extend_one(buf, token, policy, depth):
     return core.extend(buf, token, policy, depth)
+
+
+@njit
+def find_slot(buf, src, token):
+    return core.find_slot(buf, src, token)
+
+
+def _table_edges(buf):
+    """{state: sorted (token, target) of its table edges}, read along each
+    state's chain; checks that every chained slot is the edge's ``find_slot``
+    slot and that the chains hold every occupied slot exactly once."""
+    o = int(buf[core.H_O_SLOTS])
+    out, seen = {}, 0
+    for s in range(int(buf[core.H_NSTATES])):
+        i = int(buf[int(buf[core.H_O_AUX]) + core.AUX_WORDS * s + core.MORE])
+        while i != -1:
+            w = o + core.SLOT_WORDS * i
+            assert buf[w + core.SRC] == s and find_slot(buf, s, buf[w + core.S_TOK]) == w
+            assert buf[core.state(buf, s) + core.DST] < 0  # the record says it has table edges
+            out.setdefault(s, []).append((int(buf[w + core.S_TOK]), int(buf[w + core.S_DST])))
+            seen += 1
+            i = int(buf[w + core.NEXT])
+    assert seen == _occupied(buf) == buf[core.H_USED]
+    return {s: sorted(e) for s, e in out.items()}
 
 
 def _occupied(buf):

@@ -110,6 +110,18 @@ def test_arena_reuses_a_somewhat_larger_free_block():
     assert again.ctypes.data == addr
 
 
+def test_address_is_the_blobs_data_pointer():
+    """``build.address`` reads arena blobs' addresses from their block; it must
+    agree with numpy for those, reused ones, and blobs outside the arena."""
+    arena = build.BlobArena()
+    blobs = [arena(w) for w in (build.ARENA_MIN // 4, 30_000, 1000, build.ARENA_MAX // 4, 30_000)]
+    del blobs[1]
+    blobs.append(arena(29_000))  # the freed block, if the arena is in use
+    blobs += [build.empty_blob(100), build.empty_blob(build.HUGE_PAGE // 4 + 5)]
+    for blob in blobs:
+        assert build.address(blob) == blob.ctypes.data
+
+
 @needs_arena
 def test_arena_chunks_start_on_huge_pages_and_other_sizes_bypass_it():
     arena = build.BlobArena()

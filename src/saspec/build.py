@@ -104,14 +104,18 @@ def _size_class(nbytes: int) -> int:
     return -(-nbytes // step) * step
 
 
+_INT32 = np.dtype(np.int32).str
+
+
 class _Block:
     """Owner of one arena block; numpy keeps it as the base of every array
     viewing the block, and it returns the block when the last one is gone."""
 
+    __slots__ = ("arena", "addr", "size", "__array_interface__")
+
     def __init__(self, arena: BlobArena, addr: int, size: int, words: int) -> None:
         self.arena, self.addr, self.size = arena, addr, size
-        self.__array_interface__ = {"data": (addr, False), "shape": (words,), "typestr": np.dtype(np.int32).str,
-                                    "version": 3}
+        self.__array_interface__ = {"data": (addr, False), "shape": (words,), "typestr": _INT32, "version": 3}
 
     def __del__(self) -> None:
         self.arena._returned.append((self.size, self.addr))  # list.append is atomic: safe from any thread's GC
@@ -154,7 +158,8 @@ class BlobArena:
             while self._returned:
                 freed_size, addr = self._returned.pop()
                 self._free.setdefault(freed_size, []).append(addr)
-            size, addr = self._take_free(size)
+            blocks = self._free.get(size)
+            size, addr = (size, blocks.pop()) if blocks else self._take_free(size)
             if addr < 0:
                 if self._next + size > self._end:
                     chunk = empty_blob(ARENA_CHUNK // 4)  # huge-page aligned and advised
@@ -288,10 +293,18 @@ def reserve(buf: np.ndarray, more_tokens: int, alloc: Allocator = empty_blob) ->
     return _copied(buf, cap_tok, cap_st, ht, alloc)
 
 
+def address(blob: np.ndarray) -> int:
+    """The address of the first word of ``blob``, an array as an ``Allocator``
+    returned it (not a view of one): ``blob.ctypes.data``, which costs more
+    than a microsecond, read from the block for arena blobs."""
+    base = blob.base
+    return base.addr if type(base) is _Block else blob.ctypes.data
+
+
 def _fill(buf: np.ndarray) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """((tokens, states, table edges) held, (their capacities: tokens, states, table slots)) of a blob."""
-    held = (int(buf[core.H_N]), int(buf[core.H_NSTATES]), int(buf[core.H_USED]))
-    return held, (int(buf[core.H_CAP_TOK]), int(buf[core.H_CAP_ST]), int(buf[core.H_HT_SIZE]))
+    h = buf[: core.HEADER].tolist()  # one read: a decode step pays for this Python when a blob is full
+    return (h[core.H_N], h[core.H_NSTATES], h[core.H_USED]), (h[core.H_CAP_TOK], h[core.H_CAP_ST], h[core.H_HT_SIZE])
 
 
 def _copied(buf: np.ndarray, cap_tok: int, cap_st: int, ht: int, alloc: Allocator) -> np.ndarray:

@@ -657,11 +657,25 @@ def copy_into(src, dst):
         dst[H_USED] = src[H_USED]
         return
     clear_table(dst)
+    o_aux = dst[H_O_AUX]
     for s in range(ns):
-        dst[_ix(aux(dst, s) + MORE)] = -1
+        dst[_ix(o_aux + AUX_WORDS * s + MORE)] = -1
+    d_slots = dst[H_O_SLOTS]
+    d_size = dst[H_HT_SIZE]
     for i in range(size):
         w = slots + SLOT_WORDS * i
-        if src[_ix(w + SRC)] != -1:
-            a = src[_ix(w + SRC)]
-            t = src[_ix(w + S_TOK)]
-            _put_slot(dst, find_slot(dst, a, t), a, t, src[_ix(w + S_DST)])
+        a = src[_ix(w + SRC)]
+        if a == -1:
+            continue
+        t = src[_ix(w + S_TOK)]
+        j = probe_start(a, t, d_size)
+        while dst[_ix(d_slots + SLOT_WORDS * j + SRC)] != -1:  # the edges are distinct: no key to compare
+            j = probe_next(j, d_size)
+        v = d_slots + SLOT_WORDS * j
+        m = o_aux + AUX_WORDS * a + MORE
+        dst[_ix(v + SRC)] = a
+        dst[_ix(v + S_TOK)] = t
+        dst[_ix(v + S_DST)] = src[_ix(w + S_DST)]
+        dst[_ix(v + NEXT)] = dst[_ix(m)]
+        dst[_ix(m)] = j  # a's records already say it has table edges: they were copied
+    dst[H_USED] = src[H_USED]

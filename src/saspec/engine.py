@@ -243,9 +243,10 @@ class SpecEngine:
         if slot >= table.shape[1]:
             self._table = np.zeros((2, max(2 * table.shape[1], slot + 1)), dtype=np.int64)
             self._table[:, : table.shape[1]] = table
+            table = self._table
         self._blobs[slot] = blob
-        self._table[0, slot] = blob.ctypes.data
-        self._table[1, slot] = blob.shape[0]
+        table[0, slot] = build.address(blob)
+        table[1, slot] = blob.shape[0]
 
     def remove_request(self, request_id: Hashable) -> None:
         """Free a request's automaton. An id whose ``add_request`` is still
@@ -368,7 +369,7 @@ class SpecEngine:
                 raise self._rejection(code, rp.shape[1], acc, lens, dout, mout)
             while code > 0:  # rows stopped for lack of room: grow their blobs and resume
                 rows, progress = rp[0], rp[1]
-                for r in np.flatnonzero(progress < lens):
+                for r in np.flatnonzero(progress < lens).tolist():
                     slot = int(rows[r])
                     self._install(slot, self._grow_blob(self._blobs[slot], int(lens[r] - progress[r])))
                 code = self._step(parallel, acc, lens, mout, dout)

@@ -72,9 +72,12 @@ def test_bench_grow_reports_each_size():
     from saspec.evidence.bench import bench_grow
 
     rows = bench_grow((300, 2000), repeat=1)
-    assert [r["tokens"] for r in rows] == [300, 2000]
+    assert [r["text"] for r in rows] == ["code-like", "random"] * 2
+    assert [r["tokens"] for r in rows][::2] == [300, 2000]
+    assert rows[2]["table"] == "copied"  # 2,000 code-like tokens: the text ran out, the table has room
+    assert rows[1]["table"] == rows[3]["table"] == "resized"  # random text fills the table with the text
     for r in rows:
-        assert r["grow_us"] > 0 and r["blob_bytes"] > 0 and r["table"] in ("resized", "copied")
+        assert r["grow_us"] > 0 and r["blob_bytes"] > 0
 
 
 def test_peer_ingest_rows(fake_harness):

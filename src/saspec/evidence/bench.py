@@ -213,26 +213,33 @@ def bench_memory(n: int = 200_000) -> list[dict]:
 
 
 def bench_grow(sizes: tuple[int, ...] = (1000, 8000, 32_000), repeat: int = 7) -> list[dict]:
-    """One re-allocation of a full-grown request (``build.grow``: the copy a
-    decode step pays when a blob runs out of room), code-like prompts of each
-    size; best of ``repeat`` mean µs of thread CPU time, and whether the edge
-    table was resized (re-inserted) or copied."""
+    """One re-allocation of a full request (``build.grow``: the copy a decode
+    step pays when a blob runs out of room), best of ``repeat`` mean µs of
+    thread CPU time. Per size, two blobs: a code-like prompt, whose text runs
+    out first (the table is copied as is), and random tokens appended until
+    the blob is full, whose table runs out with its text (a larger table:
+    every edge is re-inserted)."""
     from .. import build, core
 
+    policy = build.policy_code("near-first")
     rows = []
     for n in sizes:
-        blob = build.ingest(build.new_blob(n), code_like_prompt(n, seed=1), build.policy_code("near-first"), 0)
-        grown = build.grow(blob, 1)
-        calls = max(5, 200_000 // n)
-        best = float("inf")
-        for _ in range(repeat):
-            t0 = time.thread_time()
-            for _ in range(calls):
-                build.grow(blob, 1)
-            best = min(best, (time.thread_time() - t0) / calls)
-        rows.append({"tokens": n, "blob_bytes": int(blob.nbytes), "grow_us": best * 1e6,
-                     "table": "resized" if grown[core.H_HT_SIZE] != blob[core.H_HT_SIZE] else "copied"})
-        progress(f"grow {n:,} tokens: {best * 1e6:.1f} us ({rows[-1]['table']} table)")
+        code = build.ingest(build.new_blob(n), code_like_prompt(n, seed=1), policy, 0)
+        rnd = build.new_blob(n)
+        build._ingest(rnd, random_prompt(3 * n, seed=1), 0, policy, 0)  # stops when the blob is full
+        for kind, blob in (("code-like", code), ("random", rnd)):
+            grown = build.grow(blob, 1)
+            calls = max(5, 200_000 // n)
+            best = float("inf")
+            for _ in range(repeat):
+                t0 = time.thread_time()
+                for _ in range(calls):
+                    build.grow(blob, 1)
+                best = min(best, (time.thread_time() - t0) / calls)
+            table = "resized" if grown[core.H_HT_SIZE] != blob[core.H_HT_SIZE] else "copied"
+            rows.append({"tokens": int(blob[core.H_N]), "text": kind, "blob_bytes": int(blob.nbytes),
+                         "grow_us": best * 1e6, "table": table})
+            progress(f"grow {kind} {rows[-1]['tokens']:,} tokens: {best * 1e6:.1f} us ({table} table)")
     return rows
 
 

@@ -230,6 +230,17 @@ LOOKAHEAD_MIN_BYTES = 16 << 20
 
 
 @njit(inline="always")
+def _prefetch_row_writes(buf, base, tokens):
+    """Prefetch, to write, the lines that appending ``tokens`` tokens to the
+    blob ``buf`` at address ``base`` will write: each adds at most two states
+    (records, then aux records) and one text word."""
+    ns = buf[core.H_NSTATES]
+    _prefetch_lines_for_write(base + 4 * core.state(buf, ns), base + 4 * core.state(buf, ns + 2 * tokens))
+    _prefetch_lines_for_write(base + 4 * core.aux(buf, ns), base + 4 * core.aux(buf, ns + 2 * tokens))
+    _prefetch_write(base + 4 * (buf[core.H_O_TEXT] + buf[core.H_N]))
+
+
+@njit(inline="always")
 def _look_ahead(table, slot, accepted, lens, progress, b, hops, first):
     """Prefetch the cache lines row ``b``'s next ``hops`` tokens will miss on.
 
@@ -253,12 +264,7 @@ def _look_ahead(table, slot, accepted, lens, progress, b, hops, first):
     if first:
         for t in range(i, n):
             _prefetch(base + 4 * core.find_slot_start(buf, 0, accepted[b, t]))
-        # The lines the tokens will write: each adds at most two states
-        # (records, then aux records) and one text word.
-        ns = buf[core.H_NSTATES]
-        _prefetch_lines_for_write(base + 4 * core.state(buf, ns), base + 4 * core.state(buf, ns + 2 * (n - i)))
-        _prefetch_lines_for_write(base + 4 * core.aux(buf, ns), base + 4 * core.aux(buf, ns + 2 * (n - i)))
-        _prefetch_write(base + 4 * (buf[core.H_O_TEXT] + buf[core.H_N]))
+        _prefetch_row_writes(buf, base, n - i)
     s = buf[core.state(buf, buf[core.H_LAST]) + core.LINK]
     end = min(n, i + hops)
     while i < end and s >= 0:

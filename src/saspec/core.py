@@ -669,7 +669,8 @@ def copy_into(src, dst):
             continue
         t = src[_ix(w + S_TOK)]
         j = probe_start(a, t, d_size)
-        while dst[_ix(d_slots + SLOT_WORDS * j + SRC)] != -1:  # the edges are distinct: no key to compare
+        # find_slot's probe without its key compare (the edges are distinct), 6-14% of a re-insertion
+        while dst[_ix(d_slots + SLOT_WORDS * j + SRC)] != -1:
             j = probe_next(j, d_size)
         v = d_slots + SLOT_WORDS * j
         m = o_aux + AUX_WORDS * a + MORE

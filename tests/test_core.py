@@ -13,7 +13,7 @@ from numba import njit
 
 from oracle import common_suffixes, draft, matches, near_starts
 from saspec import SuffixAutomaton, core
-from saspec import build
+from saspec import arena, build
 from saspec.build import grow, new_blob
 
 K = 6
@@ -157,19 +157,19 @@ def test_grow_rehashes_into_a_larger_table():
 
 
 def test_large_blobs_start_on_a_huge_page_and_grow_correctly():
-    """From build.HUGE_PAGE bytes a blob is a huge-page-aligned view (Linux);
+    """From arena.HUGE_PAGE bytes a blob is a huge-page-aligned view (Linux);
     smaller ones are plain arrays. Either way the automaton is the same."""
-    small = build.empty_blob(100)
+    small = arena.empty_blob(100)
     assert small.shape == (100,) and small.dtype == np.int32 and small.base is None
-    words = build.HUGE_PAGE // 4 + 5
-    big = build.empty_blob(words)
+    words = arena.HUGE_PAGE // 4 + 5
+    big = arena.empty_blob(words)
     assert big.shape == (words,) and big.dtype == np.int32 and big.flags.c_contiguous and big.flags.writeable
-    if build._madvise is not None:
-        assert big.ctypes.data % build.HUGE_PAGE == 0
+    if arena.ADVISES_HUGE_PAGES:
+        assert big.ctypes.data % arena.HUGE_PAGE == 0
     tokens = (np.arange(200_000, dtype=np.int32) * 7919) % 5003  # about 4.5 MB of blob: a huge one
     sa = SuffixAutomaton(tokens[:150_000])
     sa.extend(tokens[150_000:])
-    assert sa.nbytes >= build.HUGE_PAGE
+    assert sa.nbytes >= arena.HUGE_PAGE
     assert sa.match() == SuffixAutomaton(tokens, policy=sa.policy).match()
     assert sa.match()[0] == 200_000 - 5003  # the text has period 5003
 

@@ -34,7 +34,6 @@ from saspec.evidence.generate import (  # noqa: E402
     make_drafter,
     speculative_generate,
 )
-from saspec.select import CostGate  # noqa: E402
 
 V = 256
 NO_EOS: tuple[int, ...] = ()
@@ -376,55 +375,6 @@ def test_bench_report_shows_dtype_and_decode(models):
     assert f"| p0 | sa | float32 | {len(prompt)} | 30 |" in md
 
 
-# -- drafting only where it pays (CostGate) -----------------------------------------
-
-FLAT = 1.0 + 0.01 * np.arange(33)  # verifying is nearly free (a GPU at small batch)
-STEEP = np.arange(1.0, 34.0)  # every verified token costs a forward (bf16 on a CPU without bf16 matmuls)
-
-
-@pytest.mark.parametrize("prompt_name", list(PROMPTS))
-@pytest.mark.parametrize("kind", ["sa", "draft", "hybrid"])
-def test_gated_drafters_keep_greedy_output(models, prompt_name, kind):
-    target_name, prompt = PROMPTS[prompt_name]
-    expected = greedy(models[target_name], prompt, 60)
-    res = run(models, prompt_name, kind, k=8, gate=True)  # costs timed while it runs
-    assert res.tokens == expected
-    assert sum(res.stats.steps.values()) == res.stats.target_forwards
-
-
-def _gated(models, prompt_name, kind, costs, draft_cost=0.3, k=8):
-    target_name, prompt = PROMPTS[prompt_name]
-    gate = CostGate(k, verify_cost=costs, draft_cost=draft_cost)
-    draft = models[DRAFT_FOR[target_name]]
-    drafter = {"sa": lambda: SADrafter(k, gate=gate), "draft": lambda: ModelDrafter(draft, k, gate=gate),
-               "hybrid": lambda: HybridDrafter(SADrafter(k), ModelDrafter(draft, k), gate=gate)}[kind]()
-    res = speculative_generate(models[target_name], prompt, drafter, 60, NO_EOS)
-    assert res.tokens == greedy(models[target_name], prompt, 60)
-    return res.stats
-
-
-def test_gate_never_drafts_where_verify_is_dear(models):
-    for prompt_name in PROMPTS:
-        for kind in ("sa", "draft", "hybrid"):
-            st = _gated(models, prompt_name, kind, STEEP)
-            assert st.target_forwards == 60 and st.draft_forwards == 0, (prompt_name, kind)  # plain decoding
-
-
-def test_gate_drafts_where_verify_is_cheap(models):
-    st = _gated(models, "loop", "sa", FLAT)
-    assert st.frac("sa") > 0.9 and st.al > 6.0  # the long copy is drafted at full length
-    st = _gated(models, "count", "hybrid", FLAT)
-    assert st.steps["sa"] == 0 and st.steps["draft"] > 0 and st.al > 1.5  # no SA match: the close draft model
-    st = _gated(models, "count", "hybrid", FLAT, draft_cost=5.0)
-    assert st.draft_forwards == 0  # a draft token dearer than the tokens it can save
-
-
-def test_gated_hybrid_drives_its_parts(models):
-    gate = CostGate(8)
-    with pytest.raises(ValueError, match="give them no gate"):
-        HybridDrafter(SADrafter(8, gate=gate), ModelDrafter(models["draft-close"], 8), gate=gate)
-
-
 # -- the faster product for verify-sized inputs ---------------------------------------
 
 
@@ -449,23 +399,6 @@ def test_fast_small_linears_keeps_values_and_plain_decoding():
     assert fast_small_linears(tiny_model(12).to(torch.bfloat16)) == 0
     with pytest.raises(ValueError, match="max_rows"):
         fast_small_linears(model, 1)
-
-
-def test_gate_probes_the_verify_cost_before_starting_the_draft_model(models):
-    target_name, prompt = PROMPTS["count"]
-    gate = CostGate(8)
-    drafter = ModelDrafter(models[DRAFT_FOR[target_name]], 8, gate=gate)
-    drafter.begin(prompt)
-    seq = list(prompt)
-    assert drafter.propose(seq) == ([], "none")  # no unit of cost yet: a plain step
-    gate.observe_forward(1, 0.3)
-    assert drafter.propose(seq) == (seq[-1:], "none")  # a free one-token guess, to time a 2-token verify
-    gate.observe_forward(2, 0.6)  # each verified token costs a forward
-    assert drafter.propose(seq) == (seq[-1:], "none")  # and a second, in case the first was slow
-    gate.observe_forward(2, 0.61)
-    assert drafter.propose(seq) == ([], "none")
-    assert drafter.lm.forwards == 0  # the draft model never had to read the prompt
-    drafter.end()
 
 
 def test_draft_model_proposals_equal_its_fresh_greedy_run(models):

@@ -420,18 +420,6 @@ def gated_run(cost_per_draft_token: float, *, k: int = 8, seed: int = 0, request
     return proposer, lengths
 
 
-def test_gate_drafts_long_copies_when_verifying_is_cheap():
-    proposer, lengths = gated_run(0.01)
-    assert proposer._gate.probed and max(lengths) == 8
-    assert sum(lengths[-20:]) >= 8 * 10  # copying: mostly full drafts by the end
-
-
-def test_gate_stops_drafting_when_each_draft_token_costs_a_forward():
-    proposer, lengths = gated_run(1.0)
-    assert proposer._gate.probed
-    assert sum(lengths[10:]) == 0  # after the probe, plain decoding is faster
-
-
 def test_gate_leaves_batches_to_the_length_rule():
     """With several rows live the gate stays out: drafts equal the default
     rule's (FakeWorker checks each); with one row they are the gate's."""

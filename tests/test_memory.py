@@ -56,31 +56,31 @@ def test_decoding_grows_geometrically():
 
 # -- the engine's arena: mid-size blobs packed onto huge pages ---------------------
 
-from saspec import build  # noqa: E402
+from saspec import arena as arenas, build  # noqa: E402
 
-needs_arena = pytest.mark.skipif(build._madvise is None, reason="the arena packs blobs only where madvise exists (Linux)")
+needs_arena = pytest.mark.skipif(not arenas.ADVISES_HUGE_PAGES, reason="the arena packs blobs only where madvise exists (Linux)")
 
 
 def test_size_classes_waste_at_most_an_eighth():
-    for nbytes in list(range(build.ARENA_MIN, build.ARENA_MAX, 4_092)) + [build.ARENA_MIN, build.ARENA_MAX - 4]:
-        size = build._size_class(nbytes)
+    for nbytes in list(range(arenas.ARENA_MIN, arenas.ARENA_MAX, 4_092)) + [arenas.ARENA_MIN, arenas.ARENA_MAX - 4]:
+        size = arenas.size_class(nbytes)
         assert nbytes <= size <= 1.125 * nbytes and size % 8192 == 0, nbytes
-    assert build._size_class(100_000) == build._size_class(build._size_class(100_000))
+    assert arenas.size_class(100_000) == arenas.size_class(arenas.size_class(100_000))
 
 
 def _span(blob):
-    return blob.ctypes.data, blob.ctypes.data + build.blob_bytes(blob)
+    return blob.ctypes.data, blob.ctypes.data + arenas.blob_bytes(blob)
 
 
 @needs_arena
 def test_arena_blocks_are_disjoint_reused_only_when_unseen():
-    arena = build.BlobArena()
+    arena = arenas.BlobArena()
     words = 40_000  # 160 kB
     a, b = arena(words), arena(words)
     assert a.shape == (words,) and a.dtype == np.int32 and a.flags.c_contiguous and a.flags.writeable
     (a0, a1), (b0, b1) = _span(a), _span(b)
     assert a1 <= b0 or b1 <= a0  # disjoint
-    assert build.blob_bytes(a) == build._size_class(4 * words) < 1.125 * a.nbytes
+    assert arenas.blob_bytes(a) == arenas.size_class(4 * words) < 1.125 * a.nbytes
     a[:] = 1
     b[:] = 2
     assert (a == 1).all()
@@ -92,46 +92,46 @@ def test_arena_blocks_are_disjoint_reused_only_when_unseen():
     del view
     d = arena(words)  # now it is free again
     assert d.ctypes.data == addr
-    assert arena.reserved_bytes == build.ARENA_CHUNK
+    assert arena.reserved_bytes == arenas.ARENA_CHUNK
 
 
 @needs_arena
 def test_arena_reuses_a_somewhat_larger_free_block():
-    arena = build.BlobArena()
+    arena = arenas.BlobArena()
     big = arena(100_000)
-    addr, size = big.ctypes.data, build.blob_bytes(big)
+    addr, size = big.ctypes.data, arenas.blob_bytes(big)
     del big
-    too_small = arena(int(100_000 / build.ARENA_REUSE) - 2_000)  # the free block is over ARENA_REUSE times larger
+    too_small = arena(int(100_000 / arenas.ARENA_REUSE) - 2_000)  # the free block is over ARENA_REUSE times larger
     assert too_small.ctypes.data != addr
     smaller = arena(80_000)
-    assert smaller.ctypes.data == addr and build.blob_bytes(smaller) == size  # counted as the block it holds
+    assert smaller.ctypes.data == addr and arenas.blob_bytes(smaller) == size  # counted as the block it holds
     del smaller
     again = arena(100_000)
     assert again.ctypes.data == addr
 
 
 def test_address_is_the_blobs_data_pointer():
-    """``build.address`` reads arena blobs' addresses from their block; it must
+    """``arenas.address`` reads arena blobs' addresses from their block; it must
     agree with numpy for those, reused ones, and blobs outside the arena."""
-    arena = build.BlobArena()
-    blobs = [arena(w) for w in (build.ARENA_MIN // 4, 30_000, 1000, build.ARENA_MAX // 4, 30_000)]
+    arena = arenas.BlobArena()
+    blobs = [arena(w) for w in (arenas.ARENA_MIN // 4, 30_000, 1000, arenas.ARENA_MAX // 4, 30_000)]
     del blobs[1]
     blobs.append(arena(29_000))  # the freed block, if the arena is in use
-    blobs += [build.empty_blob(100), build.empty_blob(build.HUGE_PAGE // 4 + 5)]
+    blobs += [arenas.empty_blob(100), arenas.empty_blob(arenas.HUGE_PAGE // 4 + 5)]
     for blob in blobs:
-        assert build.address(blob) == blob.ctypes.data
+        assert arenas.address(blob) == blob.ctypes.data
 
 
 @needs_arena
 def test_arena_chunks_start_on_huge_pages_and_other_sizes_bypass_it():
-    arena = build.BlobArena()
-    first = arena(build.ARENA_MIN // 4)
-    assert first.ctypes.data % build.HUGE_PAGE == 0  # the first block of a chunk
-    small, big = arena(1000), arena(build.ARENA_MAX // 4)
-    assert not isinstance(small.base, build._Block) and not isinstance(big.base, build._Block)
-    assert build.blob_bytes(small) == small.nbytes
+    arena = arenas.BlobArena()
+    first = arena(arenas.ARENA_MIN // 4)
+    assert first.ctypes.data % arenas.HUGE_PAGE == 0  # the first block of a chunk
+    small, big = arena(1000), arena(arenas.ARENA_MAX // 4)
+    assert not arenas.is_arena_blob(small) and not arenas.is_arena_blob(big)
+    assert arenas.blob_bytes(small) == small.nbytes
     blobs = [arena(900_000) for _ in range(20)]  # 3.6 MB each: past one chunk
-    assert arena.reserved_bytes > build.ARENA_CHUNK
+    assert arena.reserved_bytes > arenas.ARENA_CHUNK
     spans = sorted(_span(x) for x in blobs + [first])
     assert all(p[1] <= q[0] for p, q in zip(spans, spans[1:]))
 
@@ -140,7 +140,7 @@ def test_arena_chunks_start_on_huge_pages_and_other_sizes_bypass_it():
 def test_arena_under_threads_never_hands_out_a_live_block():
     import threading
 
-    arena = build.BlobArena()
+    arena = arenas.BlobArena()
     errors = []
 
     def work(seed):
@@ -177,7 +177,7 @@ def test_engine_reports_blocks_and_keeps_results():
     addr_a = eng._blobs[eng._slot["a"]].ctypes.data
     eng.remove_request("a")
     eng.add_request("b", p2)
-    if build._madvise is not None:  # the arena is in use: b takes the block a left
+    if arenas.ADVISES_HUGE_PAGES:  # the arena is in use: b takes the block a left
         assert eng._blobs[eng._slot["b"]].ctypes.data == addr_a
     ref = SpecEngine()
     ref.add_request("b", p2)

@@ -5,23 +5,21 @@ builds it with ``ingest``, which runs the core's ``extend`` in a jitted loop
 with the GIL released and, whenever the blob is full, grows it in Python (a
 geometric re-allocation, outside the hot loop) and carries on.
 
-``SuffixAutomaton`` wraps one blob for direct use and for tests. An engine
-allocates its blobs from a ``BlobArena``, which packs mid-size ones onto huge
-pages.
+``SuffixAutomaton`` wraps one blob for direct use and for tests. Every
+function that allocates takes an allocator (``arena``): an engine passes its
+``BlobArena``.
 """
 
 from __future__ import annotations
 
-import ctypes
-import numbers
-import sys
-import threading
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from numba import njit
 
 from . import core
+from .arena import Allocator, empty_blob
+from .validate import as_tokens, check_int, optional_int
 
 POLICIES: dict[str, int] = {
     "first": core.FIRST_OCC,
@@ -32,7 +30,6 @@ POLICIES: dict[str, int] = {
 DEFAULT_POLICY = "near-first"
 DEFAULT_RECENT_DEPTH = 4
 MAX_RECENT_DEPTH = 1024  # the *recent policies cost O(recent_depth) per token
-MAX_TOKEN = 2**31 - 1
 MAX_BLOB_WORDS = 2**31 - 1  # blob offsets are int32
 
 # Sizing: the automaton of n tokens has at most 2n states and n table edges
@@ -48,149 +45,6 @@ _MIN_HEADROOM = 256
 _HEADROOM_FRACTION = 8  # headroom: 1/8 of the prompt (at least _MIN_HEADROOM) for the tokens decoding adds
 _TABLE_GROWTH = 2.0  # re-inserting every edge is the costly part of growth: do it rarely
 _TABLE_MARGIN = 0.25  # table edges per token of new headroom below which a grow also resizes the table
-
-
-# Blobs of at least HUGE_PAGE bytes start on a huge-page boundary and are
-# advised to use transparent huge pages (Linux): a decode step reads records
-# all over many requests' blobs, and with 4 KiB pages most of those reads also
-# miss the TLB. The alignment padding is virtual memory that is never touched.
-HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14
-
-
-def _libc_madvise():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_madvise = _libc_madvise()
-
-
-def empty_blob(words: int) -> np.ndarray:
-    """An uninitialized int32 array of ``words`` words for a blob; from
-    ``HUGE_PAGE`` bytes on, huge-page aligned and advised (see above)."""
-    if 4 * words < HUGE_PAGE or _madvise is None:
-        return np.empty(words, dtype=np.int32)
-    raw = np.empty(words + HUGE_PAGE // 4, dtype=np.int32)
-    skip = (-raw.ctypes.data % HUGE_PAGE) // 4
-    buf = raw[skip : skip + words]
-    _madvise(buf.ctypes.data, buf.nbytes, _MADV_HUGEPAGE)  # a hint: failure changes nothing
-    return buf
-
-
-# Blobs of ARENA_MIN to ARENA_MAX bytes (about 700 to 40,000 tokens) are carved
-# from shared chunks that ``BlobArena`` lays on huge pages: alone, each would sit
-# on 4 KiB pages (below HUGE_PAGE) or end on them. Measured (BENCHMARKS.md): a
-# decode step 21-28% faster at 8k-token requests, 8-18% at 1k, 10% at 32k.
-ARENA_MIN = 64 << 10
-ARENA_MAX = 4 << 20
-ARENA_CHUNK = 64 << 20
-ARENA_REUSE = 1.5  # a free block up to this many times the size asked for is reused before carving a new one
-
-Allocator = Callable[[int], np.ndarray]
-
-
-def _size_class(nbytes: int) -> int:
-    """``nbytes`` rounded up to a size class: classes are 1/8 of a power of two
-    apart, so a block is at most 12.5% larger than asked (and a multiple of 8 KiB)."""
-    step = 1 << max(nbytes.bit_length() - 4, 13)
-    return -(-nbytes // step) * step
-
-
-_INT32 = np.dtype(np.int32).str
-
-
-class _Block:
-    """Owner of one arena block; numpy keeps it as the base of every array
-    viewing the block, and it returns the block when the last one is gone."""
-
-    __slots__ = ("arena", "addr", "size", "__array_interface__")
-
-    def __init__(self, arena: BlobArena, addr: int, size: int, words: int) -> None:
-        self.arena, self.addr, self.size = arena, addr, size
-        self.__array_interface__ = {"data": (addr, False), "shape": (words,), "typestr": _INT32, "version": 3}
-
-    def __del__(self) -> None:
-        self.arena._returned.append((self.size, self.addr))  # list.append is atomic: safe from any thread's GC
-
-
-class BlobArena:
-    """Blob memory for one engine: blobs of ``ARENA_MIN`` to ``ARENA_MAX``
-    bytes packed into ``ARENA_CHUNK``-byte chunks on transparent huge pages
-    (Linux; elsewhere, and outside that range, ``empty_blob``).
-
-    A decode step reads a few records in each of many requests' blobs, and
-    on 4 KiB pages most of those reads also miss the TLB. A blob is a block
-    of its size class (``_size_class``: at most 12.5% unused), from the
-    class's free list, else a free block at most ``ARENA_REUSE`` times
-    larger, else the current chunk (a new chunk when it is full; the old
-    one's tail, less than ``ARENA_MAX``, stays unused). A block
-    returns to the free list once no array views it any more (numpy keeps
-    the block's owner alive), so memory is never reused while anything can
-    still read it. Chunks are kept, not given back to the system: under
-    churn the arena carves about the most its engine held at once (3,000
-    adds and removes of 700-20,000-token requests, at most 21 live: 36 MiB
-    carved). Thread-safe.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._free: dict[int, list[int]] = {}  # size class -> block addresses
-        self._returned: list[tuple[int, int]] = []  # (size, address): freed, not yet in _free
-        self._chunks: list[np.ndarray] = []
-        self._next = 0  # the current chunk's unused range [_next, _end)
-        self._end = 0
-
-    def __call__(self, words: int) -> np.ndarray:
-        """An uninitialized int32 blob of ``words`` words (an ``Allocator``)."""
-        nbytes = 4 * words
-        if not ARENA_MIN <= nbytes < ARENA_MAX or _madvise is None:
-            return empty_blob(words)
-        size = _size_class(nbytes)
-        with self._lock:
-            while self._returned:
-                freed_size, addr = self._returned.pop()
-                self._free.setdefault(freed_size, []).append(addr)
-            blocks = self._free.get(size)
-            size, addr = (size, blocks.pop()) if blocks else self._take_free(size)
-            if addr < 0:
-                if self._next + size > self._end:
-                    chunk = empty_blob(ARENA_CHUNK // 4)  # huge-page aligned and advised
-                    self._chunks.append(chunk)
-                    self._next, self._end = chunk.ctypes.data, chunk.ctypes.data + ARENA_CHUNK
-                addr = self._next
-                self._next += size
-        return np.asarray(_Block(self, addr, size, words))
-
-    def _take_free(self, size: int) -> tuple[int, int]:
-        """(block size, address) of the smallest free block of ``size`` up to
-        ``ARENA_REUSE`` times larger, so requests whose sizes drift do not keep
-        carving new blocks; (size, -1) if none."""
-        fits = [c for c, blocks in self._free.items() if blocks and size <= c <= ARENA_REUSE * size]
-        if not fits:
-            return size, -1
-        c = min(fits)
-        return c, self._free[c].pop()
-
-    @property
-    def reserved_bytes(self) -> int:
-        """Bytes of chunks this arena holds (used, free or not yet handed out)."""
-        return len(self._chunks) * ARENA_CHUNK
-
-
-def blob_bytes(blob: np.ndarray) -> int:
-    """Bytes ``blob`` occupies: its arena block, or its own size."""
-    base = blob.base
-    while isinstance(base, np.ndarray):
-        base = base.base
-    return base.size if isinstance(base, _Block) else int(blob.nbytes)
 
 
 def policy_code(policy: str) -> int:
@@ -221,21 +75,6 @@ def new_blob(expected_tokens: int = 0, headroom: int | None = None, alloc: Alloc
     buf = alloc(core.layout_words(n, cap_st, ht_size))
     _init(buf, n, cap_st, ht_size)
     return buf
-
-
-def check_int(value: Any, name: str, low: int, *, what: str = "an int") -> int:
-    """``value`` as an int if it is an int >= ``low`` (numpy ints too, not a
-    bool); otherwise ``TypeError`` or ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be {what} >= {low}, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be {what} >= {low}, got {value}")
-    return int(value)
-
-
-def optional_int(value: Any, name: str, low: int) -> int | None:
-    """``None``, or ``value`` checked by :func:`check_int`."""
-    return None if value is None else check_int(value, name, low, what="None or an int")
 
 
 def check_new_tokens(value: Any, prompt_tokens: int) -> int | None:
@@ -291,14 +130,6 @@ def reserve(buf: np.ndarray, more_tokens: int, alloc: Allocator = empty_blob) ->
     if (cap_tok, cap_st, ht) == (cap_tok0, cap_st0, ht0):
         return buf
     return _copied(buf, cap_tok, cap_st, ht, alloc)
-
-
-def address(blob: np.ndarray) -> int:
-    """The address of the first word of ``blob``, an array as an ``Allocator``
-    returned it (not a view of one): ``blob.ctypes.data``, which costs more
-    than a microsecond, read from the block for arena blobs."""
-    base = blob.base
-    return base.addr if type(base) is _Block else blob.ctypes.data
 
 
 def _fill(buf: np.ndarray) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -392,62 +223,10 @@ def check_request_tokens(total: int, name: str = "request") -> None:
 
 
 def check_recent_depth(depth: Any) -> int:
-    """Validate ``recent_depth``: an int (numpy ints too, not bool) in
-    [0, ``MAX_RECENT_DEPTH``]. Returns it as an int; raises ``TypeError`` or
-    ``ValueError`` naming it otherwise. The bound keeps the ``*recent``
-    policies at O(depth) per token (an unbounded walk is O(n) per token on
-    repetitive text)."""
-    if isinstance(depth, bool) or not isinstance(depth, numbers.Integral):
-        raise TypeError(f"recent_depth must be an int in [0, {MAX_RECENT_DEPTH}], got {depth!r}")
-    if not 0 <= depth <= MAX_RECENT_DEPTH:
-        raise ValueError(f"recent_depth must be in [0, {MAX_RECENT_DEPTH}], got {depth}")
-    return int(depth)
-
-
-def as_tokens(tokens: Any, name: str = "tokens") -> np.ndarray:
-    """Validate a 1-D sequence of token ids and return it as contiguous int32.
-
-    Accepts lists, numpy arrays and CPU torch tensors of an integer dtype with
-    values in [0, 2**31). Raises ``TypeError`` or ``ValueError`` naming the problem.
-    """
-    if type(tokens).__module__.startswith("torch"):
-        if tokens.device.type != "cpu":
-            raise ValueError(f"{name} must be a CPU tensor, got device {tokens.device}")
-        tokens = tokens.detach().numpy()
-    arr = np.asarray(tokens)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.size == 0:
-        return np.empty(0, dtype=np.int32)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi > MAX_TOKEN:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"{name} holds token {bad}, outside [0, 2**31)")
-    return np.ascontiguousarray(arr, dtype=np.int32)
-
-
-def as_int32_array(x: Any, name: str, ndim: int, *, writable: bool = False, where: str = "for backend 'cpu'") -> np.ndarray:
-    """View a numpy array or CPU torch tensor as a C-contiguous int32 numpy array
-    without copying, or raise a ``TypeError``/``ValueError`` naming the problem."""
-    if type(x).__module__.startswith("torch"):
-        if x.device.type != "cpu":
-            raise ValueError(f"{name} must be a CPU tensor {where}, got device {x.device}")
-        if x.requires_grad:
-            raise ValueError(f"{name} must not require grad")
-        x = x.numpy()
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array or torch tensor, got {type(x).__name__}")
-    if x.dtype != np.int32:
-        raise TypeError(f"{name} must have dtype int32, got {x.dtype}")
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
-    if not x.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    if writable and not x.flags.writeable:
-        raise ValueError(f"{name} must be writable")
-    return x
+    """Validate ``recent_depth``: an int in [0, ``MAX_RECENT_DEPTH``]; the
+    bound keeps the ``*recent`` policies at O(depth) per token (an unbounded
+    walk is O(n) per token on repetitive text)."""
+    return check_int(depth, "recent_depth", 0, MAX_RECENT_DEPTH)
 
 
 class SuffixAutomaton:

@@ -34,7 +34,8 @@ from numba import int32, int64, njit
 
 from . import build, core
 from . import extend as kx
-from .build import as_int32_array
+from .arena import BlobArena, address, blob_bytes
+from .validate import as_int32_array, as_tokens, check_int, is_torch, optional_int
 
 _EMPTY_BLOB = build.new_blob(0)
 _NEVER = 2**63 - 1  # a batch size no parallel_threshold of None reaches
@@ -68,7 +69,7 @@ def _span(x: Any) -> tuple[int, int] | None:
     only: no sync), or None for anything else or an empty one."""
     if isinstance(x, np.ndarray):
         lo, n = x.__array_interface__["data"][0], x.nbytes
-    elif type(x).__module__.startswith("torch") and hasattr(x, "data_ptr"):
+    elif is_torch(x) and hasattr(x, "data_ptr"):
         lo, n = x.data_ptr(), x.numel() * x.element_size()
     else:
         return None
@@ -149,7 +150,7 @@ class SpecEngine:
         self.policy = policy
         self._policy = build.policy_code(policy)
         self._depth = build.check_recent_depth(recent_depth)
-        self.parallel_threshold = build.optional_int(parallel_threshold, "parallel_threshold", 1)
+        self.parallel_threshold = optional_int(parallel_threshold, "parallel_threshold", 1)
         self._parallel_from = _NEVER if self.parallel_threshold is None else self.parallel_threshold
         self.backend = backend
         self._pool = _device_pool(backend, max_slots, max_seq_len, device, self._policy, self._depth)
@@ -158,7 +159,7 @@ class SpecEngine:
         # (_table[:, s]: address, words; see ``extend``), which is changed only
         # under the lock, always together with _blobs (which keeps the blob alive).
         self._blobs: list[np.ndarray] = []
-        self._arena = build.BlobArena()  # packs mid-size blobs onto huge pages
+        self._arena = BlobArena()  # packs mid-size blobs onto huge pages
         self._table = np.zeros((2, 16), dtype=np.int64)
         self._free: list[int] = []
         self._slot: dict[Hashable, int] = {}
@@ -203,7 +204,7 @@ class SpecEngine:
                 ``None`` or an int >= 0, or would take the request past
                 ``build.MAX_REQUEST_TOKENS``.
         """
-        tokens = build.as_tokens(prompt, "prompt")
+        tokens = as_tokens(prompt, "prompt")
         build.check_request_tokens(tokens.shape[0], "prompt")
         headroom = build.check_new_tokens(expected_new_tokens, tokens.shape[0])
         if self._pool is not None and tokens.shape[0] > self._pool.layout.max_seq_len:
@@ -245,7 +246,7 @@ class SpecEngine:
             self._table[:, : table.shape[1]] = table
             table = self._table
         self._blobs[slot] = blob
-        table[0, slot] = build.address(blob)
+        table[0, slot] = address(blob)
         table[1, slot] = blob.shape[0]
 
     def remove_request(self, request_id: Hashable) -> None:
@@ -463,7 +464,7 @@ class SpecEngine:
                 return self._device_stats()
             blobs = [self._blobs[s] for s in self._slot.values()]
         tokens = sum(self._blob_tokens(b) for b in blobs)
-        nbytes = sum(build.blob_bytes(b) for b in blobs)
+        nbytes = sum(blob_bytes(b) for b in blobs)
         return {"requests": len(blobs), "tokens": tokens, "bytes": nbytes, "overflowed": 0}
 
     def overflowed(self, request_id: Hashable) -> bool:
@@ -503,7 +504,7 @@ class SpecEngine:
             "requests": len(self._slot),
             "overflowed": self._overflow_check(resident),
             "tokens": sum(pool.tokens(resident)) + sum(self._blob_tokens(b) for b in host),
-            "bytes": sum(build.blob_bytes(b) for b in host),
+            "bytes": sum(blob_bytes(b) for b in host),
             "device_bytes": pool.device_bytes,
             "device_bytes_per_slot": pool.layout.nbytes,
             "max_slots": pool.max_slots,
@@ -552,8 +553,8 @@ def _device_pool(backend: str, max_slots: Any, max_seq_len: Any, device: Any, po
         raise ValueError(f"unknown backend {backend!r}; expected 'cpu' or 'cuda'")
     if max_slots is None or max_seq_len is None:
         raise ValueError("backend='cuda' needs max_slots and max_seq_len (device memory is reserved up front)")
-    build.check_int(max_slots, "max_slots", 1)
-    build.check_int(max_seq_len, "max_seq_len", 1)
+    check_int(max_slots, "max_slots", 1)
+    check_int(max_seq_len, "max_seq_len", 1)
     if importlib.util.find_spec("numba_cuda") is None:
         raise ImportError(
             "backend='cuda' needs numba-cuda: pip install 'numba-cuda[cu13]' (or pip install -e '.[cuda]' in the checkout)"

@@ -8,8 +8,8 @@ Blobs reach the kernels as an *address table*, int64 [2, slots]:
 ``table[0, slot]`` is the address of slot ``slot``'s int32 blob and
 ``table[1, slot]`` its length in words (owned by the engine, which keeps every
 blob alive while its address is in the table and changes entries only under
-its lock). ``blob_at`` turns an entry back into an int32 array inside jitted
-code. A ``numba.typed.List`` would do the same, but passing one into a jitted
+its lock). ``intrinsics.blob_at`` turns an entry back into an int32 array
+inside jitted code. A ``numba.typed.List`` would do the same, but passing one into a jitted
 call costs about 1.5 µs per call in numba's dispatcher, more than a whole B=1
 step; for the same reason the per-call arguments are packed into few arrays:
 ``rp`` int32 [2, B] (row 0: each batch row's slot; row 1: its progress, tokens
@@ -31,13 +31,10 @@ import threading
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
-from numba.np.arrayobj import populate_array
+from numba import njit, prange
 
 from . import core
+from .intrinsics import blob_at, prefetch, prefetch_lines_for_write, prefetch_write
 
 # check_step() status codes: >= 0 is OK (step(): rows left blocked for lack of
 # room); negative: rejected, nothing written; err[0], err[1] say where.
@@ -60,71 +57,6 @@ C_DEPTH = 2
 C_ERR = 3  # and C_ERR + 1: where a check failed (see the codes above)
 C_LOOKAHEAD = 5  # prefetch rows ahead from this many bytes of blobs in the batch (see extend_rows)
 CTL_WORDS = 6
-
-
-def _prefetcher(write):
-    def prefetch(typingctx, address):
-        if not isinstance(address, types.Integer):
-            return None
-
-        def codegen(context, builder, signature, args):
-            try:
-                ptr, name = ir.PointerType(), "llvm.prefetch.p0"  # opaque pointers (llvmlite >= 0.44)
-            except TypeError:
-                ptr, name = ir.IntType(8).as_pointer(), "llvm.prefetch.p0i8"
-            i32 = ir.IntType(32)
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, i32, i32, i32]), name)
-            builder.call(fn, [builder.inttoptr(args[0], ptr), i32(write), i32(3), i32(1)])
-            return context.get_dummy_value()
-
-        return types.void(address), codegen
-
-    return intrinsic(prefetch)
-
-
-# Hint the CPU to load the cache line at an int64 address (LLVM's
-# ``llvm.prefetch``, high locality), to read it or to write it. Neither ever
-# faults, whatever the address.
-_prefetch = _prefetcher(0)
-_prefetch_write = _prefetcher(1)
-
-
-@njit(inline="always")
-def _prefetch_lines_for_write(lo, hi):
-    """``_prefetch_write`` every cache line of the byte range [lo, hi)."""
-    a = lo - lo % 64
-    while a < hi:
-        _prefetch_write(a)
-        a += 64
-
-
-@intrinsic
-def blob_at(typingctx, table, slot):
-    """Slot ``slot``'s blob as an int32 [table[1, slot]] array (no copy).
-
-    ``table`` is the int64 [2, slots] C-contiguous address table. The array
-    owns nothing (no meminfo), and building it in codegen rather than with
-    ``numba.carray`` lets the kernels compile without numba's reference
-    counting (see ``core.NO_NRT``)."""
-    if not (isinstance(table, types.Array) and table.dtype == types.int64 and table.ndim == 2
-            and table.layout == "C" and isinstance(slot, types.Integer)):
-        return None
-    blob = types.Array(types.int32, 1, "C")
-
-    def codegen(context, builder, signature, args):
-        tab = context.make_array(signature.args[0])(context, builder, args[0])
-        i = context.cast(builder, args[1], signature.args[1], types.intp)
-        slots = builder.extract_value(tab.shape, 1)
-        address = builder.load(cgutils.gep(builder, tab.data, i))  # table[0, i]
-        words = builder.load(cgutils.gep(builder, tab.data, builder.add(slots, i)))  # table[1, i]
-        out = context.make_array(blob)(context, builder)
-        itemsize = context.get_constant(types.intp, 4)
-        populate_array(out, data=builder.inttoptr(address, context.get_value_type(types.CPointer(types.int32))),
-                       shape=cgutils.pack_array(builder, [words]), strides=cgutils.pack_array(builder, [itemsize]),
-                       itemsize=itemsize, meminfo=None)
-        return out._getvalue()
-
-    return blob(table, slot), codegen
 
 
 @njit(inline="always")
@@ -235,9 +167,9 @@ def _prefetch_row_writes(buf, base, tokens):
     blob ``buf`` at address ``base`` will write: each adds at most two states
     (records, then aux records) and one text word."""
     ns = buf[core.H_NSTATES]
-    _prefetch_lines_for_write(base + 4 * core.state(buf, ns), base + 4 * core.state(buf, ns + 2 * tokens))
-    _prefetch_lines_for_write(base + 4 * core.aux(buf, ns), base + 4 * core.aux(buf, ns + 2 * tokens))
-    _prefetch_write(base + 4 * (buf[core.H_O_TEXT] + buf[core.H_N]))
+    prefetch_lines_for_write(base + 4 * core.state(buf, ns), base + 4 * core.state(buf, ns + 2 * tokens))
+    prefetch_lines_for_write(base + 4 * core.aux(buf, ns), base + 4 * core.aux(buf, ns + 2 * tokens))
+    prefetch_write(base + 4 * (buf[core.H_O_TEXT] + buf[core.H_N]))
 
 
 @njit(inline="always")
@@ -264,7 +196,7 @@ def _look_ahead(table, slot, accepted, lens, progress, b, hops, first):
     n = row_len(lens, accepted, b)
     if first:
         for t in range(i, n):
-            _prefetch(base + 4 * core.find_slot_start(buf, 0, accepted[b, t]))
+            prefetch(base + 4 * core.find_slot_start(buf, 0, accepted[b, t]))
         _prefetch_row_writes(buf, base, n - i)
     s = buf[core.state(buf, buf[core.H_LAST]) + core.LINK]
     end = min(n, i + hops)
@@ -273,14 +205,14 @@ def _look_ahead(table, slot, accepted, lens, progress, b, hops, first):
         d = buf[r + core.DST]
         if d == 0 or buf[r + core.TOK] != accepted[b, i]:
             if d < 0:
-                _prefetch(base + 4 * core.find_slot_start(buf, s, accepted[b, i]))
+                prefetch(base + 4 * core.find_slot_start(buf, s, accepted[b, i]))
             return
         s = d if d > 0 else -d
         i += 1
         if i == end:
-            _prefetch(base + 4 * core.state(buf, s))
-            _prefetch(base + 4 * core.aux(buf, s))
-            _prefetch(base + 4 * core.state(buf, buf[r + core.LINK]))
+            prefetch(base + 4 * core.state(buf, s))
+            prefetch(base + 4 * core.aux(buf, s))
+            prefetch(base + 4 * core.state(buf, buf[r + core.LINK]))
 
 
 @njit(nogil=True, cache=True, **core.NO_NRT)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .build import check_int
+from .validate import check_int
 from .engine import SpecEngine
-from .extend import blob_at, row_len
+from .extend import row_len
+from .intrinsics import blob_at
 
 _GROWTH = 1.5
 

@@ -48,7 +48,7 @@ import numpy as np
 from numba import cuda, int32, int64
 
 from .. import _numba_cache, core
-from ..build import as_int32_array
+from ..validate import as_int32_array
 
 try:  # numba-cuda keeps its own copy of numba's cache locators; the simulator has none
     from numba.cuda.core import caching as _cuda_caching

@@ -56,10 +56,13 @@ from typing import Any, Iterator, Protocol, Sequence
 import numpy as np
 import torch
 
+from ..engine import SpecEngine
+from ..gate import CostGate
 from ..integrations.hf import SMALL_ROWS, fast_small_linears  # noqa: F401  (re-exported for the loop's users)
-from ..select import DRAFT_LENGTH_RULES, CostGate, draft_length
+from ..lengths import DRAFT_LENGTH_RULES, draft_length
+from ..select import HYBRID_THRESHOLD
+from ..single import SingleSequence
 from .models import EOS_IDS
-from .simulate import DEFAULT_THRESHOLD
 
 DRAFTERS = ("none", "draft", "sa", "hybrid")
 
@@ -375,11 +378,12 @@ class ModelDrafter:
         if not feed:
             raise RuntimeError("draft model cache holds the whole sequence; expected at least the newest token to be new")
         out: list[int] = []
+        clock = timer.clock if timer is not None else time.perf_counter
         for _ in range(k):
-            t0 = time.perf_counter()
+            t0 = clock()
             logits = self.lm.forward(feed, keep=1)[0].float()  # [V]
-            if timer is not None and len(feed) <= SMALL_ROWS:
-                timer.observe_draft_forward(time.perf_counter() - t0)
+            if timer is not None and len(feed) <= SMALL_ROWS and clock() > t0:
+                timer.observe_draft_forward(clock() - t0)
             self._fed.extend(feed)
             tok = int(torch.argmax(logits))
             out.append(tok)
@@ -427,26 +431,24 @@ _FIXED, _PER_MATCH = DRAFT_LENGTH_RULES.index("fixed"), DRAFT_LENGTH_RULES.index
 class SADrafter:
     """Drafts from a suffix automaton over the sequence's own tokens (prompt included).
 
-    Each ``propose`` feeds the tokens accepted since the last call to
-    ``SpecEngine.extend`` and reads back the match length (``self.match``, in
-    tokens: the longest suffix of seq seen earlier) and up to ``k`` draft
-    tokens. No draft when the match is empty.
+    Each ``propose`` feeds the tokens accepted since the last call to the
+    automaton (:class:`~saspec.single.SingleSequence`) and reads back the
+    match length (``self.match``, in tokens: the longest suffix of seq seen
+    earlier) and up to ``k`` draft tokens. No draft when the match is empty.
 
     ``per_match`` > 0 drafts at most ``ceil(per_match * match)`` tokens: a
     short match rarely continues far, and every drafted token is verified by
-    the target (about 4% of a one-token forward per token on a CPU). 0 always
-    drafts ``k`` (what ``saspec.evidence.simulate`` models).
+    the target. 0 always drafts ``k`` (what ``saspec.evidence.simulate`` models).
 
-    With a ``gate`` (:class:`~saspec.select.CostGate`) the gate chooses the
+    With a ``gate`` (:class:`~saspec.gate.CostGate`) the gate chooses the
     draft length from the match length instead (``per_match`` is unused),
-    and nothing where no draft pays.
+    and nothing where no draft pays; it is offered the automaton's draft
+    every step.
     """
 
     name = "sa"
 
     def __init__(self, k: int = 8, engine: Any = None, per_match: float = 0.0, gate: CostGate | None = None) -> None:
-        from .. import SpecEngine
-
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if per_match < 0:
@@ -455,48 +457,27 @@ class SADrafter:
         self.per_match = per_match
         self.gate = gate
         self.engine = engine if engine is not None else SpecEngine()
-        self._rid: object | None = None
+        self._seq: SingleSequence | None = None
         self._pending: list[int] = []
         self.match = 0
-        self._last: list[int] = []  # the gated draft of the current step
-        # the engine's batch arrays, B = 1 row
-        self._acc = np.zeros((1, k + 1), np.int32)
-        self._lens = np.zeros(1, np.int32)
-        self._mout = np.zeros(1, np.int32)
-        self._dout = np.full((1, k), -1, np.int32)
 
     def begin(self, prompt: Sequence[int]) -> None:
-        if self._rid is not None:
-            self.end()
-        rid = object()
-        self.engine.add_request(rid, np.asarray(prompt, dtype=np.int32))  # validates the prompt
-        self._rid = rid
-        self.engine.prepare([self._rid])
+        self.end()
+        self._seq = SingleSequence(self.engine, np.asarray(prompt, dtype=np.int32), self.k)  # validates the prompt
         self._pending = []
-        self._last = []
 
     def lookup(self, capped: bool = True) -> tuple[int, list[int]]:
         """Feed pending tokens; return (match length, draft tokens), the
         draft cut by :meth:`draft_length` unless ``capped`` is False."""
-        pending = self._pending
-        while True:  # at most K+1 tokens per extend call
-            chunk, pending = pending[: self.k + 1], pending[self.k + 1:]
-            self._acc[0, : len(chunk)] = chunk
-            self._lens[0] = len(chunk)
-            self.engine.extend(self._acc, self._lens, self._mout, self._dout)
-            if not pending:
-                break
+        self.match, draft = self._seq.extend(self._pending)
         self._pending = []
-        self.match = int(self._mout[0])
-        d = self._dout[0]
-        n = int(np.argmax(d < 0)) if (d < 0).any() else self.k
         if capped:
-            n = min(n, self.draft_length(self.match))
-        return self.match, d[:n].tolist()
+            draft = draft[: self.draft_length(self.match)]
+        return self.match, draft
 
     def draft_length(self, match: int) -> int:
         """SA tokens to draft after a match of ``match`` tokens: the library's
-        ``select.draft_length`` rule (``per-match`` with scale ``per_match``,
+        ``lengths.draft_length`` rule (``per-match`` with scale ``per_match``,
         ``fixed`` K when ``per_match`` is 0)."""
         if self.per_match > 0:
             return draft_length(match, self.k, _PER_MATCH, self.per_match, -1)
@@ -505,29 +486,30 @@ class SADrafter:
     def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
         if self.gate is not None:
             match, draft = self.lookup(capped=False)
+            self.gate.offer(match, draft)
             if limit == 0:
                 return [], "none"
             draft = draft[: _limited(len(draft), limit)]
             source, n = self.gate.choose(match, len(draft))
             if source == "probe" and not draft:
                 return seq[-1:], "none"  # a guess: only the verify's cost is wanted
-            self._last = draft[:n] if source in ("sa", "probe") else []
-            return (self._last, "sa") if self._last else ([], "none")
+            draft = draft[:n] if source in ("sa", "probe") else []
+            return (draft, "sa") if draft else ([], "none")
         match, draft = self.lookup()
         if match == 0 or not draft:
             return [], "none"
         return draft[: _limited(len(draft), limit)], "sa"
 
     def update(self, seq: list[int], n_new: int) -> None:
-        if self.gate is not None and self._last:
-            self.gate.observe("sa", self.match, len(self._last), _accepted(self._last, seq, n_new))
-            self._last = []
-        self._pending.extend(seq[len(seq) - n_new:])
+        new = seq[len(seq) - n_new:]
+        if self.gate is not None:
+            self.gate.observe_tokens(new)
+        self._pending.extend(new)
 
     def end(self) -> None:
-        if self._rid is not None:
-            self.engine.remove_request(self._rid)
-            self._rid = None
+        if self._seq is not None:
+            self._seq.close()
+            self._seq = None
 
 
 class HybridDrafter:
@@ -552,7 +534,7 @@ class HybridDrafter:
 
     name = "hybrid"
 
-    def __init__(self, sa: SADrafter, model: ModelDrafter, threshold: int = DEFAULT_THRESHOLD,
+    def __init__(self, sa: SADrafter, model: ModelDrafter, threshold: int = HYBRID_THRESHOLD,
                  patience: int = 0, gate: CostGate | None = None) -> None:
         if gate is not None and (sa.gate is not None or model.gate is not None):
             raise ValueError("a gated hybrid drives its SA and draft model itself: give them no gate")
@@ -577,6 +559,7 @@ class HybridDrafter:
         model_k = _limited(self.model.k, limit)
         if self.gate is not None:
             match, draft = self.sa.lookup(capped=False)
+            self.gate.offer(match, draft)
             if limit == 0:
                 self._last = ("none", match, [])
                 return [], "none"
@@ -598,10 +581,12 @@ class HybridDrafter:
 
     def update(self, seq: list[int], n_new: int) -> None:
         source, match, draft = self._last
-        if self.gate is not None and draft:
-            self.gate.observe(source, match, len(draft), _accepted(draft, seq, n_new))
-            self._last = ("none", 0, [])
         new = seq[len(seq) - n_new:]
+        if self.gate is not None:
+            if source == "draft" and draft:
+                self.gate.observe("draft", 0, len(draft), _accepted(draft, seq, n_new))
+            self.gate.observe_tokens(new)  # scores the automaton's offer
+            self._last = ("none", 0, [])
         hit = bool(self._sa_draft) and self._sa_draft[0] == new[0]
         self._sa_failures = 0 if hit else self._sa_failures + 1
         self.sa.update(seq, n_new)
@@ -613,7 +598,7 @@ class HybridDrafter:
 
 
 def make_drafter(kind: str, *, draft_model: torch.nn.Module | None = None, k: int = 8,
-                 draft_k: int | None = None, threshold: int = DEFAULT_THRESHOLD,
+                 draft_k: int | None = None, threshold: int = HYBRID_THRESHOLD,
                  stop_below: float = 0.0, per_match: float = 0.0, patience: int = 0,
                  gate: bool = False) -> Drafter:
     """A drafter by name (one of :data:`DRAFTERS`). ``k``: SA draft tokens
@@ -672,20 +657,20 @@ def speculative_generate(
     stats = GenStats(dtype=model_dtype(target))
     draft_lm = _draft_lm(drafter)
     gate = getattr(drafter, "gate", None)
+    clock = gate.clock if gate is not None else time.perf_counter
     draft_forwards0 = draft_lm.forwards if draft_lm else 0
     seq = list(prompt)
     t0 = time.perf_counter()
     drafter.begin(prompt)
     try:
         while True:
+            t_step = clock()
             limit = max_new_tokens - (len(seq) - len(prompt)) - 1  # never verify past max_new_tokens
             drafts, source = drafter.propose(seq, limit)
             drafts = drafts[:limit]
+            drafting_s = clock() - t_step if source == "draft" else 0.0  # the draft model's, timed per token apart
             feed = seq[lm.cached:] + drafts
-            t_fwd = time.perf_counter()
             picks = torch.argmax(lm.forward(feed, keep=len(drafts) + 1), dim=-1).tolist()  # [len(drafts)+1]
-            if gate is not None and stats.target_forwards > 0:  # the prefill is no verify
-                gate.observe_forward(len(feed), time.perf_counter() - t_fwd)
             n = 0
             while n < len(drafts) and drafts[n] == picks[n]:
                 n += 1
@@ -706,6 +691,9 @@ def speculative_generate(
             if len(seq) - len(prompt) >= max_new_tokens or new[-1] in stop:
                 break
             drafter.update(seq, len(new))
+            step_s = clock() - t_step - drafting_s
+            if gate is not None and stats.target_forwards > 1 and step_s > 0:  # the first step is the prefill
+                gate.observe_forward(len(feed), step_s)
     finally:
         drafter.end()
     stats.wall_s = time.perf_counter() - t0

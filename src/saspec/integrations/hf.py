@@ -95,7 +95,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..engine import SpecEngine
-from ..select import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, CostGate, check_length_rule, draft_length
+from ..gate import CostGate
+from ..lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_length
+from ..select import HYBRID_THRESHOLD
+from ..single import SingleSequence
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -105,9 +108,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 #: step's unverified candidates, which :class:`_StopPerToken` does not expect (5.12.1 stops early);
 #: 5.25 and later are untested.
 TESTED_TRANSFORMERS: tuple[tuple[int, int], tuple[int, int]] = ((5, 18), (5, 25))
-
-#: Default hybrid threshold (match length in tokens), the value ``saspec simulate`` found best on code edits.
-HYBRID_THRESHOLD = 4
 
 # The automaton is sized for up to this many new tokens at the start (it grows past them).
 _MAX_RESERVED_TOKENS = 1 << 16
@@ -217,9 +217,11 @@ class SACandidateGenerator:
             automaton's accepted tokens at its previous step).
         gate: a :class:`~saspec.select.CostGate` (``k_max >= k``) that
             chooses each step's source and length instead of ``threshold``
-            and the length rule, or None. It is told each step's time (from
-            ``get_candidates`` returning to ``update_candidate_strategy``:
-            the verify forward) and outcome.
+            and the length rule, or None. It is offered the automaton's draft
+            every step, and told each step's time on its ``clock`` (from one
+            ``update_candidate_strategy`` to the next, less the draft model's
+            drafting), the draft model's time per token, the draft model's
+            outcome and the tokens each step emitted.
 
     ``stats`` counts steps, drafted and accepted tokens per draft source
     (``"sa"``, ``"assistant"``, ``"none"``).
@@ -256,18 +258,12 @@ class SACandidateGenerator:
         self._last_sa = -1  # draft tokens accepted at the last automaton step; -1 when the last step was not one
         self.gate = gate
         self._fallback_started = False
-        self._step_t0 = 0.0
-        self._step_match = 0
-        self._guess = False  # this step's draft is the gate's probe guessing, not the automaton's
-        self._rid = object()
+        self._step_end: float | None = None  # when the last step ended (gate clock); None before the prefill's
+        self._assist_s = 0.0  # the draft model's time this step (counted as drafting, not as the step)
+        self._step_len = 0  # input_ids' length when this step began
         new_tokens = min(max(0, self.max_length - int(input_ids.shape[1])), _MAX_RESERVED_TOKENS)
-        engine.add_request(self._rid, input_ids[0].cpu().numpy().astype(np.int64), expected_new_tokens=new_tokens)
-        engine.prepare([self._rid])
+        self._seq = SingleSequence(engine, input_ids[0].cpu().numpy().astype(np.int64), self.k, new_tokens)
         self._fed = int(input_ids.shape[1])  # tokens the automaton holds
-        self._acc = np.zeros((1, self.k + 1), np.int32)
-        self._lens = np.zeros(1, np.int32)
-        self._match = np.zeros(1, np.int32)
-        self._draft = np.full((1, self.k), -1, np.int32)
         self._source = "none"
         self._drafted = 0
         self.stats: dict[str, dict[str, int]] = {
@@ -278,23 +274,11 @@ class SACandidateGenerator:
         """Feed the tokens of ``input_ids`` [1, L] the automaton has not seen;
         return (match length in tokens, up to ``k`` draft tokens, cut by the
         length rule unless ``capped`` is False)."""
-        new = input_ids[0, self._fed:].tolist()
-        if self.engine.batch != (self._rid,):  # the engine may be shared: make this request the batch
-            self.engine.prepare([self._rid])
-        while True:  # at most K+1 tokens per extend call
-            chunk, new = new[: self.k + 1], new[self.k + 1:]
-            self._acc[0, : len(chunk)] = chunk
-            self._lens[0] = len(chunk)
-            self.engine.extend(self._acc, self._lens, self._match, self._draft)
-            if not new:
-                break
+        m, draft = self._seq.extend(input_ids[0, self._fed:].tolist())
         self._fed = int(input_ids.shape[1])
-        d = self._draft[0]
-        n = int(np.argmax(d < 0)) if (d < 0).any() else self.k
-        m = int(self._match[0])
         if capped:
-            n = min(n, draft_length(m, self.k, self._rule, self.length_scale, self._last_sa))
-        return m, d[:n].tolist()
+            draft = draft[: draft_length(m, self.k, self._rule, self.length_scale, self._last_sa)]
+        return m, draft
 
     def get_candidates(self, input_ids: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``input_ids`` [1, L] int64 -> (``input_ids`` followed by the drafts,
@@ -307,6 +291,9 @@ class SACandidateGenerator:
             if t in self.eos:
                 draft = draft[: i + 1]
                 break
+        self._step_len, self._assist_s = int(input_ids.shape[1]), 0.0
+        if self.gate is not None:
+            self.gate.offer(match, draft)  # scored against what follows, verified or not
         draft = draft[: max(room, 0)]
         use_sa, use_fallback = bool(draft) and match >= self.threshold, self.fallback is not None and room > 0
         first_assist = use_fallback and not self._fallback_started  # transformers' assistant must see the prompt
@@ -317,45 +304,43 @@ class SACandidateGenerator:
                 source, n = "draft", 1
             else:
                 source, n = self.gate.choose(match, len(draft), self.k if use_fallback else 0)
-            guess = False
             if source == "probe" and room <= 0:  # no room for a draft token
                 source, n = "none", 0
             elif source == "probe":  # one token, to time a multi-token verify: the automaton's, else a guess
-                guess = not draft
                 draft = draft[:1] or input_ids[0, -1:].tolist()
                 source = "sa"
-            self._guess = guess
             draft = draft[:n]
             use_sa, use_fallback = source == "sa", source == "draft"
             if use_fallback and hasattr(self.fallback, "num_assistant_tokens"):
                 self.fallback.num_assistant_tokens = n  # the gate's length (transformers' schedule adapts it after)
-        self._step_match = match
         if use_sa:
             self._source, self._drafted = "sa", len(draft)
             tail = torch.tensor([draft], dtype=input_ids.dtype, device=input_ids.device)
-            out = torch.cat([input_ids, tail], dim=1), None
-        elif use_fallback:
+            return torch.cat([input_ids, tail], dim=1), None
+        if use_fallback:
             self._fallback_started = True
-            t0 = time.perf_counter()
+            clock = self.gate.clock if self.gate is not None else time.perf_counter
+            t0 = clock()
             ids, logits = self.fallback.get_candidates(input_ids, **kwargs)
+            self._assist_s = clock() - t0
             self._source, self._drafted = "assistant", int(ids.shape[1] - input_ids.shape[1])
             if self.gate is not None and self._drafted:
-                self.gate.observe_draft_forward((time.perf_counter() - t0) / self._drafted)
-            out = ids, logits
-        else:
-            self._source, self._drafted = "none", 0
-            out = input_ids, None
-        self._step_t0 = time.perf_counter()
-        return out
+                self.gate.observe_draft_forward(self._assist_s / self._drafted)
+            return ids, logits
+        self._source, self._drafted = "none", 0
+        return input_ids, None
 
     def update_candidate_strategy(self, input_ids: torch.Tensor, scores: torch.Tensor, num_matches: int) -> None:
         """Record the step's outcome; the fallback adapts after its own steps."""
         if self.gate is not None:
-            if any(st["steps"] for st in self.stats.values()):  # the first step's forward is the prefill
-                self.gate.observe_forward(1 + self._drafted, time.perf_counter() - self._step_t0)
-            if self._drafted and not self._guess:  # a guessed probe times the verify but says nothing of the automaton
-                source = "sa" if self._source == "sa" else "draft"
-                self.gate.observe(source, self._step_match, self._drafted, min(int(num_matches), self._drafted))
+            now = self.gate.clock()
+            step_s = None if self._step_end is None else now - self._step_end - self._assist_s
+            if step_s is not None and step_s > 0:  # not the prefill; a clock that did not move tells nothing
+                self.gate.observe_forward(1 + self._drafted, step_s)  # the whole step, less the draft model's
+            self._step_end = now
+            if self._source == "assistant" and self._drafted:
+                self.gate.observe("draft", 0, self._drafted, min(int(num_matches), self._drafted))
+            self.gate.observe_tokens(input_ids[0, self._step_len:].tolist())
         st = self.stats[self._source]
         st["steps"] += 1
         st["drafted"] += self._drafted
@@ -364,11 +349,14 @@ class SACandidateGenerator:
         if self._source == "assistant":
             self.fallback.update_candidate_strategy(input_ids, scores, num_matches)
 
+    @property
+    def request_id(self) -> Any:
+        """The automaton's id in ``engine`` (None once closed)."""
+        return self._seq.request_id
+
     def close(self) -> None:
         """Free the request's automaton (idempotent)."""
-        if self._rid is not None:
-            self.engine.remove_request(self._rid)
-            self._rid = None
+        self._seq.close()
 
 
 class _StopPerToken:

@@ -88,7 +88,8 @@ import numpy as np
 from numba import njit
 
 from ..engine import SpecEngine
-from ..select import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, CostGate, check_length_rule, draft_lengths
+from ..gate import CostGate
+from ..lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_lengths
 
 #: Default minimum match length (tokens) for a row to draft: vLLM's n-gram
 #: drafter matches n-grams of at most ``prompt_lookup_max`` tokens (default 5).
@@ -273,7 +274,7 @@ class SAProposer:
         self.length_scale = float(self.length_scale)
         self._clock = time.perf_counter
         self._t_return: float | None = None  # when the last propose returned
-        self._gate_last: tuple[int, int, bool] | None = None  # (rid, match, SA draft on offer) of a batch-1 step
+        self._gate_last: int | None = None  # the request of the last batch-1 step the gate chose for
         model_config = getattr(vllm_config, "model_config", None)
         self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
         if max_detached is None:
@@ -403,7 +404,7 @@ class SAProposer:
         offered = np.where(match < self.min_match, 0, count)
         rule = DEFAULT_LENGTH_RULE if self._gate is not None else self.length_rule
         count = np.minimum(offered, draft_lengths(match, self.k, rule, self.length_scale, last))
-        gated = self._gated(now, b_live, active, status, step_lens, rids, match, offered)
+        gated = self._gated(now, b_live, active, status, step_lens, rids, match, offered, accepted, draft)
         if gated is not None:
             count[0] = gated
             if gated and not offered[0]:  # the gate's probe with no SA draft: guess the last token again
@@ -420,22 +421,24 @@ class SAProposer:
         return out
 
     def _gated(self, now: float, b_live: int, active: np.ndarray, status: np.ndarray, step_lens: np.ndarray,
-               rids: np.ndarray, match: np.ndarray, offered: np.ndarray) -> int | None:
+               rids: np.ndarray, match: np.ndarray, offered: np.ndarray, accepted: np.ndarray,
+               draft: np.ndarray) -> int | None:
         """With ``length_rule="gate"`` and one live row: feed the gate what the
-        last step cost and accepted, and return its draft length for this
-        step (a probe may exceed ``offered``, the SA tokens on offer: see
-        ``propose``); None otherwise (the default rule applies)."""
+        last step cost and emitted, offer it this step's SA draft, and return
+        its draft length for this step (a probe may exceed ``offered``, the SA
+        tokens on offer: see ``propose``); None otherwise (the default rule
+        applies)."""
         last, self._gate_last = self._gate_last, None
         if self._gate is None or b_live != 1 or active.shape[0] != 1:
             return None
         g, rid, b = self._gate, int(rids[0]), int(active[0])
-        if last is not None and last[0] == rid and status[b] == CONTINUE and self._t_return is not None:
-            _, m, from_sa = last
-            d = int(self._row_drafted[b])  # the draft the step since the last return verified
-            g.observe_forward(1 + d, now - self._t_return)
-            if d and from_sa:
-                g.observe("sa", m, d, min(int(step_lens[b]) - 1, d))
-        self._gate_last = (rid, int(match[0]), bool(offered[0]))
+        if last is not None and last == rid and status[b] == CONTINUE and self._t_return is not None:
+            g.observe_forward(1 + int(self._row_drafted[b]), now - self._t_return)  # the step since the last return
+            g.observe_tokens(accepted[b, : int(step_lens[b])].tolist())
+        else:
+            g.withdraw_offer()  # another request: the pending offer's text is not this one
+        self._gate_last = rid
+        g.offer(int(match[0]), draft[0, : int(offered[0])].tolist())
         source, d = g.choose(int(match[0]), int(offered[0]))
         if source == "probe":
             return 1

@@ -1,0 +1,488 @@
+"""Gate: draft only where a draft pays for its verification, learnt as a sequence runs.
+
+A step that verifies ``d`` draft tokens costs a target forward over ``d + 1``
+tokens, plus ``d`` draft-model forwards for a model's draft (the SA's costs
+nothing to make). If each draft token is accepted with probability ``q``
+given the ones before it, the step emits ``1 + q + ... + q**d`` tokens on
+average (the target's own token always counts), while a plain step emits one.
+``CostGate`` takes, each step, the source and length with the most expected
+tokens per second, or no draft. On a GPU at small batch verification is
+nearly free and nearly every draft pays; on a CPU a verified token can cost a
+whole forward (bf16 without native bf16 matmuls) and almost none does.
+
+It learns both sides from the running sequence:
+
+* **costs**: the caller times every step (:meth:`CostGate.observe_forward`,
+  sizes bucketed 1, 2, 3-4, 5-8, ... tokens) and every draft-model token
+  (:meth:`CostGate.observe_draft_forward`). Timing noise only ever adds time
+  (a busy machine, a first call of a shape), so a bucket's cost is the
+  fastest of its last ``window`` timings, or the second fastest once it has
+  four: one slow timing, and one impossibly fast one, move nothing. Sizes
+  between timed buckets are interpolated, larger ones extrapolated along the
+  last segment, so a cost curve that flattens (fixed overhead, then little per
+  token) is not mistaken for a steep one.
+* **acceptance**: per SA match-length bucket (``adaptive.match_bucket``) and
+  for the draft model, counts of accepted and rejected tokens with
+  ``prior_weight`` pseudo-tokens of prior: ``model_prior`` for the draft
+  model; for the SA, odds of ``m`` to 1 at a match of ``m``, scaled by how the
+  sequence's SA drafts fared at every match so far.
+
+**Exploration.** Estimates fed only by what the gate chooses can lock it out:
+once no draft seems worth its verification nothing is verified any more, and
+nothing can show the gate it was wrong. So it keeps measuring what it does
+not choose:
+
+1. The SA's draft is free, so the caller offers it every step
+   (:meth:`CostGate.offer`) and reports the tokens each step emitted
+   (:meth:`CostGate.observe_tokens`): the SA's acceptance is scored against
+   the text that followed, whether the draft was verified or not.
+2. Warm-up: the first two steps are plain (the unit of cost, timed twice so
+   that a cold first step sets nothing), then two steps verify a one-token
+   *probe*, before any dear draft: the SA's first draft token when it has one
+   (plain steps wait up to ``PROBE_WAIT`` steps for it), else a guess.
+3. Re-tries with backoff: every forward size has a re-try period, 4 steps at
+   first. When the size has not been timed for that long, and a draft of that
+   size (or a plain step) would beat the current choice if it cost what its
+   fastest timings say (sizes not timed twice yet: what the sizes below them
+   say, at half their slope per extra token), the gate takes it once and
+   doubles the period (at most 256); choosing the size on its estimate resets
+   the period. The draft model's acceptance is given the benefit of the doubt
+   up to its prior.
+
+What exploration costs: the warm-up is two plain steps and two probes. After
+it, a re-try happens only where the fastest timings of a size are below its
+estimate, so steady timings (bf16 on a CPU, where every size costs what it
+measured) cause none beyond climbing once through the untimed sizes; under
+noise each size is re-tried at most about ``log2(steps / 4)`` times between
+two choices of it on merit. ``stats`` counts every kind of step.
+BENCHMARKS.md ("The cost gate") has the measured numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from numba import njit
+
+from .adaptive import N_BUCKETS, match_bucket
+from .validate import check_count, check_int, check_seconds
+
+
+@njit(cache=True)
+def expected_tokens(q, d):
+    """Mean tokens a step emits: ``1 + q + ... + q**d`` (float), for ``d``
+    draft tokens each accepted with probability ``q`` given the ones before."""
+    e = 1.0
+    p = 1.0
+    for _ in range(d):
+        p *= q
+        e += p
+    return e
+
+
+@njit(cache=True)
+def best_draft_length(q, k_max, verify_cost, draft_cost):
+    """``(d, gain)``: the draft length in ``0..k_max`` with the most expected
+    tokens per unit of time, and that rate relative to plain decoding.
+
+    ``q``: per-token acceptance probability (0..1); ``verify_cost``: float64
+    [>= k_max + 1], ``verify_cost[d]`` the time of a target forward over
+    ``d + 1`` tokens in units of a 1-token forward; ``draft_cost``: time to
+    make one draft token, same units. ``gain = expected_tokens(q, d) /
+    (verify_cost[d] + d * draft_cost)``, 1.0 for ``d = 0``; a longer draft
+    must beat a shorter one strictly.
+    """
+    best_d = 0
+    best = 1.0
+    e = 1.0
+    p = 1.0
+    for d in range(1, min(k_max, verify_cost.shape[0] - 1) + 1):
+        p *= q
+        e += p
+        g = e / (verify_cost[d] + d * draft_cost)
+        if g > best:
+            best = g
+            best_d = d
+    return best_d, best
+
+
+#: Warm-up steps a probe waits for an SA draft before it verifies a guess instead.
+PROBE_WAIT = 8
+
+
+def _cost_bucket(n: int) -> int:
+    """Bucket of a forward over ``n`` tokens: 0 for 1, then 2, 3-4, 5-8, ... (powers of two)."""
+    return (n - 1).bit_length()
+
+
+def _rates(q: float, k: int, seconds: np.ndarray, draft_s: float) -> np.ndarray:
+    """Expected tokens per second of a step with ``d = 0..k`` draft tokens:
+    ``seconds[d]`` is a forward over ``d + 1`` tokens, ``draft_s`` the time to
+    make one draft token (``d = 0``: a plain step)."""
+    d = np.arange(k + 1)
+    emitted = np.cumsum(q ** d)  # 1, 1 + q, 1 + q + q^2, ...
+    return emitted / (seconds[: k + 1] + d * draft_s)
+
+
+class _Timings:
+    """The latest ``window`` timings of one kind of forward, and the two fastest ever.
+
+    ``estimate()``: what it costs now, the fastest of the latest, or the
+    second fastest once there are four (so one outlier either way moves
+    nothing, and two slow timings of three do not either); ``optimistic()``:
+    the same over every timing so far."""
+
+    def __init__(self, window: int) -> None:
+        self.recent = np.full((window, 2), np.inf)  # (seconds, tokens), inf = empty
+        self.best = np.full((2, 2), np.inf)  # the two fastest so far, fastest first
+        self.seen = 0
+        self.window = window
+
+    def add(self, seconds: float, tokens: int) -> None:
+        self.recent[self.seen % self.window] = (seconds, tokens)
+        self.seen += 1
+        if seconds < self.best[1, 0]:
+            self.best[1] = (seconds, tokens)
+            if seconds < self.best[0, 0]:
+                self.best[[0, 1]] = self.best[[1, 0]]
+
+    def estimate(self) -> tuple[float, float]:
+        order = np.argsort(self.recent[:, 0], kind="stable")
+        i = order[1] if min(self.seen, self.window) >= 4 else order[0]
+        return float(self.recent[i, 0]), float(self.recent[i, 1])
+
+    def optimistic(self) -> tuple[float, float]:
+        i = 1 if self.seen >= 4 else 0
+        return float(self.best[i, 0]), float(self.best[i, 1])
+
+
+class CostGate:
+    """Chooses, for one sequence and each step, the draft source and length
+    that make the most tokens per second, or no draft (see the module doc for
+    the rule and its exploration).
+
+    Each step the caller:
+
+    1. offers the SA's draft, if any (:meth:`offer`);
+    2. asks :meth:`choose` what to verify;
+    3. times the step (:meth:`observe_forward`; with the draft model's own
+       time, per token, to :meth:`observe_draft_forward`), reports the draft
+       model's outcome (:meth:`observe`) and the tokens the step emitted
+       (:meth:`observe_tokens`).
+
+    ``clock`` is the time source the integrations read: replace it (e.g. with
+    a counter a test advances) and nothing in them reads the real time.
+
+    Args:
+        k_max: the most draft tokens of any source (>= 1).
+        verify_cost: a fixed cost table instead of timing forwards: float
+            [>= k_max + 1], ``verify_cost[d]`` a forward over ``d + 1`` tokens
+            in units of a 1-token forward (finite, > 0).
+        draft_cost: fixed cost of one draft-model token (units of a 1-token
+            target forward, >= 0) instead of timing it; needs ``verify_cost``.
+        slope_prior: cost per extra token of a forward, in units of a 1-token
+            forward, assumed before anything but 1-token forwards is timed.
+        model_prior: the draft model's per-token acceptance before any
+            observation, in [0, 1].
+        prior_weight: pseudo-tokens of prior behind each acceptance estimate (> 0).
+        window: how many of a size's latest timings its cost is taken from (>= 1).
+        retry_after, max_retry_after: the re-try period of a forward size,
+            in steps, at first and at most (1 <= retry_after <= max_retry_after).
+        clock: a callable returning seconds (default ``time.perf_counter``).
+
+    Raises:
+        ValueError: an argument out of range (named in the message).
+    """
+
+    SOURCES = ("sa", "draft")
+
+    def __init__(self, k_max: int, *, verify_cost: Any = None, draft_cost: float | None = None,
+                 slope_prior: float = 0.1, model_prior: float = 0.8, prior_weight: float = 8.0,
+                 window: int = 5, retry_after: int = 4, max_retry_after: int = 256,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        k_max = check_count(k_max, "k_max")
+        window = check_count(window, "window")
+        retry_after = check_count(retry_after, "retry_after")
+        max_retry_after = check_count(max_retry_after, "max_retry_after")
+        if max_retry_after < retry_after:
+            raise ValueError(f"max_retry_after ({max_retry_after}) must be >= retry_after ({retry_after})")
+        for name, v, lo, hi in (("slope_prior", slope_prior, 0.0, math.inf), ("model_prior", model_prior, 0.0, 1.0),
+                                ("prior_weight", prior_weight, 0.0, math.inf)):
+            if not (lo <= float(v) <= hi) or (name == "prior_weight" and v == 0):
+                low = "(0" if name == "prior_weight" else f"[{lo}"
+                raise ValueError(f"{name} must be in {low}, {hi}], got {v}")
+        if not callable(clock):
+            raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
+        self.k_max = k_max
+        self.slope_prior, self.model_prior = float(slope_prior), float(model_prior)
+        self.window, self.retry_after, self.max_retry_after = window, retry_after, max_retry_after
+        self.clock = clock
+        self._fixed = verify_cost is not None
+        if self._fixed:
+            vc = np.asarray(verify_cost, dtype=np.float64)
+            if vc.ndim != 1 or vc.shape[0] < self.k_max + 1 or not np.all(np.isfinite(vc)) or np.any(vc <= 0):
+                raise ValueError(f"verify_cost must be 1-D, finite, > 0, with at least k_max + 1 = {self.k_max + 1} "
+                                 f"entries, got shape {vc.shape}")
+            self._verify = vc[: self.k_max + 1].copy()
+        elif draft_cost is not None:
+            raise ValueError("draft_cost is fixed only together with verify_cost")
+        if draft_cost is not None and not (math.isfinite(draft_cost) and draft_cost >= 0):
+            raise ValueError(f"draft_cost must be a finite number >= 0, got {draft_cost}")
+        self._draft_cost = draft_cost
+        n_buckets = _cost_bucket(self.k_max + 1) + 1
+        self._forwards = [_Timings(window) for _ in range(n_buckets)]
+        self._draft = _Timings(window)
+        self._timed_at = np.full(n_buckets, -(1 << 40))  # the step of each size's latest timing
+        self._period = np.full(n_buckets, retry_after)
+        self._step = 0
+        self.prior_weight = float(prior_weight)
+        self._match = np.arange(N_BUCKETS, dtype=np.float64)
+        self._match[8:] = 2.0 ** (np.arange(8, N_BUCKETS) - 5)  # a bucket's smallest match: 8, 16, 32, ...
+        self._sa_hits, self._sa_misses = np.zeros(N_BUCKETS), np.zeros(N_BUCKETS)  # observed, per match bucket
+        self._nn_hits, self._nn_misses = prior_weight * model_prior, prior_weight * (1 - model_prior)
+        self._offer: tuple[int, list[int], int] | None = None  # (match, draft, tokens matched so far)
+        self._waited = 0  # warm-up steps spent waiting for an SA draft to probe with
+        self.stats: dict[str, int] = {"steps": 0, "warm-up": 0, "retries": 0, "sa": 0, "draft": 0, "none": 0}
+
+    # -- costs --
+
+    def observe_forward(self, n_tokens: int, seconds: float) -> None:
+        """A step that ran a target forward over ``n_tokens`` tokens (1 for a
+        plain step, ``d + 1`` to verify ``d`` drafts) took ``seconds``: the
+        forward and whatever else a step costs, not the draft model's
+        drafting. Forwards larger than the biggest verify (``k_max + 1``
+        tokens, e.g. a prefill) are ignored; with a fixed ``verify_cost`` only
+        1-token steps are used (the unit ``draft_cost`` needs).
+
+        Raises:
+            ValueError: ``seconds`` is not finite and > 0, or ``n_tokens`` < 1.
+        """
+        seconds = check_seconds(seconds, "seconds")
+        n = check_int(n_tokens, "n_tokens", 1)
+        b = _cost_bucket(n)
+        if n > self.k_max + 1 or (self._fixed and b != 0):
+            return
+        self._forwards[b].add(seconds, n)
+        self._timed_at[b] = self._step
+
+    def observe_draft_forward(self, seconds: float) -> None:
+        """One draft-model forward (one draft token) took ``seconds``.
+
+        Raises:
+            ValueError: ``seconds`` is not finite and > 0.
+        """
+        self._draft.add(check_seconds(seconds, "seconds"), 1)
+
+    @property
+    def timed(self) -> bool:
+        """Whether the unit of cost (a 1-token step, timed twice) is known."""
+        return self._fixed or self._forwards[0].seen >= 2
+
+    @property
+    def probed(self) -> bool:
+        """Whether the warm-up's probes are done: two 2-token forwards timed (or the costs are fixed)."""
+        return self._fixed or self._forwards[1].seen >= 2
+
+    def _unit(self) -> float:
+        """Seconds of a 1-token step (1.0 while untimed, and with fixed costs before it is timed)."""
+        return self._forwards[0].estimate()[0] if self._forwards[0].seen else 1.0
+
+    def _curve(self, optimistic: bool = False) -> np.ndarray:
+        """float64 [k_max + 1]: seconds of a forward over ``d + 1`` tokens for
+        ``d = 0..k_max``, through the timed sizes: interpolated between them,
+        extrapolated above them along the last segment. A size timed once
+        costs no more than the sizes timed twice say, so one slow first timing
+        is doubted. ``optimistic``: every size at its fastest timings, and the
+        sizes above them extrapolated at half the last segment's slope (a cost
+        curve that flattens is found by trying them); a size timed once and
+        slower than the sizes timed twice predict is doubted the same way."""
+        unit = self._unit()
+        if self._fixed:
+            return self._verify * unit
+        n = np.arange(1, self.k_max + 2, dtype=np.float64)
+        points: dict[float, float] = {}  # tokens -> seconds
+        once: list[tuple[float, float]] = []
+        for b, t in enumerate(self._forwards):
+            if not t.seen:
+                continue
+            s, tokens = t.optimistic() if optimistic else t.estimate()
+            if t.seen >= 2 or b == 0:
+                points[tokens] = s
+            else:
+                once.append((tokens, s))
+        if not points:
+            return unit * (1.0 + self.slope_prior * (n - 1))
+        half = 0.5 if optimistic else 1.0
+        if once:  # a size timed once costs no more than the sizes timed twice say
+            line, hope = self._through(points, n, 1.0), self._through(points, n, half)
+            for tokens, s in once:
+                i = int(tokens) - 1
+                points[tokens] = min(s, line[i]) if s <= line[i] or not optimistic else min(s, hope[i])
+        return self._through(points, n, half)
+
+    def _through(self, points: dict[float, float], n: np.ndarray, slope_factor: float) -> np.ndarray:
+        """Seconds at ``n`` tokens along the timed ``points`` (tokens ->
+        seconds): interpolated, extrapolated above the last point at
+        ``slope_factor`` times the last segment's slope (``slope_prior`` per
+        token with one point), never rising above 1 token past what a larger
+        size costs."""
+        xs = np.array(sorted(points))
+        ys = np.array([points[x] for x in xs])
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) >= 2 else self.slope_prior * ys[0]
+        out = np.interp(n, xs, ys) + slope_factor * max(float(slope), 0.0) * np.maximum(n - xs[-1], 0.0)
+        # A verify never costs more than a larger one: a small size timed rarely (and slowly) must not
+        # make the sizes drafted every step look dear.
+        out[1:] = np.minimum.accumulate(out[1:][::-1])[::-1]
+        return out
+
+    def verify_cost(self) -> np.ndarray:
+        """float64 [k_max + 1]: the cost of verifying ``d`` drafts (a forward
+        over ``d + 1`` tokens), units of a 1-token step, as now estimated."""
+        if self._fixed:
+            return self._verify
+        return self._curve() / self._unit()
+
+    def _draft_seconds(self, optimistic: bool = False) -> float:
+        if self._draft_cost is not None:
+            return self._draft_cost * self._unit()
+        if self._draft.seen == 0 or self._forwards[0].seen == 0:
+            return 0.5 * self._unit()
+        return (self._draft.optimistic() if optimistic else self._draft.estimate())[0]
+
+    def draft_cost(self) -> float:
+        """Cost of one draft-model token, units of a 1-token target step
+        (0.5 until both are timed)."""
+        return self._draft_seconds() / self._unit()
+
+    # -- acceptance --
+
+    def q(self, source: str, match: int = 0) -> float:
+        """Estimated per-token acceptance of ``source``'s drafts ("sa" at a
+        match of ``match`` tokens, or "draft")."""
+        if source == "sa":
+            b = match_bucket(max(int(match), 0))
+            w = self.prior_weight
+            odds = self._sa_odds() * self._match[b]
+            return (self._sa_hits[b] + w * odds / (1.0 + odds)) / (self._sa_hits[b] + self._sa_misses[b] + w)
+        if source == "draft":
+            return self._nn_hits / (self._nn_hits + self._nn_misses)
+        raise ValueError(f"unknown source {source!r}; choose from {', '.join(self.SOURCES)}")
+
+    def _sa_odds(self) -> float:
+        """This sequence's odds of accepting an SA draft token per matched
+        token: the prior is odds ``m`` at a match of ``m`` (``m / (m + 1)``),
+        scaled by how the sequence's SA drafts have fared so far at every
+        match, so that a bucket seen little already reflects them (chat
+        copies worse than the prior, code edits better)."""
+        w = self.prior_weight
+        return (self._sa_hits.sum() + w) / ((self._sa_misses * self._match).sum() + w)
+
+    def observe(self, source: str, match: int, drafted: int, accepted: int) -> None:
+        """A step verified ``drafted`` tokens from ``source`` (made at a match
+        of ``match`` tokens for the SA) and accepted the first ``accepted``.
+        For the SA, :meth:`offer` and :meth:`observe_tokens` do this on every
+        step, verified or not; use one or the other."""
+        if source not in self.SOURCES:
+            raise ValueError(f"unknown source {source!r}; choose from {', '.join(self.SOURCES)}")
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"need 0 <= accepted <= drafted, got accepted={accepted}, drafted={drafted}")
+        miss = 1.0 if accepted < drafted else 0.0
+        if source == "sa":
+            b = match_bucket(max(int(match), 0))
+            self._sa_hits[b] += accepted
+            self._sa_misses[b] += miss
+        else:
+            self._nn_hits += accepted
+            self._nn_misses += miss
+
+    def offer(self, match: int, draft: Sequence[int]) -> None:
+        """The SA's draft on offer this step (before :meth:`choose` cuts it),
+        made at a match of ``match`` tokens. It is scored against the tokens
+        that follow (:meth:`observe_tokens`), whether it is verified or not;
+        one offer is scored at a time, later ones wait for it."""
+        if self._offer is None and len(draft) and match > 0:
+            self._offer = (int(match), [int(t) for t in draft], 0)
+
+    def withdraw_offer(self) -> None:
+        """Drop the pending SA offer unscored (its sequence ended or changed)."""
+        self._offer = None
+
+    def observe_tokens(self, tokens: Sequence[int]) -> None:
+        """The tokens a step emitted (accepted drafts and the target's own),
+        in order: they score the pending SA offer."""
+        if self._offer is None:
+            return
+        match, draft, i = self._offer
+        for t in tokens:
+            if int(t) != draft[i]:
+                self.observe("sa", match, len(draft), i)
+                self._offer = None
+                return
+            i += 1
+            if i == len(draft):
+                self.observe("sa", match, len(draft), i)
+                self._offer = None
+                return
+        self._offer = (match, draft, i)
+
+    # -- the choice --
+
+    def _options(self, curve: np.ndarray, draft_s: float, match: int, sa_len: int, model_k: int,
+                 q_draft: float) -> list[tuple[float, str, int]]:
+        """(expected tokens per second, source, length) of every choice: no
+        draft, the SA at 1..sa_len tokens, the draft model at 1..model_k."""
+        out = [(1.0 / curve[0], "none", 0)]
+        if sa_len > 0 and match > 0:
+            k = min(sa_len, self.k_max)
+            out += [(float(r), "sa", d) for d, r in enumerate(_rates(self.q("sa", match), k, curve, 0.0)) if d]
+        if model_k > 0:
+            k = min(model_k, self.k_max)
+            out += [(float(r), "draft", d) for d, r in enumerate(_rates(q_draft, k, curve, draft_s)) if d]
+        return out
+
+    def choose(self, match: int, sa_len: int, model_k: int = 0) -> tuple[str, int]:
+        """``(source, length)`` for this step: "sa" with up to ``sa_len``
+        tokens (what the automaton offers at a match of ``match``), "draft"
+        with up to ``model_k`` draft-model tokens (0: no draft model), or
+        ``("none", 0)`` where no draft is expected to beat a plain step, or,
+        during the warm-up, ``("none", 0)`` and ``("probe", 1)``: verify one
+        token of whatever costs nothing (the SA's first draft token, else a
+        guess) to time a small verify."""
+        self._step += 1
+        self.stats["steps"] += 1
+        if not self.timed or not self.probed:
+            self.stats["warm-up"] += 1
+            self._waited += self.timed
+            if self.timed and (sa_len > 0 and match > 0 or self._waited > PROBE_WAIT):
+                return "probe", 1
+            return "none", 0
+        options = self._options(self._curve(), self._draft_seconds(), match, sa_len, model_k, self.q("draft"))
+        best = max(options, key=lambda o: o[0])  # max keeps the first of equals: no draft, then shorter
+        choice = self._retry(best[0], match, sa_len, model_k)
+        if choice is None:
+            choice = best[1:]
+            self._period[_cost_bucket(choice[1] + 1)] = self.retry_after
+        else:
+            self.stats["retries"] += 1
+        self.stats[choice[0]] += 1
+        return choice
+
+    def _retry(self, rate: float, match: int, sa_len: int, model_k: int) -> tuple[str, int] | None:
+        """The re-try this step makes, or None (see the module doc): of the
+        choices whose forward size is due and that would beat ``rate`` (the
+        best estimate) at their fastest timings, the best of the smallest size."""
+        due = self._step - self._timed_at >= self._period
+        if not due.any():
+            return None
+        q_draft = max(self.q("draft"), self.model_prior)
+        options = self._options(self._curve(True), self._draft_seconds(True), match, sa_len, model_k, q_draft)
+        options = [(_cost_bucket(o[2] + 1), -o[0], o[1], o[2]) for o in options]
+        options = [o for o in options if due[o[0]] and -o[1] > rate]
+        if not options:
+            return None
+        b, _, source, d = min(options)  # the smallest size that might pay, the cheapest to find out about
+        self._period[b] = min(2 * self._period[b], self.max_retry_after)
+        return source, d

@@ -1,0 +1,69 @@
+"""Single: one sequence on a CPU ``SpecEngine``, fed as many tokens per step as it accepted.
+
+A loop over one sequence (transformers' assisted decoding, the reference loop
+in ``evidence.generate``) appends whatever the target accepted this step, any
+number of tokens, while ``SpecEngine.extend`` takes at most ``K + 1`` per row
+and call. ``SingleSequence`` feeds them in chunks and reads the match and the
+draft after the last one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .engine import SpecEngine
+from .validate import check_count
+
+
+class SingleSequence:
+    """One request of ``engine`` (a CPU ``SpecEngine``), from construction to :meth:`close`.
+
+    Args:
+        engine: the engine that holds the automaton; it may serve other
+            requests too (each :meth:`extend` makes this request the batch).
+        prompt: the prompt's token ids (1-D, see ``SpecEngine.add_request``).
+        k: draft tokens per step (>= 1).
+        expected_new_tokens: passed to ``add_request`` (room reserved up front).
+
+    Raises:
+        ValueError, TypeError, KeyError: as ``SpecEngine.add_request`` does.
+    """
+
+    def __init__(self, engine: SpecEngine, prompt: Any, k: int, expected_new_tokens: int | None = None) -> None:
+        self.k = check_count(k, "k")
+        self.engine = engine
+        self.request_id: Hashable | None = object()
+        engine.add_request(self.request_id, prompt, expected_new_tokens=expected_new_tokens)
+        engine.prepare([self.request_id])
+        self._acc = np.zeros((1, self.k + 1), np.int32)
+        self._lens = np.zeros(1, np.int32)
+        self._match = np.zeros(1, np.int32)
+        self._draft = np.full((1, self.k), -1, np.int32)
+
+    def extend(self, tokens: Sequence[int]) -> tuple[int, list[int]]:
+        """Append ``tokens`` (any number, possibly none); return the match
+        length in tokens and the draft, up to ``k`` tokens (empty without a match)."""
+        if self.request_id is None:
+            raise RuntimeError("the sequence is closed")
+        if self.engine.batch != (self.request_id,):
+            self.engine.prepare([self.request_id])
+        tokens = list(tokens)
+        while True:
+            chunk, tokens = tokens[: self.k + 1], tokens[self.k + 1:]
+            self._acc[0, : len(chunk)] = chunk
+            self._lens[0] = len(chunk)
+            self.engine.extend(self._acc, self._lens, self._match, self._draft)
+            if not tokens:
+                break
+        d = self._draft[0]
+        n = int(np.argmax(d < 0)) if (d < 0).any() else self.k
+        return int(self._match[0]), d[:n].tolist()
+
+    def close(self) -> None:
+        """Free the request's automaton (idempotent)."""
+        if self.request_id is not None:
+            self.engine.remove_request(self.request_id)
+            self.request_id = None

@@ -1,0 +1,117 @@
+"""Validate: the argument checks of the public API, in one place.
+
+Every public entry point checks its arguments before it changes anything and
+raises ``TypeError`` (wrong kind of value) or ``ValueError`` (right kind, out
+of range) with a message that names the argument. These helpers return the
+value in the form the library works with.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+MAX_TOKEN = 2**31 - 1  # token ids are int32
+
+
+def is_torch(x: Any) -> bool:
+    """Whether ``x`` is a torch object (a tensor), told without importing torch."""
+    return type(x).__module__.startswith("torch")
+
+
+def check_int(value: Any, name: str, low: int, high: int | None = None, *, what: str = "an int") -> int:
+    """``value`` as an int if it is an int (numpy ints too, not a bool) in
+    ``[low, high]`` (``high`` None: no upper bound); otherwise ``TypeError``
+    or ``ValueError`` naming ``name``."""
+    bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {what} {bounds}, got {value!r}")
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be {what} {bounds}, got {value}")
+    return int(value)
+
+
+def optional_int(value: Any, name: str, low: int) -> int | None:
+    """``None``, or ``value`` checked by :func:`check_int`."""
+    return None if value is None else check_int(value, name, low, what="None or an int")
+
+
+def check_count(value: Any, name: str) -> int:
+    """``value`` (an int, or a float with a whole value; not a bool) as an int
+    >= 1; ``ValueError`` naming ``name`` otherwise."""
+    try:
+        whole = not isinstance(value, bool) and int(value) == value and value >= 1
+    except (TypeError, ValueError, OverflowError):
+        whole = False
+    if not whole:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def check_seconds(value: Any, name: str) -> float:
+    """A duration: a finite real number > 0, as a float; ``ValueError``
+    naming ``name`` otherwise (a clock that went backwards or an overflow
+    must not be taken as a free or endless step)."""
+    try:
+        s = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}") from None
+    if isinstance(value, bool) or not (np.isfinite(s) and s > 0):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return s
+
+
+def check_int_tensor(t: Any, name: str) -> None:
+    """``ValueError`` unless torch tensor ``t`` holds integers (not bool)."""
+    import torch
+
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integers, got dtype {t.dtype}")
+
+
+def as_tokens(tokens: Any, name: str = "tokens") -> np.ndarray:
+    """Validate a 1-D sequence of token ids and return it as contiguous int32.
+
+    Accepts lists, numpy arrays and CPU torch tensors of an integer dtype with
+    values in [0, 2**31). Raises ``TypeError`` or ``ValueError`` naming the problem.
+    """
+    if is_torch(tokens):
+        if tokens.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor, got device {tokens.device}")
+        tokens = tokens.detach().numpy()
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int32)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi > MAX_TOKEN:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{name} holds token {bad}, outside [0, 2**31)")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def as_int32_array(x: Any, name: str, ndim: int, *, writable: bool = False, where: str = "for backend 'cpu'") -> np.ndarray:
+    """View a numpy array or CPU torch tensor as a C-contiguous int32 numpy array
+    without copying, or raise a ``TypeError``/``ValueError`` naming the problem."""
+    if is_torch(x):
+        if x.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor {where}, got device {x.device}")
+        if x.requires_grad:
+            raise ValueError(f"{name} must not require grad")
+        x = x.numpy()
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array or torch tensor, got {type(x).__name__}")
+    if x.dtype != np.int32:
+        raise TypeError(f"{name} must have dtype int32, got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if writable and not x.flags.writeable:
+        raise ValueError(f"{name} must be writable")
+    return x

@@ -117,28 +117,28 @@ def test_import_and_compile_write_nothing_into_the_source_tree(tmp_path):
 
 
 def test_cache_is_keyed_on_the_sources(tmp_path, monkeypatch):
-    from saspec import _numba_cache
+    from saspec import kernel_cache
 
     monkeypatch.setenv("SASPEC_CACHE_DIR", str(tmp_path))
-    _numba_cache.cache_dir.cache_clear()
+    kernel_cache.cache_dir.cache_clear()
     try:
-        first = _numba_cache.cache_dir()
+        first = kernel_cache.cache_dir()
         assert first.parent == tmp_path
-        monkeypatch.setattr(_numba_cache, "PACKAGE_DIR", tmp_path / "pkg")
+        monkeypatch.setattr(kernel_cache, "PACKAGE_DIR", tmp_path / "pkg")
         (tmp_path / "pkg").mkdir()
         (tmp_path / "pkg" / "core.py").write_text("A = 1\n")
-        _numba_cache.cache_dir.cache_clear()
-        a = _numba_cache.cache_dir()
+        kernel_cache.cache_dir.cache_clear()
+        a = kernel_cache.cache_dir()
         (tmp_path / "pkg" / "core.py").write_text("A = 2\n")
-        _numba_cache.cache_dir.cache_clear()
-        b = _numba_cache.cache_dir()
+        kernel_cache.cache_dir.cache_clear()
+        b = kernel_cache.cache_dir()
         assert a != b and a.name.split("-")[0] == b.name.split("-")[0]
     finally:
-        _numba_cache.cache_dir.cache_clear()
+        kernel_cache.cache_dir.cache_clear()
 
 
 def test_prune_keeps_caches_in_use_and_drops_idle_ones(tmp_path):
-    from saspec import _numba_cache
+    from saspec import kernel_cache
 
     current, busy, idle, other = (tmp_path / n for n in ("abc-1", "abc-2", "abc-3", "xyz-4"))
     for d in (current, busy, idle, other):
@@ -147,7 +147,7 @@ def test_prune_keeps_caches_in_use_and_drops_idle_ones(tmp_path):
     old = 1_000_000.0
     for f in [idle, idle / "device", idle / "device" / "k.nbi", other, other / "device", other / "device" / "k.nbi"]:
         os.utime(f, (old, old))
-    _numba_cache._prune_siblings(current)
+    kernel_cache._prune_siblings(current)
     assert current.exists() and busy.exists(), "a cache written to recently may belong to a running process"
     assert not idle.exists(), "an idle cache of the same checkout is dropped"
     assert other.exists(), "another checkout's cache is never touched"

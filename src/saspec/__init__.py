@@ -13,9 +13,9 @@ The package is laid out by what each part is for:
   reference speculative loop. The library never imports it.
 """
 
-from . import _numba_cache
+from . import kernel_cache
 
-_numba_cache.install()
+kernel_cache.install()
 
 from .build import POLICIES, SuffixAutomaton  # noqa: E402
 from .engine import SpecEngine  # noqa: E402

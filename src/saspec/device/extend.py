@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from numba import cuda, int32, int64
 
-from .. import _numba_cache, core
+from .. import core, kernel_cache
 from ..validate import as_int32_array
 
 try:  # numba-cuda keeps its own copy of numba's cache locators; the simulator has none
@@ -55,7 +55,7 @@ try:  # numba-cuda keeps its own copy of numba's cache locators; the simulator h
 except ImportError:
     _cuda_caching = None
 if _cuda_caching is not None:
-    _numba_cache.install(_cuda_caching)
+    kernel_cache.install(_cuda_caching)
 
 # Upload descriptors, one per uploaded request, at the start of the device
 # staging buffer: DESC_WORDS int32 words each.

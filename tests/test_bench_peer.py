@@ -16,7 +16,10 @@ import numpy as np
 mode = sys.argv[1]
 if mode == "ingest":
     t = np.fromfile(sys.argv[2], dtype="<i4")
-    print(float(t.size) / 1e6)  # "seconds": encodes the token count
+    sizing = sys.argv[4]
+    assert sizing in ("server", "fresh")
+    # "seconds": one microsecond per token, twice that for fresh memory; the capacity encodes the sizing
+    print(float(t.size) / 1e6 * (2 if sizing == "fresh" else 1), 1 if sizing == "server" else 2)
 elif mode == "steps":
     p = np.fromfile(sys.argv[2], dtype="<i4")
     a = np.fromfile(sys.argv[3], dtype="<i4")
@@ -46,7 +49,8 @@ def test_peer_files_round_trip(fake_harness):
     peer = bench.PeerSaSpec(fake_harness)
     try:
         tokens = bench.code_like_prompt(1234)
-        assert peer.ingest(tokens) == pytest.approx(1234 / 1e6)
+        assert peer.ingest(tokens) == (pytest.approx(1234 / 1e6), 1)  # server sizing by default
+        assert peer.ingest(tokens, sizing="fresh") == (pytest.approx(2 * 1234 / 1e6), 2)
         prompts = [bench.code_like_prompt(50 + i, seed=i) for i in range(3)]
         acc = bench._accepted_stream(prompts, 4, bench.ACCEPTED, 6, "copy")
         lens = np.full((6, 3), bench.ACCEPTED, np.int32)
@@ -64,6 +68,22 @@ def test_peer_errors_are_clear(tmp_path, fake_harness):
     try:
         with pytest.raises(RuntimeError, match="failed"):
             peer._run("bogus")
+        with pytest.raises(ValueError, match="sizing"):
+            peer.ingest(np.zeros(3, np.int32), sizing="huge")
+    finally:
+        peer.close()
+
+
+def test_peer_harness_without_sizing_is_refused(tmp_path):
+    """A harness built before the sizing argument prints only seconds; its
+    figures would be labelled with a sizing it did not use."""
+    path = tmp_path / "old_harness"
+    path.write_text(f"#!{sys.executable}\nprint(0.5)\n")
+    path.chmod(0o755)
+    peer = bench.PeerSaSpec(str(path))
+    try:
+        with pytest.raises(RuntimeError, match="rebuild it"):
+            peer.ingest(np.zeros(3, np.int32))
     finally:
         peer.close()
 
@@ -81,16 +101,23 @@ def test_bench_grow_reports_each_size():
 
 
 def test_peer_ingest_rows(fake_harness):
-    """Every prompt gets a row; sa_spec's rate is the harness's "seconds" (one
-    microsecond per token here), and the ratio is the two rates'."""
+    """Every prompt gets one row per sizing, which the row names; sa_spec's rate
+    is the harness's "seconds" (one microsecond per token fitted and reused, two
+    in fresh memory here), and the ratio is the two rates'."""
     peer = bench.PeerSaSpec(fake_harness)
     try:
         rows = bench.bench_peer_ingest(peer, repeat=2)
+        quick = bench.bench_peer_ingest(peer, repeat=1, sizings=("fresh",), cases=(("random", 500),))
     finally:
         peer.close()
-    assert [(r["prompt"], r["tokens"]) for r in rows] == [
-        ("code-like", 20_000), ("code-like", 200_000), ("code-like", 1_000_000), ("random", 200_000)]
+    cases = [("code-like", 20_000), ("code-like", 200_000), ("code-like", 1_000_000), ("random", 200_000)]
+    assert [(r["prompt"], r["tokens"]) for r in rows] == [c for c in cases for _ in range(2)]
+    assert [r["sa_spec_sizing"] for r in rows] == ["fitted, slot reused", "fresh memory"] * 4
+    assert [r["sa_spec_capacity"] for r in rows] == [1, 2] * 4
     for r in rows:
-        assert r["sa_spec_Mtok_per_s"] == pytest.approx(1.0)
+        assert r["sa_spec_Mtok_per_s"] == pytest.approx(1.0 if r["sa_spec_capacity"] == 1 else 0.5)
         assert r["saspec_over_sa_spec"] == pytest.approx(r["saspec_Mtok_per_s"] / r["sa_spec_Mtok_per_s"])
         assert r["saspec_Mtok_per_s"] > 0 and r["saspec_first_Mtok_per_s"] > 0
+    for a, b in zip(rows[::2], rows[1::2]):  # one saspec measurement per case
+        assert a["saspec_Mtok_per_s"] == b["saspec_Mtok_per_s"]
+    assert [(r["prompt"], r["tokens"], r["sa_spec_sizing"]) for r in quick] == [("random", 500, "fresh memory")]

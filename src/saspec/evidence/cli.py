@@ -2,155 +2,22 @@
 
 Every bad option or input ends in one line on stderr,
 ``saspec <command>: error: <what is wrong>``, and exit status 2: option
-values are checked by the ``type=`` validators below while parsing, and the
-errors the commands raise for bad inputs (:class:`CliError`, a missing or
-unreadable file, a malformed trace file, an unavailable workload, a failed
-model install) are caught in :func:`main`.
+values are checked by the ``type=`` validators of :mod:`.options` while
+parsing, and the errors the commands raise for bad inputs
+(:class:`~.options.CliError`, a missing or unreadable file, a malformed trace
+file, an unavailable workload, a failed model install) are caught in :func:`main`.
+
+This module is the top of the evidence: it imports the commands, nothing imports it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-import textwrap
 from pathlib import Path
-from typing import Callable, Sequence
 
-
-class CliError(Exception):
-    """A bad option value or input that only shows once a command runs
-    (e.g. ``--p`` shorter than ``-k``); :func:`main` prints it as one line and exits 2."""
-
-
-# -- option value validators (argparse ``type=``) ----------------------------------
-# Each returns the parsed value or raises ArgumentTypeError with a message that
-# argparse prefixes with the option's name.
-
-
-def int_at_least(lo: int) -> Callable[[str], int]:
-    """A ``type=`` parsing an int >= ``lo``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
-        return value
-
-    parse.__name__ = f"int >= {lo}"
-    return parse
-
-
-positive_int = int_at_least(1)
-nonnegative_int = int_at_least(0)
-
-
-def int_in(lo: int, hi: int) -> Callable[[str], int]:
-    """A ``type=`` parsing an int in ``[lo, hi]``."""
-    at_least = int_at_least(lo)
-
-    def parse(text: str) -> int:
-        value = at_least(text)
-        if value > hi:
-            raise argparse.ArgumentTypeError(f"must be <= {hi}, got {value}")
-        return value
-
-    parse.__name__ = f"int in [{lo}, {hi}]"
-    return parse
-
-
-def float_in(lo: float, hi: float | None = None) -> Callable[[str], float]:
-    """A ``type=`` parsing a finite float in ``[lo, hi]`` (``hi`` None: no upper bound)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value < lo or (hi is not None and value > hi):
-            rng = f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
-            raise argparse.ArgumentTypeError(f"must be {rng}, got {text}")
-        return value
-
-    parse.__name__ = f"number in [{lo}, {hi}]"
-    return parse
-
-
-probability = float_in(0.0, 1.0)
-
-
-def comma_list(item: Callable[[str], object], choices: Sequence[str] | None = None,
-               what: str = "value") -> Callable[[str], tuple]:
-    """A ``type=`` parsing a non-empty comma-separated list, each item through
-    ``item`` (and, with ``choices``, restricted to them); returns a tuple."""
-
-    def parse(text: str) -> tuple:
-        parts = [x.strip() for x in text.split(",")]
-        if not text.strip() or any(not x for x in parts):
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}s without empty items, "
-                                             f"got {text!r}")
-        out = []
-        for x in parts:
-            if choices is not None and x not in choices:
-                raise argparse.ArgumentTypeError(f"unknown {what} {x!r}; choose from {', '.join(choices)}")
-            try:
-                out.append(item(x))
-            except argparse.ArgumentTypeError as exc:
-                raise argparse.ArgumentTypeError(f"{what} {x!r}: {exc}") from None
-        return tuple(out)
-
-    parse.__name__ = f"list of {what}s"
-    return parse
-
-
-def output_file(text: str) -> str:
-    """A ``type=`` for a file the command will write: not a directory, in a
-    directory that exists (checked before a long run rather than after it)."""
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a directory, expected a file path")
-    if not path.parent.is_dir():
-        raise argparse.ArgumentTypeError(f"directory {path.parent} does not exist")
-    return text
-
-
-# -- parser ------------------------------------------------------------------------
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps descriptions/epilogs as written and appends ``(default: X)`` to
-    every option that has a default worth showing (not None, not a False flag)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if ("%(default)" in text or default is None or default is False or default is argparse.SUPPRESS
-                or not action.option_strings and action.nargs not in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)):
-            return text
-        if isinstance(default, (tuple, list)):
-            default = ",".join(map(str, default))
-        return f"{text} (default: {str(default).replace('%', '%%')})"
-
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        # never break inside hyphenated names (code-edits, near-first, saspec-out)
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
-
-
-class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line: ``<prog>: error: <message>``, exit 2.
-
-    Sub-command parsers inherit the class and the help formatter."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+from .options import CliError, Parser, output_file
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -38,12 +38,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numba import njit
+
+from .lm import add_model_arguments, cache_kwarg, crop_cache, load_models, new_cache
+from .options import CliError, comma_list, output_file, positive_int
 
 PROFILE_VERSION = 1
 DEFAULT_BATCHES = (1, 64)
@@ -114,11 +119,14 @@ class Profile:
         return cls.from_json(json.loads(Path(path).read_text()), str(path))
 
 
+@njit(cache=True)
 def lookup(table: np.ndarray, n: int) -> float:
-    """``table[n - 1]`` for ``1 <= n <= len(table)``; linear extrapolation beyond."""
-    if n <= table.size:
-        return float(table[max(n, 1) - 1])
-    return float(table[-1] + (n - table.size) * (table[-1] - table[-2]))
+    """Seconds of a forward with ``n`` tokens per row: ``table[n - 1]`` (float64 [N], N >= 2) for
+    ``1 <= n <= N``; beyond, linear with the slope of the last two entries. Compiled: the costed walk
+    (``realsim.walk_real``) calls it every step."""
+    if n <= table.shape[0]:
+        return table[max(n, 1) - 1]
+    return table[-1] + (n - table.shape[0]) * (table[-1] - table[-2])
 
 
 # -- the GPU-like profile ------------------------------------------------------------
@@ -204,12 +212,10 @@ def _random_cache(model: Any, batch: int, context: int, dtype: Any) -> Any:
     shaped for ``model`` (costs like a real cache: attention reads it all)."""
     import torch
 
-    from .generate import _new_cache
-
     cfg = model.config
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    cache = _new_cache(model)
+    cache = new_cache(model)
     g = torch.Generator().manual_seed(0)
     for layer in range(cfg.num_hidden_layers):
         k = torch.randn(batch, heads, context, head_dim, generator=g).to(dtype)
@@ -226,13 +232,11 @@ def time_forwards(model: Any, batch: int, tokens: list[int], context: int, repea
     forward. Logits are kept for all new tokens (verification needs them)."""
     import torch
 
-    from .generate import _cache_kwarg, _crop
-
     if batch < 1 or context < 1 or repeats < 1 or not tokens or min(tokens) < 1:
         raise ValueError("batch, context, repeats and every token count must be >= 1")
     dtype = next(model.parameters()).dtype
     vocab = vocab or model.config.vocab_size
-    kw = _cache_kwarg(model)
+    kw = cache_kwarg(model)
     out = {}
     with torch.inference_mode():
         cache = _random_cache(model, batch, context, dtype)
@@ -244,7 +248,7 @@ def time_forwards(model: Any, batch: int, tokens: list[int], context: int, repea
             t0 = time.perf_counter()
             model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=n, **{kw: cache})
             dt = time.perf_counter() - t0
-            _crop(cache, context)
+            crop_cache(cache, context)
             return dt
 
         forward(1)  # warm-up
@@ -321,17 +325,11 @@ def calibrate(target: Any, draft: Any, *, name: str, batches: tuple[int, ...] = 
 # -- the command ---------------------------------------------------------------------
 
 
-def add_arguments(p) -> None:
-    from .cli import comma_list, output_file, positive_int
-    from .models import DEFAULT_FAMILY, FAMILIES
-
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``saspec calibrate``'s options."""
     p.add_argument("--out", default=str(CPU_PROFILE_PATH), type=output_file,
                    help="profile JSON to write (the default path is what `saspec simulate` reads)")
-    p.add_argument("--family", default=DEFAULT_FAMILY, choices=tuple(FAMILIES), help="model family (target, draft)")
-    p.add_argument("--target-dir", default=None, help="load the target from this HF directory instead of --family")
-    p.add_argument("--draft-dir", default=None, help="load the draft model from this HF directory instead of --family")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights' dtype")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
+    add_model_arguments(p)
     p.add_argument("--batches", type=comma_list(positive_int, what="batch size"), default=DEFAULT_BATCHES,
                    help="batch sizes to time")
     p.add_argument("--context", type=positive_int, default=512, help="cached tokens per row during the timed forwards")
@@ -344,13 +342,11 @@ def add_arguments(p) -> None:
                         "--no-fast-verify: torch's own F.linear")
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
+    """Run ``saspec calibrate``: time this machine's forwards, write the profile to ``--out``."""
     import os
 
     import torch
-
-    from .cli import CliError
-    from .record import _load_models
 
     if args.tokens is not None and max(args.tokens) > MAX_TOKENS:
         raise CliError(f"--tokens: at most {MAX_TOKENS} tokens per row")
@@ -358,13 +354,13 @@ def main(args) -> int:
         raise CliError("--tokens: give at least two token counts (the profile interpolates between them)")
     threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
-    target, draft, tname, dname, _ = _load_models(args)
+    target, draft, tname, dname, _ = load_models(args)
     name = args.name or f"cpu (measured: {tname} + {dname}, {args.dtype}, {threads} threads)"
     tokens = {b: list(args.tokens) for b in args.batches} if args.tokens else None
     prof = calibrate(target, draft, name=name, batches=tuple(args.batches), context=args.context, tokens=tokens,
                      repeats=args.repeats, notes={"target": tname, "draft": dname, "dtype": args.dtype,
                                                   "threads": threads, "fast_verify": args.fast_verify},
-                     log=lambda msg: print(msg, file=__import__("sys").stderr))
+                     log=lambda msg: print(msg, file=sys.stderr))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     prof.save(args.out)
     print(f"profile {name!r}: {args.out}")

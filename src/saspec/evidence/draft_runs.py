@@ -45,6 +45,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .lm import cache_kwarg, new_cache
+
 DEFAULT_MAX_RUN = 64
 DEFAULT_CHUNK = 256
 
@@ -145,8 +147,6 @@ def teacher_forced_argmax(model: Any, prompt: Sequence[int], output: Sequence[in
     """
     import torch
 
-    from .generate import _cache_kwarg, _new_cache
-
     prompt = [int(t) for t in prompt]
     output = [int(t) for t in output]
     if not prompt:
@@ -158,10 +158,10 @@ def teacher_forced_argmax(model: Any, prompt: Sequence[int], output: Sequence[in
     text = prompt + output[:-1]
     first = len(prompt) - 1  # text index whose logits predict output[0]
     device = next(model.parameters()).device
-    kw = _cache_kwarg(model)
+    kw = cache_kwarg(model)
     out = np.empty(len(output), np.int32)
     with torch.inference_mode():
-        cache = _new_cache(model)
+        cache = new_cache(model)
         for s in range(0, len(text), chunk):
             e = min(len(text), s + chunk)
             keep = e - max(s, first)  # rows of this chunk at or after `first`

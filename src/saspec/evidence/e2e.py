@@ -34,6 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..select import HYBRID_THRESHOLD
+from .cpumeter import CpuMeter
+from .options import CliError, comma_list, float_in, int_in, nonnegative_int, positive_int, probability
+
 # -- the commands' arguments -------------------------------------------------------
 
 # By default every drafter of the loop is gated (``--gate``, see
@@ -46,7 +50,7 @@ from typing import Any
 # missed 3 steps in a row (``patience``), the small model's drafts stay short,
 # and SA drafts are capped at 2 tokens per matched token, which lets K be
 # large (32) for long copies.
-CPU_THRESHOLD = 4
+CPU_THRESHOLD = HYBRID_THRESHOLD
 CPU_PATIENCE = 3
 CPU_DRAFT_K = 8
 CPU_STOP_BELOW = 0.4
@@ -66,7 +70,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     Imports of torch/transformers happen only when a command runs.
     """
-    from .cli import comma_list, nonnegative_int, positive_int, probability
     from .models import DEFAULT_FAMILY, FAMILIES
 
     families = tuple(FAMILIES)
@@ -100,7 +103,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        description="The speculative loop against plain, HF assisted and HF prompt-lookup generation "
                                    "on real prompts:\ntables (e2e.md), plot, JSON and the recorded traces in OUT.")
     p.add_argument("--code-prompts", type=nonnegative_int, default=4, help="code-edit prompts (half stdlib, half HumanEval)")
-    p.add_argument("--free-prompts", type=int_choice(range(len(FREE_FORM_PROMPTS) + 1)), default=2,
+    p.add_argument("--free-prompts", type=int_in(0, len(FREE_FORM_PROMPTS)), default=2,
                    help=f"free-form prompts (0 to {len(FREE_FORM_PROMPTS)})")
     p.add_argument("--max-new-tokens", type=positive_int, default=300, help="cap for code-edit prompts")
     p.add_argument("--free-max-new-tokens", type=positive_int, default=200, help="cap for free-form prompts")
@@ -117,23 +120,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_bench)
 
 
-def int_choice(allowed: range):
-    """A ``type=`` parsing an int within ``allowed``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value not in allowed:
-            raise argparse.ArgumentTypeError(f"must be in [{allowed.start}, {allowed.stop - 1}], got {value}")
-        return value
-
-    return parse
-
-
 def _model_arguments(p: argparse.ArgumentParser, families: tuple[str, ...]) -> None:
-    from .cli import float_in, nonnegative_int, positive_int, probability
-
     p.add_argument("--family", default=families[0], choices=families, help="model family (see `saspec models list`)")
     p.add_argument("-k", "--k", type=positive_int, default=8, help="SA draft tokens per step (K)")
     p.add_argument("--per-match", type=float_in(0.0), default=CPU_PER_MATCH,
@@ -187,7 +174,7 @@ def _setup_torch(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace, need_draft: bool):
     """(target, draft or None, tokenizer, target spec) for ``args.family``."""
     from . import models
-    from .generate import pick_dtype
+    from .lm import pick_dtype
 
     tspec, dspec = models.family(args.family)
     args.dtype_used, args.dtype_reason = pick_dtype(args.dtype)
@@ -199,10 +186,6 @@ def _load(args: argparse.Namespace, need_draft: bool):
     return target, draft, tok, tspec
 
 
-def _threshold(args: argparse.Namespace) -> int:
-    return args.threshold
-
-
 def _ratio(a: float, b: float) -> str:
     """``a / b`` as ``"1.23x"``, or ``"n/a"`` when ``b`` is 0."""
     return f"{a / b:.2f}x" if b else "n/a"
@@ -212,8 +195,6 @@ def _ratio(a: float, b: float) -> str:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .cli import CliError
-
     if args.prompt is not None:
         text = args.prompt
     else:
@@ -235,7 +216,7 @@ def _generate(args: argparse.Namespace) -> int:
     # warm-up: the first forward of each model and the SA's first jitted call pay one-off costs
     speculative_generate(target, ids[:16], make_drafter(args.drafter, draft_model=draft, k=args.k), 2)
     drafter = make_drafter(args.drafter, draft_model=draft, k=args.k, draft_k=args.draft_k,
-                           threshold=_threshold(args), stop_below=args.stop_below, per_match=args.per_match,
+                           threshold=args.threshold, stop_below=args.stop_below, per_match=args.per_match,
                            patience=args.patience, gate=args.gate)
     res = speculative_generate(target, ids, drafter, args.max_new_tokens)
     print(tok.decode(res.tokens))
@@ -294,56 +275,6 @@ def bench_prompts(tok, n_code: int, n_free: int, seed: int, n_multi: int = 0) ->
     return out
 
 
-class CpuMeter:
-    """How busy the machine's CPUs were with other processes over an interval.
-
-    ``stop()`` returns the fraction of all cores' time (0..1) used by other
-    processes, from ``/proc/stat`` minus this process's own CPU time; None
-    where ``/proc/stat`` is missing.
-    """
-
-    def __init__(self) -> None:
-        self.ncpu = os.cpu_count() or 1
-        self._t0 = self._wall0 = self._self0 = None
-
-    @staticmethod
-    def _busy_s() -> float | None:
-        try:
-            with open("/proc/stat") as f:
-                v = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        idle = v[3] + (v[4] if len(v) > 4 else 0)
-        return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-    @staticmethod
-    def _self_s() -> float:
-        t = os.times()
-        return t.user + t.system
-
-    def start(self) -> None:
-        self._t0, self._wall0, self._self0 = self._busy_s(), time.perf_counter(), self._self_s()
-
-    def stop(self) -> float | None:
-        busy = self._busy_s()
-        if busy is None or self._t0 is None:
-            return None
-        wall = time.perf_counter() - self._wall0
-        other = (busy - self._t0) - (self._self_s() - self._self0)
-        return max(0.0, other) / (self.ncpu * max(wall, 1e-9))
-
-
-def _wait_quiet(meter: CpuMeter, limit: float, max_wait_s: float = 60.0) -> None:
-    """Sleep in 1 s slices until other processes use less than ``limit`` of the CPUs (or ``max_wait_s``)."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < max_wait_s:
-        meter.start()
-        time.sleep(1.0)
-        c = meter.stop()
-        if c is None or c < limit:
-            return
-
-
 def _run_method(method: str, target, draft, ids: list[int], max_new: int, args: argparse.Namespace):
     from .generate import hf_generate, make_drafter, speculative_generate
 
@@ -355,7 +286,7 @@ def _run_method(method: str, target, draft, ids: list[int], max_new: int, args: 
         n = int(method.split(":")[1]) if ":" in method else args.k
         return hf_generate(target, ids, max_new, prompt_lookup=n)
     drafter = make_drafter(method, draft_model=draft, k=args.k, draft_k=args.draft_k,
-                           threshold=_threshold(args), stop_below=args.stop_below, per_match=args.per_match,
+                           threshold=args.threshold, stop_below=args.stop_below, per_match=args.per_match,
                            patience=args.patience, gate=args.gate)
     return speculative_generate(target, ids, drafter, max_new)
 
@@ -365,7 +296,6 @@ def _bench(args: argparse.Namespace) -> int:
 
     from . import simulate
     from ..build import DEFAULT_POLICY
-    from .cli import CliError
     from .tokenizers import get_tokenizer
     from .workloads import Trace, save_traces
 
@@ -402,7 +332,7 @@ def _bench(args: argparse.Namespace) -> int:
             res, contention, tries = None, None, 0
             while tries < 1 + args.retries:
                 tries += 1
-                _wait_quiet(meter, args.max_contention / 2)
+                meter.wait_quiet(args.max_contention / 2)
                 meter.start()
                 r = _run_method(m, target, draft, p["prompt_ids"], max_new, args)
                 c = meter.stop()
@@ -459,12 +389,12 @@ def _bench(args: argparse.Namespace) -> int:
         ts = [t for t in traces if t.meta["kind"] == kind]
         probs = simulate.DEFAULT_P + (simulate.DEFAULT_P[-1],) * max(0, args.k - len(simulate.DEFAULT_P))
         sim_tables[kind] = simulate.simulate_workload(simulate.Flat.of(ts), args.k, probs, sa_policies=(DEFAULT_POLICY,),
-                                                      threshold=_threshold(args))
+                                                      threshold=args.threshold)
 
     summary = summarize(runs, methods)
     info = {"target": tspec.name, "dtype": args.dtype_used, "dtype_requested": args.dtype,
             "dtype_reason": args.dtype_reason, "threads": threads, "k": args.k,
-            "draft_k": args.draft_k, "stop_below": args.stop_below, "threshold": _threshold(args),
+            "draft_k": args.draft_k, "stop_below": args.stop_below, "threshold": args.threshold,
             "per_match": args.per_match, "gate": args.gate,
             "prompt_lookup_num_tokens": lookups, "patience": args.patience, "bench_seconds": bench_s,
             "torch": _version("torch"), "transformers": _version("transformers"), "cpu": platform.processor() or platform.machine(),

@@ -36,9 +36,10 @@ one forward).
 
 Timing: :class:`GenStats` reports the prefill (the first step) and the decode
 (every later step) apart, since tok/s over a whole generation hides the decode
-speed-up behind the prefill. dtype: :func:`pick_dtype` runs models in bfloat16
+speed-up behind the prefill. dtype: ``lm.pick_dtype`` runs models in bfloat16
 only on CPUs with native bf16 matmuls, float32 elsewhere; every result names
-the dtype it ran in.
+the dtype it ran in. The model plumbing (``CausalLM``, the KV-cache helpers)
+is in :mod:`.lm`.
 
 Batch: the loop runs one sequence. Drafter state is per sequence and the SA
 already goes through the engine's batch API, so a batched loop needs a
@@ -47,7 +48,6 @@ ragged/padded target forward and per-row cache crops; nothing else changes.
 
 from __future__ import annotations
 
-import inspect
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -62,6 +62,7 @@ from ..integrations.hf import SMALL_ROWS, fast_small_linears  # noqa: F401  (re-
 from ..lengths import DRAFT_LENGTH_RULES, draft_length
 from ..select import HYBRID_THRESHOLD
 from ..single import SingleSequence
+from .lm import CausalLM, count_forwards, model_dtype
 from .models import EOS_IDS
 
 DRAFTERS = ("none", "draft", "sa", "hybrid")
@@ -150,128 +151,6 @@ class GenResult:
 
     tokens: list[int]
     stats: GenStats
-
-
-# -- dtype -----------------------------------------------------------------------
-
-DTYPES = ("auto", "float32", "bfloat16")
-
-# /proc/cpuinfo flags of CPUs that compute bf16 matmuls natively: x86 AVX512-BF16 and AMX-BF16, Arm BF16.
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
-
-
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The CPU feature flags in ``/proc/cpuinfo`` (x86 ``flags``, Arm ``Features``);
-    ``cpuinfo`` overrides the file's text. Empty where the file is missing."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return set()
-    out: set[str] = set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() in ("flags", "features"):
-            out.update(value.split())
-    return out
-
-
-def pick_dtype(requested: str = "auto", flags: set[str] | None = None) -> tuple[str, str]:
-    """The CPU dtype to run models in: ``(name, reason)``, name ``"float32"`` or ``"bfloat16"``.
-
-    ``"auto"`` is bfloat16 only on a CPU with native bf16 matmuls (one of
-    :data:`BF16_CPU_FLAGS` in ``flags``, default this machine's
-    ``/proc/cpuinfo``); elsewhere (e.g. AVX2 only) torch's bf16 kernels fall
-    back to slow paths, a multi-token verify costs several single-token
-    forwards and speculation gains little, so it is float32. An explicit
-    ``"float32"`` / ``"bfloat16"`` is kept as asked.
-    """
-    if requested not in DTYPES:
-        raise ValueError(f"unknown dtype {requested!r}; choose from {', '.join(DTYPES)}")
-    if requested != "auto":
-        return requested, "as requested"
-    flags = cpu_flags() if flags is None else flags
-    native = sorted(f for f in BF16_CPU_FLAGS if f in flags)
-    try:
-        capability = torch.backends.cpu.get_cpu_capability()
-    except AttributeError:  # older torch
-        capability = "unknown"
-    if native:
-        return "bfloat16", f"auto: CPU has native bf16 ({', '.join(native)}; torch capability {capability})"
-    return "float32", f"auto: CPU lacks native bf16 (no {'/'.join(BF16_CPU_FLAGS)} flag; torch capability {capability})"
-
-
-def model_dtype(model: torch.nn.Module) -> str:
-    """A model's parameter dtype as a name: ``"float32"``, ``"bfloat16"``, ..."""
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
-
-
-# -- model plumbing --------------------------------------------------------------
-
-
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    """Name of the KV-cache argument of ``model.forward`` (``cache`` in recent
-    transformers, ``past_key_values`` before)."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _new_cache(model: torch.nn.Module) -> Any:
-    from transformers import DynamicCache
-
-    if getattr(model.config, "sliding_window", None) and getattr(model.config, "use_sliding_window", True):
-        # a sliding-window layer's cache cannot be cropped once the window is full; keep every position
-        # (the attention masks still apply the window)
-        return DynamicCache()
-    try:
-        return DynamicCache(config=model.config)
-    except TypeError:  # older transformers
-        return DynamicCache()
-
-
-def _crop(cache: Any, keep: int) -> None:
-    """Keep the first ``keep`` positions of every layer of ``cache``."""
-    remove = cache.get_seq_length() - keep
-    if remove < 0:
-        raise RuntimeError(f"cannot crop a cache of {cache.get_seq_length()} positions to {keep}")
-    if remove:
-        cache.crop(-remove)  # negative: tokens to remove (accepted by old and new transformers)
-
-
-class CausalLM:
-    """A causal LM with a KV cache over one growing sequence.
-
-    ``forward(tokens, keep)`` appends ``tokens`` to the cache and returns the
-    logits of the last ``keep`` of them: float tensor [keep, vocab] in the
-    model's dtype. ``crop(n)`` rolls the cache back to its first ``n``
-    positions.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.device = next(model.parameters()).device
-        self._kw = _cache_kwarg(model)
-        self.cache: Any = None
-        self.forwards = 0
-
-    def reset(self) -> None:
-        self.cache = _new_cache(self.model)
-
-    @property
-    def cached(self) -> int:
-        return 0 if self.cache is None else self.cache.get_seq_length()
-
-    def forward(self, tokens: Sequence[int], keep: int) -> torch.Tensor:
-        if self.cache is None:
-            self.reset()
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, T]
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=keep, **{self._kw: self.cache})
-        self.forwards += 1
-        return out.logits[0, -keep:]
-
-    def crop(self, keep: int) -> None:
-        _crop(self.cache, keep)
 
 
 # -- drafters --------------------------------------------------------------------
@@ -711,21 +590,6 @@ def _draft_lm(drafter: Drafter) -> CausalLM | None:
 
 
 # -- Hugging Face baselines --------------------------------------------------------
-
-
-@contextmanager
-def count_forwards(model: torch.nn.Module) -> Iterator[list[int]]:
-    """Count calls of ``model.forward`` inside the block: yields a one-element list."""
-    counter = [0]
-
-    def hook(module, args, kwargs, output):
-        counter[0] += 1
-
-    handle = model.register_forward_hook(hook, with_kwargs=True)
-    try:
-        yield counter
-    finally:
-        handle.remove()
 
 
 class _StepClock:

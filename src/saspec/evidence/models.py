@@ -445,7 +445,7 @@ def load(spec: ModelSpec, dtype: str = "bfloat16", fast_verify: bool = True) -> 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True)
     model.eval()
     if fast_verify:
-        from .generate import fast_small_linears
+        from ..integrations.hf import fast_small_linears
 
         fast_small_linears(model)
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)

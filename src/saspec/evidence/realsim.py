@@ -33,9 +33,10 @@ import numpy as np
 from numba import njit
 
 from ..build import DEFAULT_POLICY
-from ..select import DRAFT_LENGTH_RULES, adaptive_init, adaptive_observe, adaptive_prefers_sa, draft_length, N_BUCKETS
+from ..select import (DRAFT_LENGTH_RULES, HYBRID_THRESHOLD, N_BUCKETS, adaptive_init, adaptive_observe,
+                      adaptive_prefers_sa, draft_length)
 from .costmodel import Profile, lookup
-from .simulate import ADAPTIVE, HYBRID, NEURAL, NONE, SA, TREE, Flat, sa_positions
+from .positions import ADAPTIVE, HYBRID, NEURAL, NONE, SA, TREE, Flat, neural_positions, sa_positions
 
 SA_WIDTH = 32  # SA drafts are recorded this wide: any rule may draft up to 32 tokens
 
@@ -53,13 +54,6 @@ def sa_positions_wide(flat: Flat, k: int = SA_WIDTH, policy: str = DEFAULT_POLIC
     ndraft = np.zeros(flat.tokens.shape[0], np.int32)
     match, accepted = sa_positions(flat, k, policy, ndraft=ndraft)
     return match, accepted, ndraft
-
-
-@njit(cache=True)
-def _lookup(table, n):
-    if n <= table.shape[0]:
-        return table[max(n, 1) - 1]
-    return table[-1] + (n - table.shape[0]) * (table[-1] - table[-2])
 
 
 @njit(cache=True)
@@ -126,7 +120,7 @@ def walk_real(offsets, prompt_lens, match, sa_acc, sa_len, nn_acc, mode, thresho
                 n_draft = min(l_sa, rem) + min(k_nn, rem)
                 a = max(min(a_sa, rem), min(a_nn, rem))
             new = a + 1
-            seconds = _lookup(tgt_s, n_draft + 1)
+            seconds = lookup(tgt_s, n_draft + 1)
             if uses_sa:
                 seconds += sa_step_s
             model_runs = src >= 2 or mode == ADAPTIVE
@@ -134,7 +128,7 @@ def walk_real(offsets, prompt_lens, match, sa_acc, sa_len, nn_acc, mode, thresho
             if nn_is_model and model_runs and mode != NONE and k_run > 0:
                 seq_len = plen + (pos - start)
                 fed = seq_len - cached
-                seconds += _lookup(drf_s, fed) + (k_run - 1) * drf_s[0]
+                seconds += lookup(drf_s, fed) + (k_run - 1) * drf_s[0]
                 stats[ST_DRAFT_FWD] += k_run
                 stats[ST_DRAFT_FED] += fed + k_run - 1
                 cached = seq_len + min(min(nn_acc[pos], k_run - 1), new)
@@ -174,7 +168,7 @@ class Arrays:
         self.prompt_lens = np.array([p.size for p in flat.prompts], np.int64)
 
 
-def run_costed(arr: Arrays, profile: Profile, batch: int, mode: str, *, source: str = "model", threshold: int = 4,
+def run_costed(arr: Arrays, profile: Profile, batch: int, mode: str, *, source: str = "model", threshold: int = HYBRID_THRESHOLD,
                patience: int = 0, k_sa: int = 8, rule: str = "fixed", scale: float = 1.0, k_nn: int = 8) -> dict:
     """One costed walk: {"steps", "AL", "verified_per_step", "draft_forwards_per_step",
     "draft_fed_per_step" (draft-model tokens fed, the prefill of the prompt
@@ -243,7 +237,7 @@ def speed_configs(has_model: bool, k: int, threshold: int, rule: tuple[str, floa
     return rows
 
 
-def length_study(arrays: dict[str, Arrays], profiles: list[Profile], threshold: int = 4,
+def length_study(arrays: dict[str, Arrays], profiles: list[Profile], threshold: int = HYBRID_THRESHOLD,
                  candidates=LENGTH_CANDIDATES) -> dict:
     """Modeled tokens/s of each draft-length rule (SA up to 32 tokens), for
     SA alone and for the hybrid with the draft model (the modeled drafter
@@ -398,7 +392,6 @@ def speed_section(flats: dict, k: int, p: tuple[float, ...], threshold: int, see
     draft-model runs, the hybrid/draft-model ratios, all with the SA's
     occurrence ``policy``. Returns (markdown text, JSON-able dict)."""
     from .costmodel import default_profiles
-    from .simulate import neural_positions
 
     profiles = profiles or default_profiles()
     arrays = {name: Arrays(flat, neural_positions(flat, p, seed), policy) for name, flat in flats.items()}

@@ -37,9 +37,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .costmodel import DATA_DIR
+from .lm import add_model_arguments, load_models
+from .options import CliError, comma_list, nonnegative_int, output_file, positive_int
 
 REAL_OUTPUTS_PATH = DATA_DIR / "real_outputs.jsonl.gz"
 WORKLOAD_KEY = "workload"
+_load_models = load_models  # the name benchmarks/real_drafter_check.py imports
 DEFAULT_COUNTS = {"code-edits": 40, "humaneval-edit": 20, "chat": 20}
 CODE_MAX_NEW = 1200
 CHAT_MAX_NEW = 256
@@ -215,13 +218,9 @@ def split_workloads(path: str | Path) -> dict[str, Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli import comma_list, nonnegative_int, output_file, positive_int
-    from .models import DEFAULT_FAMILY, FAMILIES
-
+    """``saspec record-traces``' options."""
     p.add_argument("--out", default=str(REAL_OUTPUTS_PATH), type=output_file, help="the data file to write (.jsonl.gz)")
-    p.add_argument("--family", default=DEFAULT_FAMILY, choices=tuple(FAMILIES), help="model family (target, draft)")
-    p.add_argument("--target-dir", default=None, help="load the target from this HF directory instead of --family")
-    p.add_argument("--draft-dir", default=None, help="load the draft model from this HF directory instead of --family")
+    add_model_arguments(p)
     p.add_argument("--prompts", default=None,
                    help="JSONL prompts file ({id, workload, prompt_ids, max_new_tokens, meta} per line) instead of "
                         "the built-in code-edit / HumanEval-edit / chat prompts")
@@ -231,42 +230,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=nonnegative_int, default=0, help="workload builders' seed")
     p.add_argument("--eos", type=comma_list(nonnegative_int, what="token id"), default=None,
                    help="end-of-sequence ids (default: the Qwen ids <|im_end|>, <|endoftext|>)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                   help="weights' dtype (fp32: CPUs without native bf16 run it ~5x faster)")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--max-run", type=positive_int, default=64, help="cap of the stored draft-model runs (<= 255)")
     p.add_argument("--chunk", type=positive_int, default=256, help="tokens per teacher-forcing forward")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _load_models(args: argparse.Namespace):
-    """(target, draft, target name, draft name, tokenizer or None)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from . import models
-    from .generate import fast_small_linears
-
-    dtype = getattr(torch, args.dtype)
-    fast = getattr(args, "fast_verify", True)
-    tspec, dspec = models.family(args.family)
-    loaded = []
-    for d, spec in ((args.target_dir, tspec), (args.draft_dir, dspec)):
-        if d is not None:
-            m = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, local_files_only=True).eval()
-            if fast:
-                fast_small_linears(m)
-            loaded.append((m, Path(d).name, None))
-        else:
-            m, tok = models.load(spec, args.dtype, fast_verify=fast)
-            loaded.append((m, spec.name, tok))
-    (target, tname, ttok), (draft, dname, _) = loaded
-    return target, draft, tname, dname, ttok
-
-
 def main(args: argparse.Namespace) -> int:
-    from .cli import CliError
-
     if args.max_run > 255:
         raise CliError(f"--max-run must be <= 255, got {args.max_run}")
     if not str(args.out).endswith(".jsonl.gz"):
@@ -288,7 +257,7 @@ def main(args: argparse.Namespace) -> int:
     from .models import EOS_IDS
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    target, draft, tname, dname, _ = _load_models(args)
+    target, draft, tname, dname, _ = load_models(args)
     vocab = min(target.config.vocab_size, draft.config.vocab_size)
     bad = next((p["id"] for p in prompts if max(p["prompt_ids"]) >= vocab), None)
     if bad is not None:

@@ -38,10 +38,10 @@ from .code_edits import (
     EDIT_KINDS,
     HUMANEVAL_EDIT_KINDS,
     CodeEdit,
-    _code_units,
-    _edit_unit,
-    _normalize_source,
-    _read_python,
+    code_units,
+    edit_unit,
+    normalize_source,
+    read_python,
     apply_edit,
     stdlib_python_files,
 )
@@ -283,18 +283,18 @@ def build_multiturn_edits(tokenizer: Tokenizer, n: int, seed: int = 0, turns: in
 def _code_edit_trace(tok: Tokenizer, root: str, rel: str, rng: random.Random, min_tokens: int,
                      max_tokens: int, combo_prob: float, kinds: Sequence[str], turns: int = 1) -> Trace | None:
     """One edit task for the file ``rel``, or None if nothing fits."""
-    parsed = _read_python(os.path.join(root, rel))
+    parsed = read_python(os.path.join(root, rel))
     if parsed is None:
         return None
     n_edits = turns if turns > 1 else 2 if rng.random() < combo_prob else 1
     order = rng.sample(list(kinds), len(kinds))
-    for tries, (unit, code) in enumerate(_code_units(*parsed, rng)):
+    for tries, (unit, code) in enumerate(code_units(*parsed, rng)):
         if tries >= 4:
             break
         n_code = len(tok.encode(code))
         if not min_tokens <= n_code <= max_tokens:
             continue
-        edits = _edit_unit(code, order, rng, n_edits)
+        edits = edit_unit(code, order, rng, n_edits)
         if not edits or (turns > 1 and len(edits) < turns):
             continue
         output = tok.encode(edits[-1].source)
@@ -389,7 +389,7 @@ _HE_WHOLE_CODE_KINDS = {"docstring", "type_hints", "loop_to_comprehension"}
 
 
 def _humaneval_edit_trace(tok: Tokenizer, problem: dict, kind: str, seed: int) -> Trace | None:
-    code = _normalize_source(problem["prompt"] + problem["canonical_solution"])
+    code = normalize_source(problem["prompt"] + problem["canonical_solution"])
     target = None if kind in _HE_WHOLE_CODE_KINDS else problem["entry_point"]
     edit = apply_edit(kind, code, random.Random(f"{seed}:{problem['task_id']}:{kind}"), target)
     if edit is None:

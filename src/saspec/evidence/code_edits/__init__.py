@@ -8,8 +8,8 @@ traces.
 
 Where things are:
 
-* ``source``: the source model (``_Source``: text, AST, tokens, offsets),
-  ``_splice``, AST queries, module-level splices, ``CodeEdit``.
+* ``source``: the source model (``Source``: text, AST, tokens, offsets),
+  ``splice_text``, AST queries, module-level splices, ``CodeEdit``.
 * ``registry``: ``@edit_kind(name)`` and ``apply_edit``.
 * ``renaming``: ``rename`` (a parameter, local variable or function).
 * ``documenting``: ``type_hints``, ``docstring``, ``add_comments``.
@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from . import documenting, instrumenting, renaming, restructuring  # noqa: F401  (they register the kinds)
 from .registry import apply_edit, edit_kind, fix_order
-from .selection import _code_units, _edit_unit, _read_python, stdlib_python_files
-from .source import CodeEdit, _normalize_source
+from .selection import code_units, edit_unit, read_python, stdlib_python_files
+from .source import CodeEdit, normalize_source
 
 __all__ = [
     "CodeEdit",

@@ -10,27 +10,27 @@ import re
 from .registry import edit_kind
 from .source import (
     CodeEdit,
-    _arg_defaults,
-    _body_insert_line,
-    _Fn,
-    _FuncNode,
-    _has_docstring,
-    _header_tokens,
-    _indent_of,
-    _is_generator,
-    _module_assigns,
-    _module_has_import,
-    _one_line,
-    _pick_functions,
-    _prelude_edit,
-    _returns_value,
-    _Source,
-    _splice,
-    _stmt_start_line,
-    _targets,
-    _user_args,
-    _walk_own,
-    _words,
+    arg_defaults,
+    body_insert_line,
+    Function,
+    FuncNode,
+    has_docstring,
+    header_tokens,
+    indent_of,
+    is_generator,
+    module_assigns,
+    module_has_import,
+    one_line,
+    pick_functions,
+    prelude_edit,
+    returns_value,
+    Source,
+    splice_text,
+    stmt_start_line,
+    target_functions,
+    user_args,
+    walk_own,
+    name_words,
 )
 
 # ---- type hints ----------------------------------------------------------
@@ -44,11 +44,11 @@ def _default_type(default: ast.AST | None) -> str:
 
 def _return_type(fn: ast.AST) -> str | None:
     """Annotation to add for ``fn``'s return, or None to leave it alone."""
-    if _is_generator(fn):
+    if is_generator(fn):
         return None
-    if not _returns_value(fn):
+    if not returns_value(fn):
         return "None"
-    values = [n.value for n in _walk_own(fn) if isinstance(n, ast.Return) and n.value is not None]
+    values = [n.value for n in walk_own(fn) if isinstance(n, ast.Return) and n.value is not None]
     if all(isinstance(v, ast.Compare) or isinstance(v, ast.Constant) and isinstance(v.value, bool)
            or isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not) for v in values):
         return "bool"
@@ -69,12 +69,12 @@ _RETURN_NODE_TYPES = {
 }
 
 
-def _hint_splices(src: _Source, fn: ast.AST) -> tuple[list[tuple[int, int, str]], bool]:
+def _hint_splices(src: Source, fn: ast.AST) -> tuple[list[tuple[int, int, str]], bool]:
     """Splices annotating ``fn``; also whether ``Any`` is used."""
     splices: list[tuple[int, int, str]] = []
     uses_any = False
-    defaults = _arg_defaults(fn)
-    for arg in _user_args(fn):
+    defaults = arg_defaults(fn)
+    for arg in user_args(fn):
         if arg.annotation is not None:
             continue
         end = src.ast_offset(arg.end_lineno, arg.end_col_offset)
@@ -89,7 +89,7 @@ def _hint_splices(src: _Source, fn: ast.AST) -> tuple[list[tuple[int, int, str]]
             splices.append((end, gap_end, f": {hint} = "))
         uses_any |= hint == "Any"
     if fn.returns is None:
-        header = _header_tokens(src, fn)
+        header = header_tokens(src, fn)
         ret = _return_type(fn)
         if header is not None and ret is not None:
             at = src.tok_offset(header[0].end)
@@ -99,20 +99,20 @@ def _hint_splices(src: _Source, fn: ast.AST) -> tuple[list[tuple[int, int, str]]
 
 
 @edit_kind("type_hints")
-def _edit_type_hints(src: _Source, rng: random.Random, target: str | None) -> CodeEdit | None:
+def _edit_type_hints(src: Source, rng: random.Random, target: str | None) -> CodeEdit | None:
     """Annotate parameters (``: Any`` or the default's type) and returns."""
-    fns = [f for f in _targets(src, target) if _hint_splices(src, f.node)[0]]
+    fns = [f for f in target_functions(src, target) if _hint_splices(src, f.node)[0]]
     if not fns:
         return None
-    chosen, phrase = _pick_functions(fns, rng)
+    chosen, phrase = pick_functions(fns, rng)
     splices, uses_any = [], False
     for f in chosen:
         s, a = _hint_splices(src, f.node)
         splices += s
         uses_any |= a
-    if uses_any and not _module_has_import(src.tree, "typing", "Any") and not _module_assigns(src.tree, "Any"):
-        splices.append(_prelude_edit(src, ["from typing import Any"], []))
-    text = _splice(src.text, splices)
+    if uses_any and not module_has_import(src.tree, "typing", "Any") and not module_assigns(src.tree, "Any"):
+        splices.append(prelude_edit(src, ["from typing import Any"], []))
+    text = splice_text(src.text, splices)
     return CodeEdit("type_hints", f"Add type hints to {phrase} (use `Any` where the type is unclear).",
                     text, {"functions": [f.qualname for f in chosen]})
 
@@ -120,7 +120,7 @@ def _edit_type_hints(src: _Source, rng: random.Random, target: str | None) -> Co
 # ---- docstrings ----------------------------------------------------------
 
 
-def _docstring_for(fn: _Fn, indent: str, rng: random.Random) -> str:
+def _docstring_for(fn: Function, indent: str, rng: random.Random) -> str:
     """A docstring (with its indentation and trailing newline) for ``fn``."""
     node = fn.node
     if node.name == "__init__":
@@ -128,37 +128,37 @@ def _docstring_for(fn: _Fn, indent: str, rng: random.Random) -> str:
     elif node.name.startswith("__") and node.name.endswith("__"):
         summary = f"Implement `{node.name}` for {fn.cls.name if fn.cls else 'this object'}."
     else:
-        words = _words(node.name) or ["run"]
+        words = name_words(node.name) or ["run"]
         summary = " ".join([words[0].capitalize(), *words[1:]]) + "."
-    params = [a.arg for a in _user_args(node)]
-    if rng.random() < 0.4 or not (params or _returns_value(node)):
+    params = [a.arg for a in user_args(node)]
+    if rng.random() < 0.4 or not (params or returns_value(node)):
         return f'{indent}"""{summary}"""\n'
     lines = [f'{indent}"""{summary}', ""]
     if params:
         lines.append(f"{indent}Args:")
-        lines += [f"{indent}    {p}: The {' '.join(_words(p)) or p} argument." for p in params]
-    if _returns_value(node):
+        lines += [f"{indent}    {p}: The {' '.join(name_words(p)) or p} argument." for p in params]
+    if returns_value(node):
         if params:
             lines.append("")
-        lines += [f"{indent}Returns:", f"{indent}    The result of {' '.join(_words(node.name)) or 'the call'}."]
+        lines += [f"{indent}Returns:", f"{indent}    The result of {' '.join(name_words(node.name)) or 'the call'}."]
     lines.append(f'{indent}"""')
     return "\n".join(lines) + "\n"
 
 
 @edit_kind("docstring")
-def _edit_docstring(src: _Source, rng: random.Random, target: str | None) -> CodeEdit | None:
+def _edit_docstring(src: Source, rng: random.Random, target: str | None) -> CodeEdit | None:
     """Add docstrings to functions that lack one."""
-    fns = [f for f in _targets(src, target)
-           if not _has_docstring(f.node) and _body_insert_line(src, f.node, False) is not None]
+    fns = [f for f in target_functions(src, target)
+           if not has_docstring(f.node) and body_insert_line(src, f.node, False) is not None]
     if not fns:
         return None
-    chosen, phrase = _pick_functions(fns, rng)
+    chosen, phrase = pick_functions(fns, rng)
     splices = []
     for f in chosen:
-        at = src.line_offset(_body_insert_line(src, f.node, False))
-        indent = _indent_of(src, f.node.body[0].lineno)
+        at = src.line_offset(body_insert_line(src, f.node, False))
+        indent = indent_of(src, f.node.body[0].lineno)
         splices.append((at, at, _docstring_for(f, indent, rng)))
-    text = _splice(src.text, splices)
+    text = splice_text(src.text, splices)
     return CodeEdit("docstring", f"Add a Google-style docstring to {phrase}.", text,
                     {"functions": [f.qualname for f in chosen]})
 
@@ -166,9 +166,9 @@ def _edit_docstring(src: _Source, rng: random.Random, target: str | None) -> Cod
 # ---- comments ------------------------------------------------------------
 
 
-def _describe(stmt: ast.stmt, src: _Source) -> str:
+def _describe(stmt: ast.stmt, src: Source) -> str:
     """A short comment explaining ``stmt``."""
-    seg = lambda n: _one_line(ast.get_source_segment(src.text, n) or "...")  # noqa: E731
+    seg = lambda n: one_line(ast.get_source_segment(src.text, n) or "...")  # noqa: E731
     if isinstance(stmt, ast.Assign):
         targets = ", ".join(seg(t) for t in stmt.targets)
         if isinstance(stmt.value, (ast.Constant, ast.List, ast.Dict, ast.Set, ast.Tuple)) and \
@@ -189,34 +189,34 @@ def _describe(stmt: ast.stmt, src: _Source) -> str:
         return f"Call {seg(stmt.value.func)}"
     if isinstance(stmt, ast.Try):
         return "Guard against errors in the following block"
-    if isinstance(stmt, _FuncNode):
+    if isinstance(stmt, FuncNode):
         return f"Helper function {stmt.name}"
     if isinstance(stmt, ast.Raise):
         return "Signal an error"
     return "Next step"
 
 
-def _comment_splices(src: _Source, fn: ast.AST) -> list[tuple[int, int, str]]:
-    body = fn.body[1:] if _has_docstring(fn) else fn.body
-    if _body_insert_line(src, fn, False) is None:
+def _comment_splices(src: Source, fn: ast.AST) -> list[tuple[int, int, str]]:
+    body = fn.body[1:] if has_docstring(fn) else fn.body
+    if body_insert_line(src, fn, False) is None:
         return []
     splices, prev_end = [], 0
     for stmt in body:
-        start = _stmt_start_line(stmt)
+        start = stmt_start_line(stmt)
         if start > prev_end and not src.line(start - 1).strip().startswith("#"):
             at = src.line_offset(start)
-            splices.append((at, at, f"{_indent_of(src, start)}# {_describe(stmt, src)}\n"))
+            splices.append((at, at, f"{indent_of(src, start)}# {_describe(stmt, src)}\n"))
         prev_end = stmt.end_lineno
     return splices
 
 
 @edit_kind("add_comments")
-def _edit_add_comments(src: _Source, rng: random.Random, target: str | None) -> CodeEdit | None:
+def _edit_add_comments(src: Source, rng: random.Random, target: str | None) -> CodeEdit | None:
     """Add an explanatory comment above each statement of a function body."""
-    fns = [f for f in _targets(src, target) if _comment_splices(src, f.node)]
+    fns = [f for f in target_functions(src, target) if _comment_splices(src, f.node)]
     if not fns:
         return None
     fn = rng.choice(fns)
-    text = _splice(src.text, _comment_splices(src, fn.node))
+    text = splice_text(src.text, _comment_splices(src, fn.node))
     return CodeEdit("add_comments", f"Add a short comment above each statement in `{fn.qualname}` "
                     "explaining what it does.", text, {"functions": [fn.qualname]})

@@ -9,35 +9,35 @@ import random
 from .registry import edit_kind
 from .source import (
     CodeEdit,
-    _arg_defaults,
-    _body_insert_line,
-    _Fn,
-    _has_docstring,
-    _indent_of,
-    _module_assigns,
-    _module_has_import,
-    _pick_functions,
-    _prelude_edit,
-    _Source,
-    _splice,
-    _split_lines,
-    _stmt_start_line,
-    _targets,
-    _user_args,
+    arg_defaults,
+    body_insert_line,
+    Function,
+    has_docstring,
+    indent_of,
+    module_assigns,
+    module_has_import,
+    pick_functions,
+    prelude_edit,
+    Source,
+    splice_text,
+    split_lines,
+    stmt_start_line,
+    target_functions,
+    user_args,
 )
 
 # ---- try/except and logging ----------------------------------------------
 
 
-def _logger_prelude(src: _Source) -> tuple[int, int, str] | None:
+def _logger_prelude(src: Source) -> tuple[int, int, str] | None:
     """Splice defining ``logger = logging.getLogger(__name__)`` if missing."""
-    if _module_assigns(src.tree, "logger"):
+    if module_assigns(src.tree, "logger"):
         return None
-    imports = [] if _module_has_import(src.tree, "logging") else ["import logging"]
-    return _prelude_edit(src, imports, ["logger = logging.getLogger(__name__)"])
+    imports = [] if module_has_import(src.tree, "logging") else ["import logging"]
+    return prelude_edit(src, imports, ["logger = logging.getLogger(__name__)"])
 
 
-def _has_multiline_string(src: _Source, first: int, last: int) -> bool:
+def _has_multiline_string(src: Source, first: int, last: int) -> bool:
     """Whether a string literal spanning several lines touches lines ``first..last``.
 
     Re-indenting such lines would change the string's value.
@@ -49,29 +49,29 @@ def _has_multiline_string(src: _Source, first: int, last: int) -> bool:
     )
 
 
-def _wrap_splice(src: _Source, fn: _Fn) -> tuple[int, int, str] | None:
+def _wrap_splice(src: Source, fn: Function) -> tuple[int, int, str] | None:
     """Splice wrapping ``fn``'s body (after its docstring) in try/except."""
     node = fn.node
-    body = node.body[1:] if _has_docstring(node) else node.body
-    insert = _body_insert_line(src, node, after_docstring=True)
+    body = node.body[1:] if has_docstring(node) else node.body
+    insert = body_insert_line(src, node, after_docstring=True)
     if not body or insert is None or (len(body) == 1 and isinstance(body[0], ast.Try)):
         return None
-    first, last = _stmt_start_line(body[0]), body[-1].end_lineno
+    first, last = stmt_start_line(body[0]), body[-1].end_lineno
     if first < insert or _has_multiline_string(src, first, last):
         return None
-    indent = _indent_of(src, body[0].lineno)
+    indent = indent_of(src, body[0].lineno)
     unit = "\t" if "\t" in indent else "    "
     old = src.text[src.line_offset(first): src.line_offset(last + 1)]
-    shifted = "".join(unit + ln if ln.strip() else ln for ln in _split_lines(old))
+    shifted = "".join(unit + ln if ln.strip() else ln for ln in split_lines(old))
     new = (f"{indent}try:\n{shifted}{indent}except Exception:\n"
            f'{indent}{unit}logger.exception("{fn.qualname} failed")\n{indent}{unit}raise\n')
     return src.line_offset(first), src.line_offset(last + 1), new
 
 
 @edit_kind("try_except")
-def _edit_try_except(src: _Source, rng: random.Random, target: str | None) -> CodeEdit | None:
+def _edit_try_except(src: Source, rng: random.Random, target: str | None) -> CodeEdit | None:
     """Wrap a function body in try/except that logs and re-raises."""
-    fns = [f for f in _targets(src, target) if _wrap_splice(src, f) is not None]
+    fns = [f for f in target_functions(src, target) if _wrap_splice(src, f) is not None]
     if not fns:
         return None
     fn = rng.choice(fns)
@@ -79,14 +79,14 @@ def _edit_try_except(src: _Source, rng: random.Random, target: str | None) -> Co
     prelude = _logger_prelude(src)
     if prelude:
         splices.append(prelude)
-    text = _splice(src.text, splices)
+    text = splice_text(src.text, splices)
     return CodeEdit("try_except",
                     f"Wrap the body of the {fn.kind} `{fn.qualname}` in a try/except that logs the "
                     "exception with `logger.exception` and re-raises it.", text, {"functions": [fn.qualname]})
 
 
-def _log_line(fn: _Fn, indent: str) -> str:
-    params = [a.arg for a in _user_args(fn.node)]
+def _log_line(fn: Function, indent: str) -> str:
+    params = [a.arg for a in user_args(fn.node)]
     if not params:
         return f'{indent}logger.debug("Entering {fn.qualname}")\n'
     fmt = ", ".join(f"{p}=%r" for p in params)
@@ -94,22 +94,22 @@ def _log_line(fn: _Fn, indent: str) -> str:
 
 
 @edit_kind("log_entry")
-def _edit_log_entry(src: _Source, rng: random.Random, target: str | None) -> CodeEdit | None:
+def _edit_log_entry(src: Source, rng: random.Random, target: str | None) -> CodeEdit | None:
     """Add a ``logger.debug`` call with the arguments at function entry."""
-    fns = [f for f in _targets(src, target) if _body_insert_line(src, f.node, True) is not None
-           and (len(f.node.body) > 1 or not _has_docstring(f.node))]
+    fns = [f for f in target_functions(src, target) if body_insert_line(src, f.node, True) is not None
+           and (len(f.node.body) > 1 or not has_docstring(f.node))]
     if not fns:
         return None
-    chosen, phrase = _pick_functions(fns, rng)
+    chosen, phrase = pick_functions(fns, rng)
     splices = []
     for f in chosen:
-        at = src.line_offset(_body_insert_line(src, f.node, True))
-        body = f.node.body[1:] if _has_docstring(f.node) else f.node.body
-        splices.append((at, at, _log_line(f, _indent_of(src, body[0].lineno))))
+        at = src.line_offset(body_insert_line(src, f.node, True))
+        body = f.node.body[1:] if has_docstring(f.node) else f.node.body
+        splices.append((at, at, _log_line(f, indent_of(src, body[0].lineno))))
     prelude = _logger_prelude(src)
     if prelude:
         splices.append(prelude)
-    text = _splice(src.text, splices)
+    text = splice_text(src.text, splices)
     return CodeEdit("log_entry", f"Add a `logger.debug` call at the start of {phrase} that logs its arguments.",
                     text, {"functions": [f.qualname for f in chosen]})
 
@@ -126,7 +126,7 @@ _TYPE_CHECKS = {
 
 def _validation_lines(fn: ast.AST, indent: str) -> list[str]:
     """``if ...: raise ...`` checks for ``fn``'s parameters."""
-    defaults = _arg_defaults(fn)
+    defaults = arg_defaults(fn)
     a = fn.args
     lines = []
     for arg in [x for x in [*a.posonlyargs, *a.args, *a.kwonlyargs] if x.arg not in ("self", "cls")]:
@@ -146,17 +146,17 @@ def _validation_lines(fn: ast.AST, indent: str) -> list[str]:
 
 
 @edit_kind("add_validation")
-def _edit_add_validation(src: _Source, rng: random.Random, target: str | None) -> CodeEdit | None:
+def _edit_add_validation(src: Source, rng: random.Random, target: str | None) -> CodeEdit | None:
     """Add argument type/None checks at the top of a function."""
-    fns = [f for f in _targets(src, target) if _validation_lines(f.node, "")
-           and _body_insert_line(src, f.node, True) is not None
-           and (len(f.node.body) > 1 or not _has_docstring(f.node))]
+    fns = [f for f in target_functions(src, target) if _validation_lines(f.node, "")
+           and body_insert_line(src, f.node, True) is not None
+           and (len(f.node.body) > 1 or not has_docstring(f.node))]
     if not fns:
         return None
     fn = rng.choice(fns)
-    body = fn.node.body[1:] if _has_docstring(fn.node) else fn.node.body
-    lines = _validation_lines(fn.node, _indent_of(src, body[0].lineno))
-    at = src.line_offset(_body_insert_line(src, fn.node, True))
-    text = _splice(src.text, [(at, at, "\n".join(lines) + "\n")])
+    body = fn.node.body[1:] if has_docstring(fn.node) else fn.node.body
+    lines = _validation_lines(fn.node, indent_of(src, body[0].lineno))
+    at = src.line_offset(body_insert_line(src, fn.node, True))
+    text = splice_text(src.text, [(at, at, "\n".join(lines) + "\n")])
     return CodeEdit("add_validation", f"Add input validation to `{fn.qualname}` that raises TypeError/ValueError "
                     "for arguments of the wrong type or None.", text, {"functions": [fn.qualname]})

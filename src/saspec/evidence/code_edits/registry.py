@@ -7,10 +7,10 @@ import ast
 import random
 from typing import Callable
 
-from .source import CodeEdit, _Source
+from .source import CodeEdit, Source
 
 #: An edit kind: ``(source, rng, target function name or None) -> CodeEdit | None``.
-_EditFn = Callable[[_Source, random.Random, "str | None"], "CodeEdit | None"]
+_EditFn = Callable[[Source, random.Random, "str | None"], "CodeEdit | None"]
 
 _EDITS: dict[str, _EditFn] = {}
 _VERIFIERS: dict[str, Callable[[CodeEdit], bool]] = {}
@@ -52,7 +52,7 @@ def apply_edit(kind: str, source: str, rng: random.Random, target: str | None = 
     """
     if kind not in _EDITS:
         raise ValueError(f"unknown edit kind {kind!r}; choose from {', '.join(_EDITS)}")
-    src = _Source(source)
+    src = Source(source)
     edit = _EDITS[kind](src, rng, target)
     if edit is None or edit.source == source:
         return None

@@ -10,7 +10,7 @@ import random
 import re
 
 from .registry import edit_kind
-from .source import CodeEdit, _all_args, _functions, _Source, _splice, _targets, _user_args
+from .source import CodeEdit, all_args, functions_in, Source, splice_text, target_functions, user_args
 
 _SYNONYMS: dict[str, tuple[str, ...]] = {
     "data": ("payload", "raw_data"), "result": ("output", "outcome"), "res": ("result",),
@@ -67,7 +67,7 @@ def _scope_occurrences(fn: ast.AST, name: str) -> list[ast.AST]:
 
     Defaults, annotations and decorators (evaluated outside ``fn``) are left out.
     """
-    found: list[ast.AST] = [a for a in _all_args(fn) if a.arg == name]
+    found: list[ast.AST] = [a for a in all_args(fn) if a.arg == name]
     for stmt in fn.body:
         for n in ast.walk(stmt):
             if isinstance(n, ast.Name) and n.id == name or isinstance(n, ast.arg) and n.arg == name:
@@ -86,7 +86,7 @@ def _keyword_occurrences(tree: ast.Module, func: str, name: str) -> list[ast.key
     return found
 
 
-def _def_name_offset(src: _Source, fn: ast.AST) -> int | None:
+def _def_name_offset(src: Source, fn: ast.AST) -> int | None:
     """Offset of the function/class name after ``def``/``class``."""
     start = src.ast_offset(fn.lineno, fn.col_offset)
     m = re.compile(r"(?:async\s+)?(?:def|class)\s+").match(src.text, start)
@@ -95,7 +95,7 @@ def _def_name_offset(src: _Source, fn: ast.AST) -> int | None:
     return None
 
 
-def _rename_spans(src: _Source, kind: str, fn: ast.AST, name: str) -> list[tuple[int, int]] | None:
+def _rename_spans(src: Source, kind: str, fn: ast.AST, name: str) -> list[tuple[int, int]] | None:
     """Offsets of every occurrence of ``name`` that a rename must change."""
     spans: list[tuple[int, int]] = []
     if kind == "function":
@@ -116,15 +116,15 @@ def _rename_spans(src: _Source, kind: str, fn: ast.AST, name: str) -> list[tuple
     return spans
 
 
-def _rename_candidates(src: _Source, target: str | None) -> list[tuple[str, ast.AST, str, str]]:
+def _rename_candidates(src: Source, target: str | None) -> list[tuple[str, ast.AST, str, str]]:
     """``(kind, function, name, owner)`` for parameters, locals and functions."""
     out = []
     attrs = {n.attr for n in ast.walk(src.tree) if isinstance(n, ast.Attribute)}
     strings = " ".join(n.value for n in ast.walk(src.tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
     module_banned = _positionless_bindings(src.tree)
-    for f in _targets(src, target):
+    for f in target_functions(src, target):
         banned = _positionless_bindings(f.node)
-        params = [a.arg for a in _user_args(f.node)]
+        params = [a.arg for a in user_args(f.node)]
         local_names = sorted({
             n.id for stmt in f.node.body for n in ast.walk(stmt)
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
@@ -146,14 +146,14 @@ def _rename_verified(edit: CodeEdit) -> bool:
     if d["kind"] == "function":
         return not any(isinstance(n, ast.Name) and n.id == d["old"] for n in ast.walk(tree))
     owner = d["scope"].split(".")[-1]
-    for f in _functions(tree):
+    for f in functions_in(tree):
         if f.node.name == owner and _scope_occurrences(f.node, d["new"]):
             return not _scope_occurrences(f.node, d["old"])
     return False
 
 
 @edit_kind("rename", verify=_rename_verified)
-def _edit_rename(src: _Source, rng: random.Random, target: str | None) -> CodeEdit | None:
+def _edit_rename(src: Source, rng: random.Random, target: str | None) -> CodeEdit | None:
     """Rename a parameter, local variable or function everywhere it is used."""
     cands = _rename_candidates(src, target)
     rng.shuffle(cands)
@@ -162,7 +162,7 @@ def _edit_rename(src: _Source, rng: random.Random, target: str | None) -> CodeEd
         spans = _rename_spans(src, kind, fn, old) if new else None
         if not spans:
             continue
-        text = _splice(src.text, [(a, b, new) for a, b in spans])
+        text = splice_text(src.text, [(a, b, new) for a, b in spans])
         if kind == "function":
             what = f"Rename the function `{old}` to `{new}` and update every reference to it."
         else:

@@ -11,47 +11,47 @@ import tokenize
 from .registry import edit_kind
 from .source import (
     CodeEdit,
-    _Fn,
-    _FuncNode,
-    _functions,
-    _has_docstring,
-    _indent_of,
-    _one_line,
-    _Source,
-    _splice,
-    _stmt_start_line,
-    _targets,
+    Function,
+    FuncNode,
+    functions_in,
+    has_docstring,
+    indent_of,
+    one_line,
+    Source,
+    splice_text,
+    stmt_start_line,
+    target_functions,
 )
 
 # ---- delete / reorder ----------------------------------------------------
 
 
-def _block_lines(src: _Source, stmt: ast.stmt) -> tuple[int, int]:
+def _block_lines(src: Source, stmt: ast.stmt) -> tuple[int, int]:
     """Lines of ``stmt`` incl. decorators and directly preceding comments."""
-    first = _stmt_start_line(stmt)
-    indent = _indent_of(src, first)
+    first = stmt_start_line(stmt)
+    indent = indent_of(src, first)
     while first > 1 and src.line(first - 1).startswith(indent + "#"):
         first -= 1
     return first, stmt.end_lineno
 
 
-def _is_blank(src: _Source, lineno: int) -> bool:
+def _is_blank(src: Source, lineno: int) -> bool:
     return not src.line(lineno).strip()
 
 
-def _standalone(src: _Source, fn: _Fn) -> bool:
+def _standalone(src: Source, fn: Function) -> bool:
     """Whether ``fn`` occupies whole lines of its own (no ``;`` neighbours)."""
     i = next(k for k, s in enumerate(fn.siblings) if s is fn.node)
     before = fn.siblings[i - 1].end_lineno if i > 0 else 0
     after = fn.siblings[i + 1].lineno if i + 1 < len(fn.siblings) else 10**9
-    return before < _stmt_start_line(fn.node) and after > fn.node.end_lineno
+    return before < stmt_start_line(fn.node) and after > fn.node.end_lineno
 
 
 @edit_kind("delete_function")
-def _edit_delete_function(src: _Source, rng: random.Random, target: str | None) -> CodeEdit | None:
+def _edit_delete_function(src: Source, rng: random.Random, target: str | None) -> CodeEdit | None:
     """Delete a function or method that has siblings (unused ones preferred)."""
-    fns = [f for f in _targets(src, target) if _standalone(src, f) and any(
-        isinstance(s, (*_FuncNode, ast.ClassDef)) and s is not f.node for s in f.siblings)]
+    fns = [f for f in target_functions(src, target) if _standalone(src, f) and any(
+        isinstance(s, (*FuncNode, ast.ClassDef)) and s is not f.node for s in f.siblings)]
     if not fns:
         return None
     used = {n.id for n in ast.walk(src.tree) if isinstance(n, ast.Name)}
@@ -67,7 +67,7 @@ def _edit_delete_function(src: _Source, rng: random.Random, target: str | None) 
         n_lines = len(src.line_starts)
         while last < n_lines and _is_blank(src, last + 1):
             last += 1
-    text = _splice(src.text, [(src.line_offset(first), src.line_offset(last + 1), "")])
+    text = splice_text(src.text, [(src.line_offset(first), src.line_offset(last + 1), "")])
     return CodeEdit("delete_function", f"Delete the {fn.kind} `{fn.qualname}`; it is no longer needed.",
                     text, {"functions": [fn.qualname]})
 
@@ -85,17 +85,17 @@ def _movable(fn: ast.AST) -> bool:
 
 
 @edit_kind("reorder_functions")
-def _edit_reorder_functions(src: _Source, rng: random.Random, target: str | None) -> CodeEdit | None:
+def _edit_reorder_functions(src: Source, rng: random.Random, target: str | None) -> CodeEdit | None:
     """Swap two adjacent sibling functions (or methods)."""
     pairs = []
-    for f in _targets(src, target):
+    for f in target_functions(src, target):
         body = f.siblings
         i = next(k for k, s in enumerate(body) if s is f.node)
-        if i + 1 < len(body) and isinstance(body[i + 1], _FuncNode):
+        if i + 1 < len(body) and isinstance(body[i + 1], FuncNode):
             g = body[i + 1]
             if f.node.name != g.name and _movable(f.node) and _movable(g) and \
-                    _standalone(src, f) and _standalone(src, _Fn(g, f.cls, body)):
-                pairs.append((f, _Fn(g, f.cls, body)))
+                    _standalone(src, f) and _standalone(src, Function(g, f.cls, body)):
+                pairs.append((f, Function(g, f.cls, body)))
     if not pairs:
         return None
     a, b = rng.choice(pairs)
@@ -105,7 +105,7 @@ def _edit_reorder_functions(src: _Source, rng: random.Random, target: str | None
         return None
     block_a = src.text[src.line_offset(a1): src.line_offset(a2 + 1)]
     block_b = src.text[src.line_offset(b1): src.line_offset(b2 + 1)]
-    text = _splice(src.text, [(src.line_offset(a1), src.line_offset(a2 + 1), block_b),
+    text = splice_text(src.text, [(src.line_offset(a1), src.line_offset(a2 + 1), block_b),
                               (src.line_offset(b1), src.line_offset(b2 + 1), block_a)])
     kind = "methods" if a.cls else "functions"
     return CodeEdit("reorder_functions",
@@ -139,19 +139,19 @@ def _new_constant(node: ast.Constant, segment: str, rng: random.Random) -> str |
     return None
 
 
-def _constant_candidates(src: _Source) -> tuple[list, list]:
+def _constant_candidates(src: Source) -> tuple[list, list]:
     """``(named, inline)`` candidate constants: module/class-level ``NAME = lit``
     assignments, and literals inside functions (not docstrings or f-strings)."""
     in_fstring = {id(n) for j in ast.walk(src.tree) if isinstance(j, ast.JoinedStr) for n in ast.walk(j)}
     docstrings = {id(scope.body[0].value) for scope in ast.walk(src.tree)
-                  if isinstance(scope, (ast.Module, ast.ClassDef, *_FuncNode)) and _has_docstring(scope)}
+                  if isinstance(scope, (ast.Module, ast.ClassDef, *FuncNode)) and has_docstring(scope)}
     named, inline = [], []
     for scope in [src.tree, *(n for n in ast.walk(src.tree) if isinstance(n, ast.ClassDef))]:
         for stmt in scope.body:
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
                     and isinstance(stmt.value, ast.Constant):
                 named.append((stmt.targets[0].id, stmt.value))
-    for f in _functions(src.tree):
+    for f in functions_in(src.tree):
         for n in ast.walk(f.node):
             if isinstance(n, ast.Constant) and id(n) not in in_fstring and id(n) not in docstrings \
                     and n.lineno == n.end_lineno:
@@ -160,7 +160,7 @@ def _constant_candidates(src: _Source) -> tuple[list, list]:
 
 
 @edit_kind("change_constant")
-def _edit_change_constant(src: _Source, rng: random.Random, target: str | None) -> CodeEdit | None:
+def _edit_change_constant(src: Source, rng: random.Random, target: str | None) -> CodeEdit | None:
     """Change one number or short string literal."""
     named, inline = _constant_candidates(src)
     if target:
@@ -173,11 +173,11 @@ def _edit_change_constant(src: _Source, rng: random.Random, target: str | None) 
             new = _new_constant(node, segment, rng)
             if new is None:
                 continue
-            text = _splice(src.text, [(start, end, new)])
+            text = splice_text(src.text, [(start, end, new)])
             if group is named:
                 what = f"Change the value of `{owner}` from {segment} to {new}."
             else:
-                line = _one_line(src.line(node.lineno), 70)
+                line = one_line(src.line(node.lineno), 70)
                 what = f"In `{owner}`, change the literal {segment} to {new} on the line `{line}`."
             return CodeEdit("change_constant", what, text, {"old": segment, "new": new, "owner": owner})
     return None
@@ -197,7 +197,7 @@ def _append_call(stmt: ast.stmt, name: str, method: str) -> ast.expr | None:
     return None
 
 
-def _comprehension_splice(src: _Source, init: ast.stmt, loop: ast.stmt) -> tuple[int, int, str] | None:
+def _comprehension_splice(src: Source, init: ast.stmt, loop: ast.stmt) -> tuple[int, int, str] | None:
     """Splice turning ``r = []; for ...: r.append(x)`` into a comprehension."""
     if not (isinstance(init, ast.Assign) and len(init.targets) == 1 and isinstance(init.targets[0], ast.Name)):
         return None
@@ -227,16 +227,16 @@ def _comprehension_splice(src: _Source, init: ast.stmt, loop: ast.stmt) -> tuple
     if any(t.type == tokenize.COMMENT and init.lineno <= t.start[0] <= loop.end_lineno for t in src.tokens):
         return None
     comp = f"{parts[0]} for {parts[1]} in {parts[2]}" + (f" if {parts[3]}" if cond is not None else "")
-    indent = _indent_of(src, init.lineno)
+    indent = indent_of(src, init.lineno)
     new = f"{indent}{name} = {brackets[0]}{comp}{brackets[1]}\n"
     return src.line_offset(init.lineno), src.line_offset(loop.end_lineno + 1), new
 
 
 @edit_kind("loop_to_comprehension")
-def _edit_loop_to_comprehension(src: _Source, rng: random.Random, target: str | None) -> CodeEdit | None:
+def _edit_loop_to_comprehension(src: Source, rng: random.Random, target: str | None) -> CodeEdit | None:
     """Replace an accumulate-in-a-loop pattern with a list/set comprehension."""
     found = []
-    for f in _targets(src, target):
+    for f in target_functions(src, target):
         for node in ast.walk(f.node):
             for body_name in ("body", "orelse", "finalbody"):
                 body = getattr(node, body_name, None)
@@ -254,6 +254,6 @@ def _edit_loop_to_comprehension(src: _Source, rng: random.Random, target: str | 
     if not found:
         return None
     fn, name, splice = rng.choice(found)
-    text = _splice(src.text, [splice])
+    text = splice_text(src.text, [splice])
     return CodeEdit("loop_to_comprehension", f"In `{fn.qualname}`, replace the loop that builds `{name}` "
                     "with a comprehension.", text, {"functions": [fn.qualname], "variable": name})

@@ -12,7 +12,7 @@ from functools import lru_cache
 from typing import Iterator, Sequence
 
 from .registry import apply_edit
-from .source import CodeEdit, _FuncNode, _normalize_source, _split_lines, _stmt_start_line
+from .source import CodeEdit, FuncNode, normalize_source, split_lines, stmt_start_line
 
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__",
               "encodings", "pydoc_data", "ensurepip", "turtledemo", "__phello__"}
@@ -38,16 +38,16 @@ def stdlib_python_files(root: str | None = None) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def _read_python(path: str) -> tuple[str, ast.Module] | None:
+def read_python(path: str) -> tuple[str, ast.Module] | None:
     try:
         with open(path, encoding="utf-8") as f:
-            text = _normalize_source(f.read())
+            text = normalize_source(f.read())
         return text, ast.parse(text)
     except (UnicodeDecodeError, SyntaxError, ValueError, OSError):
         return None
 
 
-def _code_units(text: str, tree: ast.Module, rng: random.Random) -> Iterator[tuple[str, str]]:
+def code_units(text: str, tree: ast.Module, rng: random.Random) -> Iterator[tuple[str, str]]:
     """Candidate ``(unit_label, code)`` pieces of a module, best first.
 
     The whole module when it has at most 400 lines, otherwise top-level
@@ -56,13 +56,13 @@ def _code_units(text: str, tree: ast.Module, rng: random.Random) -> Iterator[tup
     if text.count("\n") <= 400:
         yield "module", text
         return
-    lines = _split_lines(text)
-    defs = [s for s in tree.body if isinstance(s, (*_FuncNode, ast.ClassDef))
-            and 20 <= s.end_lineno - _stmt_start_line(s) + 1 <= 300]
+    lines = split_lines(text)
+    defs = [s for s in tree.body if isinstance(s, (*FuncNode, ast.ClassDef))
+            and 20 <= s.end_lineno - stmt_start_line(s) + 1 <= 300]
     rng.shuffle(defs)
     for node in defs:
         kind = "class" if isinstance(node, ast.ClassDef) else "function"
-        code = "".join(lines[_stmt_start_line(node) - 1: node.end_lineno])
+        code = "".join(lines[stmt_start_line(node) - 1: node.end_lineno])
         try:
             ast.parse(code)
         except SyntaxError:  # e.g. a backslash-continued last line
@@ -70,7 +70,7 @@ def _code_units(text: str, tree: ast.Module, rng: random.Random) -> Iterator[tup
         yield f"{kind}:{node.name}", code
 
 
-def _edit_unit(code: str, kinds: Sequence[str], rng: random.Random, n_edits: int) -> list[CodeEdit]:
+def edit_unit(code: str, kinds: Sequence[str], rng: random.Random, n_edits: int) -> list[CodeEdit]:
     """Apply up to ``n_edits`` edits (tried in ``kinds`` order) one after another."""
     edits: list[CodeEdit] = []
     for kind in kinds:

@@ -1,5 +1,5 @@
-"""The source model the edit kinds work on: ``_Source`` (text, AST, tokens,
-offsets), ``_splice``, AST queries, module-level splices and ``CodeEdit``."""
+"""The source model the edit kinds work on: ``Source`` (text, AST, tokens,
+offsets), ``splice_text``, AST queries, module-level splices and ``CodeEdit``."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ from typing import Iterable, Iterator
 # Source positions and splicing
 # ==========================================================================
 
-_FuncNode = (ast.FunctionDef, ast.AsyncFunctionDef)
+FuncNode = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _normalize_source(text: str) -> str:
+def normalize_source(text: str) -> str:
     """Unix newlines, no trailing whitespace at the end, one final newline."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     return text.rstrip() + "\n"
 
 
-class _Source:
+class Source:
     """Python source with its AST, tokens and position helpers.
 
     ``ast`` columns are UTF-8 byte offsets and ``tokenize`` columns are
@@ -74,7 +74,7 @@ class _Source:
         return set(re.findall(r"[A-Za-z_]\w*", self.text))
 
 
-def _split_lines(text: str) -> list[str]:
+def split_lines(text: str) -> list[str]:
     """Lines of ``text`` with their ``\n`` (unlike ``str.splitlines``, form
     feeds and other Unicode line breaks do not split)."""
     lines = [line + "\n" for line in text.split("\n")]
@@ -82,7 +82,7 @@ def _split_lines(text: str) -> list[str]:
     return lines if lines[-1] else lines[:-1]
 
 
-def _splice(text: str, edits: Iterable[tuple[int, int, str]]) -> str:
+def splice_text(text: str, edits: Iterable[tuple[int, int, str]]) -> str:
     """Replace each ``[start, end)`` of ``text`` by its new string."""
     out = text
     last_start = len(text) + 1
@@ -100,7 +100,7 @@ def _splice(text: str, edits: Iterable[tuple[int, int, str]]) -> str:
 
 
 @dataclass(frozen=True)
-class _Fn:
+class Function:
     """A function with the class it belongs to (if a method) and its siblings."""
 
     node: ast.FunctionDef | ast.AsyncFunctionDef
@@ -116,14 +116,14 @@ class _Fn:
         return "method" if self.cls else "function"
 
 
-def _functions(tree: ast.Module) -> list[_Fn]:
+def functions_in(tree: ast.Module) -> list[Function]:
     """Module-level functions and methods (classes searched recursively)."""
-    found: list[_Fn] = []
+    found: list[Function] = []
 
     def visit(body: list[ast.stmt], cls: ast.ClassDef | None) -> None:
         for stmt in body:
-            if isinstance(stmt, _FuncNode):
-                found.append(_Fn(stmt, cls, body))
+            if isinstance(stmt, FuncNode):
+                found.append(Function(stmt, cls, body))
             elif isinstance(stmt, ast.ClassDef):
                 visit(stmt.body, stmt)
 
@@ -131,61 +131,61 @@ def _functions(tree: ast.Module) -> list[_Fn]:
     return found
 
 
-def _has_docstring(node: ast.AST) -> bool:
+def has_docstring(node: ast.AST) -> bool:
     body = getattr(node, "body", [])
     return bool(body) and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
         and isinstance(body[0].value.value, str)
 
 
-def _stmt_start_line(stmt: ast.stmt) -> int:
+def stmt_start_line(stmt: ast.stmt) -> int:
     """First line of a statement including its decorators."""
     decorators = getattr(stmt, "decorator_list", [])
     return min([stmt.lineno] + [d.lineno for d in decorators])
 
 
-def _all_args(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.arg]:
+def all_args(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.arg]:
     a = fn.args
     extra = [x for x in (a.vararg, a.kwarg) if x is not None]
     return [*a.posonlyargs, *a.args, *a.kwonlyargs, *extra]
 
 
-def _user_args(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.arg]:
+def user_args(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.arg]:
     """Parameters other than ``self``/``cls``."""
-    return [a for a in _all_args(fn) if a.arg not in ("self", "cls")]
+    return [a for a in all_args(fn) if a.arg not in ("self", "cls")]
 
 
-def _walk_own(node: ast.AST) -> Iterator[ast.AST]:
+def walk_own(node: ast.AST) -> Iterator[ast.AST]:
     """Like ``ast.walk`` but does not enter nested functions, lambdas or classes."""
     todo = list(ast.iter_child_nodes(node))
     while todo:
         child = todo.pop()
         yield child
-        if not isinstance(child, (*_FuncNode, ast.Lambda, ast.ClassDef)):
+        if not isinstance(child, (*FuncNode, ast.Lambda, ast.ClassDef)):
             todo.extend(ast.iter_child_nodes(child))
 
 
-def _returns_value(fn: ast.AST) -> bool:
-    return any(isinstance(n, ast.Return) and n.value is not None for n in _walk_own(fn))
+def returns_value(fn: ast.AST) -> bool:
+    return any(isinstance(n, ast.Return) and n.value is not None for n in walk_own(fn))
 
 
-def _is_generator(fn: ast.AST) -> bool:
-    return any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in _walk_own(fn))
+def is_generator(fn: ast.AST) -> bool:
+    return any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in walk_own(fn))
 
 
-def _words(name: str) -> list[str]:
+def name_words(name: str) -> list[str]:
     """``_parseHeaderLine`` -> ``["parse", "header", "line"]``."""
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name.strip("_"))
     return [w.lower() for w in re.split(r"[_\s]+", spaced) if w]
 
 
-def _one_line(text: str, limit: int = 48) -> str:
+def one_line(text: str, limit: int = 48) -> str:
     """Collapse whitespace and shorten ``text`` to at most ``limit`` chars."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
-def _header_tokens(
-    src: _Source, fn: ast.FunctionDef | ast.AsyncFunctionDef
+def header_tokens(
+    src: Source, fn: ast.FunctionDef | ast.AsyncFunctionDef
 ) -> tuple[tokenize.TokenInfo, tokenize.TokenInfo] | None:
     """The ``)`` closing ``fn``'s parameters and the ``:`` ending its header."""
     start = (fn.lineno, len(src.line(fn.lineno).encode()[: fn.col_offset].decode("utf-8", "replace")))
@@ -207,32 +207,32 @@ def _header_tokens(
     return None
 
 
-def _body_insert_line(src: _Source, fn: ast.FunctionDef | ast.AsyncFunctionDef, after_docstring: bool) -> int | None:
+def body_insert_line(src: Source, fn: ast.FunctionDef | ast.AsyncFunctionDef, after_docstring: bool) -> int | None:
     """Line at which new statements can be inserted at the top of ``fn``'s body.
 
     With ``after_docstring`` the line after the docstring (if any).  None for
     one-line functions (body on the ``def`` line).
     """
-    header = _header_tokens(src, fn)
+    header = header_tokens(src, fn)
     if header is None:
         return None
     colon_row = header[1].start[0]
     first = fn.body[0]
-    if _stmt_start_line(first) <= colon_row:
+    if stmt_start_line(first) <= colon_row:
         return None
-    if after_docstring and _has_docstring(fn):
+    if after_docstring and has_docstring(fn):
         if len(fn.body) > 1 and fn.body[1].lineno == first.end_lineno:
             return None
         return first.end_lineno + 1
     return colon_row + 1
 
 
-def _indent_of(src: _Source, lineno: int) -> str:
+def indent_of(src: Source, lineno: int) -> str:
     line = src.line(lineno)
     return line[: len(line) - len(line.lstrip())]
 
 
-def _module_has_import(tree: ast.Module, module: str, name: str | None = None) -> bool:
+def module_has_import(tree: ast.Module, module: str, name: str | None = None) -> bool:
     """Whether a top-level statement imports ``module`` (or ``name`` from it)."""
     for stmt in tree.body:
         if name is None and isinstance(stmt, ast.Import):
@@ -244,14 +244,14 @@ def _module_has_import(tree: ast.Module, module: str, name: str | None = None) -
     return False
 
 
-def _module_assigns(tree: ast.Module, name: str) -> bool:
+def module_assigns(tree: ast.Module, name: str) -> bool:
     return any(
         isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
         for stmt in tree.body
     )
 
 
-def _prelude_edit(src: _Source, imports: list[str], definitions: list[str]) -> tuple[int, int, str] | None:
+def prelude_edit(src: Source, imports: list[str], definitions: list[str]) -> tuple[int, int, str] | None:
     """Splice adding import lines and module-level definitions near the top.
 
     They go after the last top-level import before the first ``def``/``class``,
@@ -260,10 +260,10 @@ def _prelude_edit(src: _Source, imports: list[str], definitions: list[str]) -> t
     if not imports and not definitions:
         return None
     body = src.tree.body
-    last_doc = body[0] if _has_docstring(src.tree) else None
+    last_doc = body[0] if has_docstring(src.tree) else None
     last_import = None
     for stmt in body:
-        if isinstance(stmt, (*_FuncNode, ast.ClassDef)):
+        if isinstance(stmt, (*FuncNode, ast.ClassDef)):
             break
         if isinstance(stmt, (ast.Import, ast.ImportFrom)):
             last_import = stmt
@@ -275,11 +275,11 @@ def _prelude_edit(src: _Source, imports: list[str], definitions: list[str]) -> t
     if last_doc is not None:
         at = src.line_offset(last_doc.end_lineno + 1)
         return at, at, "\n" + block + defs
-    at = src.line_offset(_stmt_start_line(body[0])) if body else len(src.text)
+    at = src.line_offset(stmt_start_line(body[0])) if body else len(src.text)
     return at, at, (block + defs).lstrip("\n") + "\n\n"
 
 
-def _arg_defaults(fn: ast.AST) -> dict[int, ast.AST]:
+def arg_defaults(fn: ast.AST) -> dict[int, ast.AST]:
     """``id(arg) -> default expression`` for parameters that have one."""
     a = fn.args
     positional = [*a.posonlyargs, *a.args]
@@ -303,7 +303,7 @@ class CodeEdit:
     details: dict = field(default_factory=dict)
 
 
-def _pick_functions(fns: list[_Fn], rng: random.Random, max_all: int = 4) -> tuple[list[_Fn], str]:
+def pick_functions(fns: list[Function], rng: random.Random, max_all: int = 4) -> tuple[list[Function], str]:
     """One function, or all of them when few; with a phrase naming them."""
     if len(fns) > 1 and len(fns) <= max_all and rng.random() < 0.5:
         return fns, "every function" if all(f.cls is None for f in fns) else "every function and method"
@@ -311,6 +311,6 @@ def _pick_functions(fns: list[_Fn], rng: random.Random, max_all: int = 4) -> tup
     return [fn], f"the {fn.kind} `{fn.qualname}`"
 
 
-def _targets(src: _Source, target: str | None) -> list[_Fn]:
-    fns = _functions(src.tree)
+def target_functions(src: Source, target: str | None) -> list[Function]:
+    fns = functions_in(src.tree)
     return [f for f in fns if f.node.name == target] if target else fns

@@ -19,6 +19,9 @@ from saspec.build import grow, new_blob
 K = 6
 
 
+# -- feeding the core token by token, in a blob that never runs out of room ------------
+
+
 @njit(boundscheck=True)
 def run_core(buf, tokens, policy, depth, k):
     """Feed tokens one by one; record (match length, start, draft) after each."""
@@ -54,6 +57,9 @@ def feed(tokens, policy, depth=-1):
     m, start, drafts, counts, done = run_core(buf, toks, policy, depth, K)
     assert done == len(toks)
     return m, start, drafts, counts
+
+
+# -- every policy agrees with the brute-force oracle at every prefix -------------------
 
 
 def check_sequence(tokens):
@@ -129,6 +135,9 @@ def test_degenerate_runs():
     check_sequence([1, 2] * 40)
 
 
+# -- a grown or reserved blob holds the same automaton ---------------------------------
+
+
 def test_growth_keeps_the_automaton():
     rng = np.random.default_rng(2)
     tokens = np.tile(rng.integers(0, 30, 50), 20).astype(np.int32)
@@ -166,7 +175,7 @@ def test_large_blobs_start_on_a_huge_page_and_grow_correctly():
     assert big.shape == (words,) and big.dtype == np.int32 and big.flags.c_contiguous and big.flags.writeable
     if arena.ADVISES_HUGE_PAGES:
         assert big.ctypes.data % arena.HUGE_PAGE == 0
-    tokens = (np.arange(200_000, dtype=np.int32) * 7919) % 5003  # about 4.5 MB of blob: a huge one
+    tokens = (np.arange(200_000, dtype=np.int32) * 7919) % 5003  # a blob past arena.HUGE_PAGE
     sa = SuffixAutomaton(tokens[:150_000])
     sa.extend(tokens[150_000:])
     assert sa.nbytes >= arena.HUGE_PAGE
@@ -205,6 +214,9 @@ def test_reserve_makes_room_for_more_tokens_at_once():
     assert m.tolist() == [r[0] for r in matches(tokens.tolist())][1000:]
 
 
+# -- a fixed-capacity blob (a device slot) stops growing and reports no match ----------
+
+
 @njit(boundscheck=True)
 def fill_fixed(buf, tokens, out):
     for i in range(tokens.shape[0]):
@@ -222,6 +234,9 @@ def test_fixed_capacity_overflow_stops_and_reports_no_match():
     assert m == 0 and count == 0 and out.tolist() == [-1] * 4
 
 
+# -- SuffixAutomaton: one sequence, numpy or torch input -------------------------------
+
+
 @pytest.mark.parametrize("policy", ["first", "recent", "near-first", "near-recent"])
 def test_suffix_automaton_class(policy):
     sa = SuffixAutomaton([5, 6, 7, 8, 5, 6], policy=policy)
@@ -237,6 +252,9 @@ def test_suffix_automaton_accepts_torch():
     sa = SuffixAutomaton(torch.tensor([1, 2, 1]))
     sa.extend(torch.tensor([2], dtype=torch.int32))
     assert sa.match() == (2, 2)
+
+
+# -- the edge table: the capacity check is exact, and holds at most n edges ------------
 
 
 @njit(boundscheck=True)
@@ -316,7 +334,7 @@ def test_at_most_one_table_edge_per_token():
             assert buf[core.H_USED] <= i + 1 and buf[core.H_NSTATES] <= max(2 * (i + 1) - 1, 2)
 
 
-# -- the near policies' defining property, stated directly (issue 12 item 15) -----
+# -- the near policies' defining property, stated directly -----------------------------
 #
 # oracle.near_starts re-implements the near-* rule step by step, so agreeing
 # with it shows only that two copies of one rule agree. These checks state what
@@ -374,7 +392,7 @@ def test_near_property_check_catches_a_wrong_start(monkeypatch):
         check_near_property(tokens)
 
 
-# -- the slow profile: >= 100,000 cases per property (issue 12 item 15) --------------
+# -- the slow profile: at least 100,000 cases per property -----------------------------
 #
 # Skipped unless selected, so the default run stays short:
 #   pytest -m slow tests/test_core.py            (or SASPEC_SLOW=1 pytest tests/test_core.py)

@@ -51,7 +51,7 @@ def _transition(buf, src, token):
     return core.transition(buf, src, token)
 
 
-# -- the CUDA backend against the CPU backend ----------------------------------
+# -- the CUDA backend agrees with the CPU backend, whatever the input values -----------
 
 
 def sanitize(acc_row, n, k=K):
@@ -136,6 +136,25 @@ def test_matches_cpu_backend_through_reuse_overflow_and_bad_values(cuda_backend)
     assert stats["requests"] == len(live) and stats["free_slots"] == n_slots - len(gpu._pool.slot_of)
 
 
+def test_values_out_of_range_are_handled_on_the_device(cuda_backend):
+    bk = cuda_backend
+    eng = bk.engine(max_slots=4, max_seq_len=64)
+    for rid in "abc":
+        eng.add_request(rid, [1, 2, 3, 1, 2])
+    eng.prepare(["a", "b", "c"])
+    acc, lens, mout, dout = step_arrays(3)
+    acc[:] = [3, 1, 2, 3, 1, 2]
+    acc[1, 2] = -5  # row 1: 3, 1 appended, then stops
+    lens[:] = [K + 9, 4, -3]  # row 0 clamped to K+1, row 2 to 0
+    bk.extend(eng, acc, lens, mout, dout)
+    assert [eng.automaton_len(r) for r in "abc"] == [5 + K + 1, 7, 5]
+    assert (mout[1], dout[1].tolist()) == no_draft()
+    assert mout[0] == 5 + K + 1 - 3 and mout[2] == 2
+    acc[:, 0], lens[:] = 2, 1  # the next step of row 1 is normal again
+    bk.extend(eng, acc, lens, mout, dout)
+    assert mout[1] == 5 and eng.automaton_len("b") == 8  # 1 2 3 1 2 3 1 2
+
+
 def test_add_request_in_threads_while_extending(cuda_backend):
     bk = cuda_backend
     gpu = bk.engine(max_slots=8, max_seq_len=4096)
@@ -169,7 +188,7 @@ def test_add_request_in_threads_while_extending(cuda_backend):
     assert np.array_equal(got[2], want[2]) and np.array_equal(got[3], want[3])
 
 
-# -- capacity and slots ----------------------------------------------------------
+# -- slots: capacity, no free slot, reuse, size ----------------------------------------
 
 
 def test_prompt_longer_than_max_seq_len_is_rejected(cuda_backend):
@@ -268,7 +287,7 @@ def test_slot_layout_never_runs_out_before_max_seq_len(max_seq_len):
         slot_layout(0)
 
 
-# -- uploads ---------------------------------------------------------------------
+# -- uploads rebuild the host's automaton, once per request ----------------------------
 
 
 def edges_of(buf):
@@ -352,23 +371,7 @@ def test_requests_stay_resident_and_are_uploaded_once(cuda_backend):
     assert [eng.automaton_len(r) for r in "abc"] == [5, 5, 4]
 
 
-def test_values_out_of_range_are_handled_on_the_device(cuda_backend):
-    bk = cuda_backend
-    eng = bk.engine(max_slots=4, max_seq_len=64)
-    for rid in "abc":
-        eng.add_request(rid, [1, 2, 3, 1, 2])
-    eng.prepare(["a", "b", "c"])
-    acc, lens, mout, dout = step_arrays(3)
-    acc[:] = [3, 1, 2, 3, 1, 2]
-    acc[1, 2] = -5  # row 1: 3, 1 appended, then stops
-    lens[:] = [K + 9, 4, -3]  # row 0 clamped to K+1, row 2 to 0
-    bk.extend(eng, acc, lens, mout, dout)
-    assert [eng.automaton_len(r) for r in "abc"] == [5 + K + 1, 7, 5]
-    assert (mout[1], dout[1].tolist()) == no_draft()
-    assert mout[0] == 5 + K + 1 - 3 and mout[2] == 2
-    acc[:, 0], lens[:] = 2, 1  # the next step of row 1 is normal again
-    bk.extend(eng, acc, lens, mout, dout)
-    assert mout[1] == 5 and eng.automaton_len("b") == 8  # 1 2 3 1 2 3 1 2
+# -- construction, and a CPU backend that never loads numba-cuda -----------------------
 
 
 def test_constructor_arguments(cuda_backend):
@@ -404,7 +407,7 @@ def test_cpu_backend_does_not_import_numba_cuda():
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).parent, timeout=300)
 
 
-# -- real device only ------------------------------------------------------------
+# -- on a real GPU: tensor checks, no host sync, CUDA-graph replays --------------------
 
 
 @device_only
@@ -489,7 +492,7 @@ def test_extend_does_not_sync_and_graph_replays_match_cpu(cuda_backend):
         assert np.array_equal(drafts.cpu().numpy(), want) and np.array_equal(use_sa.cpu().numpy(), want_use)
 
 
-# -- select ------------------------------------------------------------------------
+# -- select_drafts: the SA where the match reaches the threshold, neural elsewhere -----
 
 
 def select_cases():

@@ -21,6 +21,9 @@ from saspec.ngram import ngram_draft
 K = 5
 
 
+# -- results: every row's match and draft are those of its own automaton ---------------
+
+
 def step_arrays(b, k=K):
     return (
         np.zeros((b, k + 1), np.int32),
@@ -122,7 +125,17 @@ def test_ngram_drafter_matches_brute_force():
     assert ngram_draft(np.array([1, 2, 3], np.int32), 3, 1, 2, out, 3) == (0, 0)
 
 
-# -- validation: one test per rule, each checking that nothing changed ---------
+def test_batch_property(eng):
+    assert eng.batch == ("a", "b")
+    eng.prepare(["b"])
+    assert eng.batch == ("b",)
+    eng.remove_request("a")  # not in the batch: it stays
+    assert eng.batch == ("b",)
+    eng.remove_request("b")
+    assert eng.batch is None
+
+
+# -- validation: one test per rule, each checking that nothing changed -----------------
 
 
 def snapshot(eng: SpecEngine):
@@ -188,36 +201,6 @@ def test_add_bad_expected_new_tokens(eng, hint, exc, match):
     assert "c" not in eng
 
 
-def test_expected_new_tokens_reserves_room_up_front():
-    """With the hint the request's memory is sized at add_request and the
-    steps within it never re-allocate; past it the request grows as usual, and
-    matches and drafts are those of the plain automaton throughout."""
-    rng = np.random.default_rng(3)
-    prompt = rng.integers(0, 50, 300).astype(np.int32)
-    stream = np.concatenate([prompt[40:400], rng.integers(0, 50, 400)]).astype(np.int32)
-    hinted, plain = SpecEngine(), SpecEngine()
-    hinted.add_request(0, prompt, expected_new_tokens=600)
-    plain.add_request(0, prompt)
-    assert hinted.stats()["bytes"] > plain.stats()["bytes"]
-    ref = SuffixAutomaton(prompt, policy=hinted.policy)
-    sizes = []
-    for eng in (hinted, plain):
-        eng.prepare([0])
-    for i in range(0, len(stream), K + 1):
-        chunk = stream[i : i + K + 1]
-        ref.extend(chunk)
-        for eng in (hinted, plain):
-            acc, lens, mout, dout = step_arrays(1)
-            acc[0, : len(chunk)] = chunk
-            lens[0] = len(chunk)
-            eng.extend(acc, lens, mout, dout)
-            assert mout[0] == ref.match()[0] and dout[0].tolist() == reference_draft(ref, K)
-        sizes.append((i + len(chunk), hinted.stats()["bytes"]))
-    within = {b for n, b in sizes if n <= 600}
-    assert within == {sizes[0][1]}  # no re-allocation within the hint
-    assert sizes[-1][1] > sizes[0][1]  # 760 tokens: past the hint, it grew
-
-
 def test_remove_unknown(eng):
     rejects(eng, KeyError, "unknown request 'zz'", eng.remove_request, "zz")
 
@@ -239,16 +222,6 @@ def test_extend_without_prepare(bk):
 def test_extend_after_removing_a_batch_request(eng, bk):
     eng.remove_request("b")
     rejects(eng, RuntimeError, "prepare", bk.extend, eng, *step_arrays(2))
-
-
-def test_batch_property(eng):
-    assert eng.batch == ("a", "b")
-    eng.prepare(["b"])
-    assert eng.batch == ("b",)
-    eng.remove_request("a")  # not in the batch: it stays
-    assert eng.batch == ("b",)
-    eng.remove_request("b")
-    assert eng.batch is None
 
 
 @pytest.mark.parametrize("which", range(4))
@@ -356,45 +329,40 @@ def test_bad_constructor_arguments():
         SuffixAutomaton([1]).draft(-1)
 
 
-# -- threads -------------------------------------------------------------------
-
-
-def test_add_request_in_a_thread_overlaps_extend():
-    eng = SpecEngine()
-    eng.add_request("warm", [1, 2, 3])
-    eng.prepare(["warm"])
-    eng.extend(*step_arrays(1))  # compile before timing anything
-    rng = np.random.default_rng(5)
-    big = rng.integers(0, 50_000, 3_000_000)
-    steps_during_build = []
-    done = threading.Event()
-
-    def add():
-        eng.add_request("big", big)
-        done.set()
-
-    acc, lens, mout, dout = step_arrays(1)
-    lens[0] = 2
-    t = threading.Thread(target=add)
-    t.start()
-    n = 0
-    while not done.is_set():
-        acc[0, :2] = rng.integers(0, 3, 2)
+def test_read_only_inputs_take_the_checked_path(eng):
+    """Read-only inputs are valid (only outputs must be writable); they miss
+    the exact-type fast path and must give the same results."""
+    if eng.backend != "cpu":
+        pytest.skip("CPU backend: the CUDA simulator writes back every kernel argument")
+    ref = SpecEngine()
+    ref.add_request("a", [1, 2, 3, 1, 2])
+    ref.add_request("b", [7, 7, 7])
+    ref.prepare(["a", "b"])
+    for _ in range(3):
+        acc, lens, mout, dout = step_arrays(2)
+        acc[:, :2], lens[:] = [[3, 1], [7, 7]], 2
+        want = step_arrays(2)
+        ref.extend(acc, lens, want[2], want[3])
+        acc.flags.writeable = lens.flags.writeable = False
         eng.extend(acc, lens, mout, dout)
-        n += 1
-        time.sleep(0)
-    steps_during_build.append(n)
-    t.join()
-    assert eng.automaton_len("big") == len(big)
-    assert steps_during_build[0] > 10, "extend did not run while add_request built"
-    ref = SuffixAutomaton(big)
-    eng.prepare(["big", "warm"])
-    acc2, lens2, mout2, dout2 = step_arrays(2)
-    eng.extend(acc2, lens2, mout2, dout2)
-    assert mout2[0] == ref.match()[0] and dout2[0].tolist() == reference_draft(ref, K)
+        assert mout.tolist() == want[2].tolist() and dout.tolist() == want[3].tolist()
 
 
-# -- aliased arguments (issue 12 item 1) ------------------------------------------
+def test_ngram_drafter_checks_like_the_engine():
+    drafter = NgramDrafter()
+    drafter.add_request("a", [1, 2, 3, 1, 2])
+    drafter.prepare(["a"])
+    acc, lens, mout, dout = step_arrays(1)
+    lens[0] = K + 2
+    rejects(drafter, ValueError, r"accepted_lens\[0\]", drafter.extend, acc, lens, mout, dout)
+    lens[0] = 1
+    rejects(drafter, ValueError, "accepted_lens and match_len_out share memory", drafter.extend, acc, lens, lens, dout)
+    acc[0, 0] = 3
+    drafter.extend(acc, lens, mout, dout)
+    assert mout[0] == 3 and dout[0].tolist() == [1, 2, 3, -1, -1]
+
+
+# -- outputs that share memory with an input or each other are refused -----------------
 
 
 def _grow_until_full(eng, rid, k=K):
@@ -412,8 +380,8 @@ def _grow_until_full(eng, rid, k=K):
 
 
 def test_extend_rejects_aliased_lengths_and_outputs():
-    """The audit's repro: lens and match_len_out are one array; a blob must
-    grow, so a second read of lens would see the outputs."""
+    """lens and match_len_out are one array and a blob must grow, so a second
+    read of lens would see the outputs."""
     eng = SpecEngine()
     eng.add_request("long", list(range(50)) * 20)
     eng.add_request("full", [1])
@@ -454,7 +422,61 @@ def test_extend_accepts_inputs_sharing_memory(eng, bk):
     assert mout.tolist() == [2, 2]
 
 
-# -- concurrency (issue 12 items 3 and 4) ------------------------------------------
+def test_device_overlap_check_reads_torch_metadata_only():
+    """The CUDA backend's overlap check uses data_ptr ranges (no sync); shown
+    here on CPU tensors, which carry the same metadata."""
+    torch = pytest.importorskip("torch")
+    from saspec.engine import _check_no_overlap
+
+    buf = torch.zeros(64, dtype=torch.int32)
+    acc, lens = buf[:12].view(2, 6), buf[12:14]
+    mout, dout = buf[14:16], buf[16:26].view(2, 5)
+    _check_no_overlap((acc, lens, mout, dout))  # adjacent, not overlapping
+    with pytest.raises(ValueError, match="accepted_lens and match_len_out share memory"):
+        _check_no_overlap((acc, lens, buf[13:15], dout))
+    with pytest.raises(ValueError, match="match_len_out and draft_out share memory"):
+        _check_no_overlap((acc, lens, mout, buf[15:25].view(2, 5)))
+    _check_no_overlap((acc, acc, mout, dout))  # inputs may share
+    _check_no_overlap((acc, lens, buf[14:14], dout))  # empty tensors share nothing
+
+
+# -- threads: builds overlap steps, parallel steps serialise, a remove cancels an add
+
+
+def test_add_request_in_a_thread_overlaps_extend():
+    eng = SpecEngine()
+    eng.add_request("warm", [1, 2, 3])
+    eng.prepare(["warm"])
+    eng.extend(*step_arrays(1))  # compile before timing anything
+    rng = np.random.default_rng(5)
+    big = rng.integers(0, 50_000, 3_000_000)
+    steps_during_build = []
+    done = threading.Event()
+
+    def add():
+        eng.add_request("big", big)
+        done.set()
+
+    acc, lens, mout, dout = step_arrays(1)
+    lens[0] = 2
+    t = threading.Thread(target=add)
+    t.start()
+    n = 0
+    while not done.is_set():
+        acc[0, :2] = rng.integers(0, 3, 2)
+        eng.extend(acc, lens, mout, dout)
+        n += 1
+        time.sleep(0)
+    steps_during_build.append(n)
+    t.join()
+    assert eng.automaton_len("big") == len(big)
+    assert steps_during_build[0] > 10, "extend did not run while add_request built"
+    ref = SuffixAutomaton(big)
+    eng.prepare(["big", "warm"])
+    acc2, lens2, mout2, dout2 = step_arrays(2)
+    eng.extend(acc2, lens2, mout2, dout2)
+    assert mout2[0] == ref.match()[0] and dout2[0].tolist() == reference_draft(ref, K)
+
 
 _TWO_ENGINES = """
 import threading, numpy as np
@@ -504,8 +526,8 @@ def test_engines_in_threads_run_parallel_batches(layer, tmp_path):
 
 
 def test_parallel_is_off_by_default():
-    """Parallel steps only when the caller opts in (BENCHMARKS.md: on shared
-    cores the parallel path was 10-35x slower than serial)."""
+    """Parallel steps only when the caller opts in (on shared cores the
+    parallel path is much slower than serial: BENCHMARKS.md, "Host engine")."""
     assert SpecEngine().parallel_threshold is None and NgramDrafter().parallel_threshold is None
     assert SpecEngine(parallel_threshold=64).parallel_threshold == 64
     for bad in (0, -1, 1.5, "64", True):
@@ -569,7 +591,37 @@ def test_add_again_while_a_cancelled_build_runs():
     assert result == [False] and eng.automaton_len("r") == 3 and len(eng) == 1
 
 
-# -- sizes and arguments (issue 12 items 5 and 6) ----------------------------------
+# -- request sizes: the memory hint, the token limit, the recency depth ----------------
+
+
+def test_expected_new_tokens_reserves_room_up_front():
+    """With the hint the request's memory is sized at add_request and the
+    steps within it never re-allocate; past it the request grows as usual, and
+    matches and drafts are those of the plain automaton throughout."""
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 50, 300).astype(np.int32)
+    stream = np.concatenate([prompt[40:400], rng.integers(0, 50, 400)]).astype(np.int32)
+    hinted, plain = SpecEngine(), SpecEngine()
+    hinted.add_request(0, prompt, expected_new_tokens=600)
+    plain.add_request(0, prompt)
+    assert hinted.stats()["bytes"] > plain.stats()["bytes"]
+    ref = SuffixAutomaton(prompt, policy=hinted.policy)
+    sizes = []
+    for eng in (hinted, plain):
+        eng.prepare([0])
+    for i in range(0, len(stream), K + 1):
+        chunk = stream[i : i + K + 1]
+        ref.extend(chunk)
+        for eng in (hinted, plain):
+            acc, lens, mout, dout = step_arrays(1)
+            acc[0, : len(chunk)] = chunk
+            lens[0] = len(chunk)
+            eng.extend(acc, lens, mout, dout)
+            assert mout[0] == ref.match()[0] and dout[0].tolist() == reference_draft(ref, K)
+        sizes.append((i + len(chunk), hinted.stats()["bytes"]))
+    within = {b for n, b in sizes if n <= 600}
+    assert within == {sizes[0][1]}  # no re-allocation within the hint
+    assert sizes[-1][1] > sizes[0][1]  # 760 tokens: past the hint, it grew
 
 
 def test_request_token_limit_fits_int32_offsets():
@@ -656,7 +708,7 @@ def test_recent_policy_cost_is_bounded_on_unary_text():
     assert time.perf_counter() - t0 < 60 and sa.match()[0] == 199_999
 
 
-# -- device slot overflow (issue 12 item 7) -------------------------------------------
+# -- a request that outgrows its device slot is reported -------------------------------
 
 
 def test_device_overflow_is_reported(cuda_backend):
@@ -692,54 +744,3 @@ def test_cpu_engine_never_overflows():
     eng = SpecEngine()
     eng.add_request("a", [1, 2])
     assert eng.stats()["overflowed"] == 0 and eng.overflowed("a") is False
-
-
-def test_device_overlap_check_reads_torch_metadata_only():
-    """The CUDA backend's overlap check uses data_ptr ranges (no sync); shown
-    here on CPU tensors, which carry the same metadata."""
-    torch = pytest.importorskip("torch")
-    from saspec.engine import _check_no_overlap
-
-    buf = torch.zeros(64, dtype=torch.int32)
-    acc, lens = buf[:12].view(2, 6), buf[12:14]
-    mout, dout = buf[14:16], buf[16:26].view(2, 5)
-    _check_no_overlap((acc, lens, mout, dout))  # adjacent, not overlapping
-    with pytest.raises(ValueError, match="accepted_lens and match_len_out share memory"):
-        _check_no_overlap((acc, lens, buf[13:15], dout))
-    with pytest.raises(ValueError, match="match_len_out and draft_out share memory"):
-        _check_no_overlap((acc, lens, mout, buf[15:25].view(2, 5)))
-    _check_no_overlap((acc, acc, mout, dout))  # inputs may share
-    _check_no_overlap((acc, lens, buf[14:14], dout))  # empty tensors share nothing
-
-
-def test_read_only_inputs_take_the_checked_path(eng):
-    """Read-only inputs are valid (only outputs must be writable); they miss
-    the exact-type fast path and must give the same results."""
-    if eng.backend != "cpu":
-        pytest.skip("CPU backend: the CUDA simulator writes back every kernel argument")
-    ref = SpecEngine()
-    ref.add_request("a", [1, 2, 3, 1, 2])
-    ref.add_request("b", [7, 7, 7])
-    ref.prepare(["a", "b"])
-    for _ in range(3):
-        acc, lens, mout, dout = step_arrays(2)
-        acc[:, :2], lens[:] = [[3, 1], [7, 7]], 2
-        want = step_arrays(2)
-        ref.extend(acc, lens, want[2], want[3])
-        acc.flags.writeable = lens.flags.writeable = False
-        eng.extend(acc, lens, mout, dout)
-        assert mout.tolist() == want[2].tolist() and dout.tolist() == want[3].tolist()
-
-
-def test_ngram_drafter_checks_like_the_engine():
-    drafter = NgramDrafter()
-    drafter.add_request("a", [1, 2, 3, 1, 2])
-    drafter.prepare(["a"])
-    acc, lens, mout, dout = step_arrays(1)
-    lens[0] = K + 2
-    rejects(drafter, ValueError, r"accepted_lens\[0\]", drafter.extend, acc, lens, mout, dout)
-    lens[0] = 1
-    rejects(drafter, ValueError, "accepted_lens and match_len_out share memory", drafter.extend, acc, lens, lens, dout)
-    acc[0, 0] = 3
-    drafter.extend(acc, lens, mout, dout)
-    assert mout[0] == 3 and dout[0].tolist() == [1, 2, 3, -1, -1]

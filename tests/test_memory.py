@@ -10,6 +10,9 @@ from saspec import SpecEngine
 from saspec.evidence.bench import code_like_prompt, random_prompt
 
 
+# -- bytes per token, and growth by geometric re-allocation ----------------------------
+
+
 def bytes_per_token(prompt):
     eng = SpecEngine()
     eng.add_request("r", prompt)
@@ -54,7 +57,7 @@ def test_decoding_grows_geometrically():
     assert all(b > a for a, b in zip(sizes, sizes[1:]))
 
 
-# -- the engine's arena: mid-size blobs packed onto huge pages ---------------------
+# -- the engine's arena: mid-size blobs packed onto huge pages -------------------------
 
 from saspec import arena as arenas, build  # noqa: E402
 

@@ -1,4 +1,5 @@
-"""The package's architecture holds: the library never reaches into the evidence,
+"""The package's architecture holds: the library never reaches into the evidence, every
+module imports only modules below it (no cycle) and no other module's private names,
 ``import saspec`` stays light, and importing it writes nothing into the source tree."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ import ast
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import saspec
@@ -20,36 +22,159 @@ def _library_modules() -> list[Path]:
     return [p for p in PACKAGE.rglob("*.py") if "evidence" not in p.relative_to(PACKAGE).parts]
 
 
-def _imports(path: Path) -> list[str]:
-    """Absolute names of every module ``path`` imports, at any depth (lazy imports too)."""
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
-    package = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
-    names = []
+# -- the import graph: one parser for every check below ------------------------------------
+
+
+@dataclass(frozen=True)
+class Imported:
+    """One name an import statement takes: ``import module`` (``name`` None) or
+    ``from module import name``, with ``module`` absolute (relative imports resolved)."""
+
+    module: str
+    name: str | None
+
+
+def module_name(path: Path, root: Path) -> str:
+    """``root/x/y.py`` -> ``"<root>.x.y"``; a package's ``__init__.py`` is the package."""
+    rel = path.relative_to(root.parent).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Every module of the package at ``root``, by dotted name."""
+    return {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+
+
+def imports_of(path: Path, root: Path) -> list[Imported]:
+    """Every import in ``path`` at any depth (lazy imports inside functions too)."""
+    package = list(path.relative_to(root.parent).parent.parts)
+    out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names += [a.name for a in node.names]
+            out += [Imported(a.name, None) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - node.level + 1]
-                mod = ".".join(base + ([node.module] if node.module else []))
-                names += [mod] + [f"{mod}.{a.name}" for a in node.names]
-            else:
-                names.append(node.module)
-    return names
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            out += [Imported(module, a.name) for a in node.names]
+    return out
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports. ``from pkg import name`` counts as
+    importing ``pkg.name`` when that is a module, else ``pkg``."""
+    mods = modules(root)
+    graph = {}
+    for name, path in mods.items():
+        deps = set()
+        for imp in imports_of(path, root):
+            sub = f"{imp.module}.{imp.name}" if imp.name else None
+            target = sub if sub in mods else imp.module
+            if target in mods and target != name:
+                deps.add(target)
+        graph[name] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle: each group of two or more modules that all reach each other, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+
+def private_imports(root: Path) -> list[str]:
+    """``"importer: module.name"`` for every import of a ``_``-prefixed name or module
+    from the package (``from .x import _y``, ``from . import _mod``, ``import pkg._mod``)."""
+    top = root.name
+    out = []
+    for name, path in modules(root).items():
+        for imp in imports_of(path, root):
+            if imp.module != top and not imp.module.startswith(top + "."):
+                continue  # another package's, __future__ included
+            dotted = imp.module + (f".{imp.name}" if imp.name else "")
+            if any(_private(part) for part in dotted.split(".")):
+                out.append(f"{name}: {dotted}")
+    return out
+
+
+# -- the layers: the library never imports the evidence, no cycles, no private imports -------
 
 
 def test_library_never_imports_the_evidence():
-    offenders = {
-        str(p.relative_to(PACKAGE)): [n for n in _imports(p) if n.startswith("saspec.evidence")] for p in _library_modules()
-    }
+    graph = import_graph(PACKAGE)
+    offenders = {m: sorted(d for d in deps if d.startswith("saspec.evidence")) for m, deps in graph.items()
+                 if not m.startswith("saspec.evidence")}
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-def test_the_import_check_sees_relative_imports():
-    # The check above is only as good as the parser: it must resolve `from ..evidence import x`.
-    sample = PACKAGE / "device" / "prepare.py"
-    assert "saspec.core" in _imports(sample)
-    assert "saspec.device.extend" in _imports(sample)
+def test_the_import_graph_resolves_relative_imports():
+    # The checks are only as good as the parser: `from ..core import x` is saspec.core.
+    assert {"saspec.core", "saspec.device.extend"} <= import_graph(PACKAGE)["saspec.device.prepare"]
+
+
+def test_no_import_cycle():
+    """Every module imports only modules below it: lazy imports inside functions count too."""
+    assert cycles(import_graph(PACKAGE)) == []
+
+
+def test_no_module_imports_another_modules_private_name():
+    assert private_imports(PACKAGE) == []
+
+
+def test_the_command_line_is_the_top_of_the_evidence():
+    """``cli`` imports the commands; a command that needs a validator or ``CliError``
+    takes it from ``evidence.options``."""
+    graph = import_graph(PACKAGE)
+    assert sorted(m for m, deps in graph.items() if "saspec.evidence.cli" in deps) == []
+
+
+def test_the_checks_report_exactly_a_cycle_and_the_private_imports(tmp_path):
+    files = {
+        "__init__.py": "from .a import VALUE\n",
+        "a.py": "from __future__ import annotations\n\nfrom . import b\n\nVALUE = 1\n",
+        "b.py": "import os\n\n\ndef f():\n    from .a import VALUE  # lazy, and still a cycle\n    return VALUE\n",
+        "c.py": "from .b import _helper, f\nfrom .a import __doc__\n",
+        "sub/__init__.py": "",
+        "sub/d.py": "from ..b import f\nfrom .. import c\nimport fake.a\n",
+        "sub/e.py": "from . import _impl\n",
+        "sub/_impl.py": "",
+    }
+    root = tmp_path / "fake"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    graph = import_graph(root)
+    assert graph["fake.sub.d"] == {"fake.a", "fake.b", "fake.c"}
+    assert cycles(graph) == [["fake.a", "fake.b"]]
+    assert private_imports(root) == ["fake.c: fake.b._helper", "fake.sub.e: fake.sub._impl"]
+
+
+# -- import saspec stays light ---------------------------------------------------------------
 
 
 def test_library_imports_no_heavy_package_at_module_level():
@@ -98,6 +223,9 @@ def test_cpu_engine_loads_nothing_heavy():
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m.startswith('saspec.evidence')))"
     )
     assert out.strip() == "[]"
+
+
+# -- compiled kernels are cached outside the source tree, keyed on the sources ---------------
 
 
 def _tree_snapshot() -> dict[str, float]:

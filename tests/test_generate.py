@@ -301,7 +301,7 @@ ARM_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
 
 
 def test_pick_dtype():
-    from saspec.evidence.generate import cpu_flags, pick_dtype
+    from saspec.evidence.lm import cpu_flags, pick_dtype
 
     assert cpu_flags(X86_AVX2) == {"fpu", "sse2", "avx", "avx2", "fma"}
     assert "bf16" in cpu_flags(ARM_BF16)

@@ -60,7 +60,7 @@ BAD = [
     (["simulate", "--thresholds", "abc"], "saspec simulate", "argument --thresholds: threshold 'abc': expected an integer"),
     (["simulate", "--thresholds", "1,,4"], "saspec simulate", "without empty items"),
     (["simulate", "--thresholds", "0,4"], "saspec simulate", "must be >= 1, got 0"),
-    (["simulate", "-k", "0"], "saspec simulate", "argument -k/--k: must be >= 1, got 0"),
+    (["simulate", "-k", "0"], "saspec simulate", "argument -k/--k: must be in [1, 32], got 0"),
     (["simulate", "-k", "eight"], "saspec simulate", "expected an integer, got 'eight'"),
     (["simulate", "--threshold", "-2"], "saspec simulate", "argument --threshold: must be >= 1"),
     (["simulate", "--size", "0"], "saspec simulate", "argument --size: must be >= 1, got 0"),
@@ -70,7 +70,7 @@ BAD = [
     (["simulate", "--policies", "last"], "saspec simulate", "unknown SA policy 'last'"),
     (["simulate", "--seed", "-1"], "saspec simulate", "argument --seed: must be >= 0"),
     (["simulate", "--bogus"], "saspec simulate", "unrecognized arguments: --bogus"),
-    (["simulate", "-k", "33"], "saspec simulate", "argument -k/--k: must be <= 32, got 33"),
+    (["simulate", "-k", "33"], "saspec simulate", "argument -k/--k: must be in [1, 32], got 33"),
     # simulate: inputs and combinations found when the command runs
     (["simulate", "--workloads", "{bad_json}"], "saspec simulate", "bad.jsonl:2: invalid JSON"),
     (["simulate", "--workloads", "{no_output}"], "saspec simulate", "no_output.jsonl:1: expected an object with"),
@@ -143,7 +143,7 @@ def test_generate_without_installed_models_names_the_install_command(tmp_path, m
 
 
 @pytest.mark.parametrize("argv,fragment", [
-    (["simulate", "-k", "0"], "argument -k/--k: must be >= 1, got 0"),
+    (["simulate", "-k", "0"], "argument -k/--k: must be in [1, 32], got 0"),
     (["simulate", "--workloads", "{bad}"], "invalid JSON"),
 ])
 def test_the_installed_command_exits_2_without_a_traceback(argv, fragment, tmp_path):
@@ -200,7 +200,8 @@ def test_the_documented_example_trace_line_is_accepted(tmp_path, capsys):
     w = load_traces(path)
     assert len(w.traces) == 1 and w.meta["model"] == json.loads(line)["model"]
     assert main(["simulate", "--workloads", str(path), "--no-plots", "--no-ngram", "--out", str(tmp_path)]) == 0
-    assert "| example | sa:first |" in capsys.readouterr().out
+    assert "\n| example | " in capsys.readouterr().out
+    assert "| example | sa:first |" in (tmp_path / "tables.md").read_text()
 
 
 def test_readme_documents_the_trace_format():

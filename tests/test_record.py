@@ -90,7 +90,10 @@ def test_record_traces_end_to_end_and_resume(model_dirs, tmp_path, capsys):
     rc = cli(["simulate", "--workloads", str(out), "--no-plots", "--no-ngram", "--policies", "first",
               "--out", str(tmp_path / "sim")])
     assert rc == 0
-    text = capsys.readouterr().out
+    screen = capsys.readouterr().out
+    assert "The draft model is the real one (tiny-draft, teacher-forced runs)" in " ".join(screen.split())
+    assert "\n| real | " in screen and screen.rstrip().endswith(f"results: {tmp_path / 'sim' / 'results.json'}")
+    text = (tmp_path / "sim" / "tables.md").read_text()
     assert "| draft-model (tiny-draft) |" in text and "hybrid:draft-model:T=4" in text
     assert "| real | draft-model K=3 |" in text and ") over the draft model alone" in text
     assert "hybrid threshold over the real draft model: T=" in text

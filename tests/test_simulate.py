@@ -131,24 +131,85 @@ def test_simulate_command_end_to_end(tmp_path, capsys):
     rc = main(["simulate", "--workloads", "humaneval,humaneval-edit", "--size", "6", "--thresholds", "1,4",
                "--out", str(tmp_path)])
     assert rc == 0
-    out = capsys.readouterr().out
-    assert "| humaneval-edit | hybrid:T=4 |" in out
     res = json.loads((tmp_path / "results.json").read_text())
     rows = {r["drafter"]: r for r in res["workloads"]["humaneval-edit"]["rows"]}
     assert rows["none"]["AL"] == 1.0
     assert rows["neural"]["AL"] > 1.5
     assert (tmp_path / "al_vs_threshold.png").stat().st_size > 1000
     assert (tmp_path / "al_by_policy.png").stat().st_size > 1000
+    assert (tmp_path / "accepted_distribution.png").stat().st_size > 1000
 
 
-def test_simulate_replays_recorded_traces(tmp_path, capsys):
+# -- the first screen is a summary; every table is written to the output folder ---------------
+
+
+def first_screen_of(out: str) -> list[str]:
+    return out.strip("\n").splitlines()
+
+
+def test_the_first_screen_is_a_short_summary_per_workload(tmp_path, capsys):
     from saspec.evidence.cli import main
+
+    assert main(["simulate", "--workloads", "humaneval,humaneval-edit", "--size", "6", "--out", str(tmp_path)]) == 0
+    lines = first_screen_of(capsys.readouterr().out)
+    assert len(lines) <= 40
+    assert lines[0].startswith("saspec simulate: 2 workloads, K=8, SA policy near-first.")
+    al = lines[lines.index("Tokens per target forward (AL):") + 1]
+    assert al == "| workload | SA | n-gram | SA / n-gram | draft model | hybrid | hybrid / draft model |"
+    speed = lines[lines.index("Modeled tokens/s of the hybrid over the draft model alone (and over no drafting):") + 1]
+    assert "gpu-like B=1 | gpu-like B=64 |" in speed
+    for name in ("humaneval", "humaneval-edit"):
+        assert sum(x.startswith(f"| {name} | ") for x in lines) == 2, name  # one row in each table
+    res = json.loads((tmp_path / "results.json").read_text())
+    rows = {r["drafter"]: r["AL"] for r in res["workloads"]["humaneval-edit"]["rows"]}
+    assert f"| humaneval-edit | {rows['sa:near-first']:.2f} | {rows['ngram']:.2f} | " in "\n".join(lines)
+
+
+def test_the_last_line_says_where_every_table_and_plot_went(tmp_path, capsys):
+    from saspec.evidence.cli import main
+
+    assert main(["simulate", "--workloads", "humaneval-edit", "--size", "6", "--out", str(tmp_path)]) == 0
+    last = first_screen_of(capsys.readouterr().out)[-1]
+    assert last == (f"full tables: {tmp_path / 'tables.md'}; results: {tmp_path / 'results.json'}; "
+                    f"plots: al_vs_threshold.png, al_by_policy.png, accepted_distribution.png in {tmp_path}")
+    tables = (tmp_path / "tables.md").read_text()
+    for text in ("| humaneval-edit | hybrid:T=4 |", "| humaneval-edit | sa:recent |",  # every drafter and policy
+                 "| workload | hybrid T=4 / neural | adaptive / neural |",  # the ratios
+                 "best draft-length rule:", "| humaneval-edit | sa K=32 ",  # the cost model's study, speed table
+                 "Cost model: time per step", "workloads built in"):
+        assert text in tables, text
+
+
+def test_without_plots_the_last_line_names_only_the_tables_and_results(traces_file, tmp_path, capsys):
+    from saspec.evidence.cli import main
+
+    json_path = tmp_path / "elsewhere.json"
+    assert main(["simulate", "--workloads", str(traces_file), "--no-plots", "--no-ngram", "--out", str(tmp_path / "o"),
+                 "--json", str(json_path)]) == 0
+    lines = first_screen_of(capsys.readouterr().out)
+    assert lines[-1] == f"full tables: {tmp_path / 'o' / 'tables.md'}; results: {json_path}"
+    assert any(x.startswith("| rec | 8.00 | - | - |") for x in lines)  # no n-gram run: its columns say so
+    assert not list((tmp_path / "o").glob("*.png"))
+
+
+@pytest.fixture
+def traces_file(tmp_path):
+    """A perfect copy task as a recorded-trace file named ``rec.jsonl``."""
     from saspec.evidence.workloads import Trace, save_traces
 
-    traces = [Trace(prompt=np.array([1, 2, 3, 4] * 5, np.int32), output=np.array([1, 2, 3, 4] * 10, np.int32), meta={})]
     path = tmp_path / "rec.jsonl"
+    traces = [Trace(prompt=np.array([1, 2, 3, 4] * 5, np.int32), output=np.array([1, 2, 3, 4] * 10, np.int32), meta={})]
     save_traces(path, traces, model="test")
-    assert main(["simulate", "--workloads", str(path), "--no-plots", "--no-ngram", "--out", str(tmp_path)]) == 0
+    return path
+
+
+# -- recorded traces and the runtime selector ---------------------------------------------
+
+
+def test_simulate_replays_recorded_traces(traces_file, tmp_path, capsys):
+    from saspec.evidence.cli import main
+
+    assert main(["simulate", "--workloads", str(traces_file), "--no-plots", "--no-ngram", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "results.json").read_text())
     rows = {r["drafter"]: r for r in res["workloads"]["rec"]["rows"]}
     assert rows["sa:first"]["AL"] == 40 / 5  # a perfect copy: 8 drafts + 1 bonus each step, 40 tokens

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import time
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from ..build import DEFAULT_POLICY, POLICIES
 from ..select import HYBRID_THRESHOLD, N_BUCKETS, adaptive_init, adaptive_observe, adaptive_prefers_sa
 from .options import CliError, comma_list, int_in, nonnegative_int, output_file, positive_int, probability
 from .positions import ADAPTIVE, HYBRID, NEURAL, NONE, SA, TREE, Flat, extend_buffers, neural_positions, sa_positions
+from .realsim import SA_WIDTH, speed_section
 
 DEFAULT_P = (0.85, 0.75, 0.65, 0.6, 0.55, 0.5, 0.5, 0.5)
 DEFAULT_THRESHOLDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -156,6 +158,11 @@ def _accept(drafts, tokens, offsets, pos, remaining, acc, lens, hist):
 # -- a workload's table ----------------------------------------------------------
 
 
+def default_hybrid_policy(policies: tuple[str, ...]) -> str:
+    """The SA occurrence policy of the hybrid rows: the engine's default, else the last one compared."""
+    return DEFAULT_POLICY if DEFAULT_POLICY in policies else policies[-1]
+
+
 def simulate_workload(
     flat: Flat,
     k: int = 8,
@@ -181,8 +188,8 @@ def simulate_workload(
     n_tok = int(flat.tokens.shape[0])
     rows: list[dict] = []
     seconds: dict[str, float] = {}
-    if hybrid_policy is None:  # the engine's default, else the last one compared
-        hybrid_policy = DEFAULT_POLICY if DEFAULT_POLICY in sa_policies else sa_policies[-1]
+    if hybrid_policy is None:
+        hybrid_policy = default_hybrid_policy(sa_policies)
     nn_acc = neural_positions(flat, p, seed)
     prior_nn = float(np.mean(nn_acc))
 
@@ -320,8 +327,6 @@ def _workload_name(text: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .realsim import SA_WIDTH
-
     p.add_argument("--workloads", type=comma_list(_workload_name, what="workload"), default=default_workloads(),
                    help="comma-separated built-in workloads and/or recorded trace files (.jsonl, format below)")
     p.add_argument("--size", type=positive_int, default=None,
@@ -421,6 +426,76 @@ def format_summary(results: dict[str, dict], threshold: int) -> str:
             return f"{al[key] / al['neural']:.3f}x" if key in al else "-"
         lines.append(f"| {name} | {r(f'hybrid:T={threshold}')} | {r('hybrid:adaptive')} | {r(f'tree:T={threshold}')} | {ratio} |")
     return "\n".join(lines)
+
+
+SCREEN_WIDTH = 110  # the first screen's prose lines wrap here
+
+
+def _short(name: str) -> str:
+    """A cost profile's name, or a speed-table column ``"<profile> B=<b>"``, without its parenthesis."""
+    head, _, batch = name.rpartition(" B=")
+    return f"{head.split(' (')[0]} B={batch}" if head else name.split(" (")[0]
+
+
+def _draft_and_hybrid(by: dict, name: str, k: int, threshold: int, t_model: int, rule: str) -> tuple[dict, dict, bool]:
+    """A workload's speed-table rows for the first screen: (draft model alone, hybrid, real?).
+    With the real draft model's runs, the tuned hybrid (``t_model``, SA drafts up to 32 by
+    ``rule``) against the draft model at K=8; else the modeled drafter's rows at ``k``."""
+    if (name, "draft-model K=8") in by:
+        return by[(name, "draft-model K=8")], by[(name, f"hybrid:draft-model T={t_model} K=8 SA<=32 {rule}")], True
+    return by[(name, f"neural (modeled, free) K={k}")], by[(name, f"hybrid(modeled) T={threshold} K={k}")], False
+
+
+def format_first_screen(results: dict[str, dict], speed: dict, k: int, threshold: int, policy: str) -> str:
+    """What ``saspec simulate`` prints: per workload, SA against n-gram and the hybrid against
+    the draft model alone (AL), and the hybrid's modeled tokens/s over the draft model alone
+    and over no drafting per cost profile and batch. ``results``: :func:`simulate_workload`'s
+    per workload; ``speed``: ``realsim.speed_section``'s data."""
+    t_model = (speed.get("model_threshold") or {}).get("best", threshold)
+    r, scale = speed["length_study"]["best"]
+    rule = f"{r}:{scale:g}"
+    by = {(row["workload"], row["drafter"]): row for row in speed["speed"]}
+    cols = list(speed["speed"][0]["tok_s"])
+    al = ["| workload | SA | n-gram | SA / n-gram | draft model | hybrid | hybrid / draft model |", "|---" * 7 + "|"]
+    tok = ["| workload | " + " | ".join(_short(c) for c in cols) + " |", "|---" * (1 + len(cols)) + "|"]
+    real_models = set()
+    for name, res in results.items():
+        rows = {row["drafter"]: row for row in res["rows"]}
+        sa, ng = rows[f"sa:{policy}"]["AL"], rows.get("ngram", {}).get("AL")
+        dm, hy, real = _draft_and_hybrid(by, name, k, threshold, t_model, rule)
+        if real:
+            real_models.add(rows["draft-model"]["note"])
+        al.append(f"| {name} | {sa:.2f} | " + (f"{ng:.2f} | {sa / ng:.2f}x" if ng else "- | -")
+                  + f" | {dm['AL']:.2f} {'real' if real else 'modeled'} | {hy['AL']:.2f} | {hy['AL'] / dm['AL']:.2f}x |")
+        none = by[(name, "none")]["tok_s"]
+        tok.append(f"| {name} | " + " | ".join(f"{hy['tok_s'][c] / dm['tok_s'][c]:.2f}x ({hy['tok_s'][c] / none[c]:.1f}x)"
+                                                for c in cols) + " |")
+    real = (f"the real one ({', '.join(sorted(real_models))}, teacher-forced runs) where a workload has its "
+            f"runs (hybrid T={t_model}, SA drafts up to 32 by {rule}, K=8), else " if real_models else "")
+    n = len(results)
+    header = (f"saspec simulate: {n} workload{'s' * (n != 1)}, K={k}, SA policy {policy}. Hybrid: the SA's draft where "
+              f"its match is >= T tokens, else the draft model's. The draft model is {real}the modeled neural "
+              f"drafter (free drafts; hybrid T={threshold}, K={k}).")
+    profiles = "; ".join(f"{_short(pr['name'])}: {pr['name']}, {pr['notes'].get('source', '')}"
+                         for pr in speed["profiles"])
+    return "\n".join([textwrap.fill(header, SCREEN_WIDTH), "", "Tokens per target forward (AL):", *al, "",
+                      "Modeled tokens/s of the hybrid over the draft model alone (and over no drafting):", *tok,
+                      textwrap.fill(f"Cost profiles: {profiles}.", SCREEN_WIDTH)])
+
+
+TABLES_FILE = "tables.md"
+
+
+def format_tables(first_screen: str, results: dict[str, dict], threshold: int, speed_text: str, timing: str) -> str:
+    """``OUT/tables.md``: the first screen, then every table (each drafter and policy's AL,
+    the ratios, the cost model's studies and speed table), then the run's timings."""
+    return "\n\n".join([
+        "# saspec simulate", first_screen,
+        "## Every drafter and policy: tokens per target forward", format_results(results),
+        "## Ratios: hybrid, adaptive and tree over the modeled neural drafter; the best SA policy over first",
+        format_summary(results, threshold),
+        "## The cost model: draft-length rules, the hybrid's threshold, modeled tokens/s", speed_text,
+        timing]) + "\n"
 
 
 # (marker, linestyle, marker size) per SA policy in the threshold plot: the
@@ -552,9 +627,11 @@ def plot(results: dict[str, dict], out: Path, k: int | None = None, threshold: i
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``saspec simulate`` with parsed arguments (see :func:`add_arguments`).
+    """Run ``saspec simulate`` with parsed arguments (see :func:`add_arguments`): print the
+    first screen (:func:`format_first_screen`), write every table to ``OUT/tables.md``, the
+    results to ``OUT/results.json`` (or ``--json``) and the plots to ``OUT``.
 
-    Raises ``cli.CliError`` for option combinations the parser cannot check
+    Raises ``options.CliError`` for option combinations the parser cannot check
     alone (``--p`` shorter than K, no workload left to simulate).
     """
     from tqdm import tqdm
@@ -585,29 +662,27 @@ def main(args: argparse.Namespace) -> int:
             results[name] = simulate_workload(flat, args.k, p, thresholds, args.threshold, policies,
                                               seed=args.seed, ngram=not args.no_ngram, progress=bar)
     sim_s = time.perf_counter() - t0
-    print()
-    print(format_results(results))
-    print()
-    print(format_summary(results, args.threshold))
-    from .realsim import speed_section  # the cost model: modeled tokens/s, draft-length rules
-
     t1 = time.perf_counter()
-    hybrid_policy = DEFAULT_POLICY if DEFAULT_POLICY in policies else policies[-1]  # as the main table's hybrid rows
-    speed_text, speed = speed_section(flats, args.k, p, args.threshold, args.seed, policy=hybrid_policy)
-    print()
-    print(speed_text)
-    print(f"(cost model in {time.perf_counter() - t1:.1f} s)")
+    policy = default_hybrid_policy(policies)
+    speed_text, speed = speed_section(flats, args.k, p, args.threshold, args.seed, policy=policy)
+    cost_s = time.perf_counter() - t1
     sa_tokens = sum(r["tokens"] for r in results.values()) * len(policies)
     sa_seconds = sum(v for r in results.values() for key, v in r["seconds"].items() if key.startswith("sa:"))
-    print(f"\nworkloads built in {build_s:.1f} s; simulated in {sim_s:.1f} s; "
-          f"SA passes: {sa_tokens / max(sa_seconds, 1e-9) / 1e6:.2f} M output tokens/s")
-    summary = {"args": {k: v for k, v in vars(args).items() if not callable(v)}, "neural_p": list(p), "build_seconds": build_s, "simulate_seconds": sim_s,
+    first = format_first_screen(results, speed, args.k, args.threshold, policy)
+    timing = (f"workloads built in {build_s:.1f} s; simulated in {sim_s:.1f} s; cost model in {cost_s:.1f} s; "
+              f"SA passes: {sa_tokens / max(sa_seconds, 1e-9) / 1e6:.2f} M output tokens/s")
+    tables_path = out / TABLES_FILE
+    tables_path.write_text(format_tables(first, results, args.threshold, speed_text, timing))
+    summary = {"args": {k: v for k, v in vars(args).items() if not callable(v)}, "neural_p": list(p),
+               "build_seconds": build_s, "simulate_seconds": sim_s,
                "sa_tokens_per_second": sa_tokens / max(sa_seconds, 1e-9), "workloads": results,
                "cost_model": speed}
     json_path = Path(args.json) if args.json else out / "results.json"
     json_path.write_text(json.dumps(summary, indent=1))
-    print(f"results: {json_path}")
-    if not args.no_plots and results:
-        for path in plot(results, out, args.k, args.threshold):
-            print(f"plot: {path}")
+    plots = plot(results, out, args.k, args.threshold) if not args.no_plots else []
+    print()
+    print(first)
+    print()
+    print(f"full tables: {tables_path}; results: {json_path}"
+          + (f"; plots: {', '.join(p.name for p in plots)} in {out}" if plots else ""))
     return 0

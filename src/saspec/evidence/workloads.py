@@ -38,11 +38,11 @@ from .code_edits import (
     EDIT_KINDS,
     HUMANEVAL_EDIT_KINDS,
     CodeEdit,
+    apply_edit,
     code_units,
     edit_unit,
     normalize_source,
     read_python,
-    apply_edit,
     stdlib_python_files,
 )
 from .draft_runs import DraftRuns

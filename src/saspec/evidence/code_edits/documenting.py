@@ -10,27 +10,28 @@ import re
 from .registry import edit_kind
 from .source import (
     CodeEdit,
+    FuncNode,
+    Function,
+    Source,
     arg_defaults,
     body_insert_line,
-    Function,
-    FuncNode,
+    body_top_splices,
     has_docstring,
     header_tokens,
     indent_of,
     is_generator,
     module_assigns,
     module_has_import,
+    name_words,
     one_line,
     pick_functions,
     prelude_edit,
     returns_value,
-    Source,
     splice_text,
     stmt_start_line,
     target_functions,
     user_args,
     walk_own,
-    name_words,
 )
 
 # ---- type hints ----------------------------------------------------------
@@ -153,11 +154,7 @@ def _edit_docstring(src: Source, rng: random.Random, target: str | None) -> Code
     if not fns:
         return None
     chosen, phrase = pick_functions(fns, rng)
-    splices = []
-    for f in chosen:
-        at = src.line_offset(body_insert_line(src, f.node, False))
-        indent = indent_of(src, f.node.body[0].lineno)
-        splices.append((at, at, _docstring_for(f, indent, rng)))
+    splices = body_top_splices(src, chosen, False, lambda f, indent: _docstring_for(f, indent, rng))
     text = splice_text(src.text, splices)
     return CodeEdit("docstring", f"Add a Google-style docstring to {phrase}.", text,
                     {"functions": [f.qualname for f in chosen]})

@@ -9,16 +9,17 @@ import random
 from .registry import edit_kind
 from .source import (
     CodeEdit,
+    Function,
+    Source,
     arg_defaults,
     body_insert_line,
-    Function,
+    body_top_splices,
     has_docstring,
     indent_of,
     module_assigns,
     module_has_import,
     pick_functions,
     prelude_edit,
-    Source,
     splice_text,
     split_lines,
     stmt_start_line,
@@ -101,11 +102,7 @@ def _edit_log_entry(src: Source, rng: random.Random, target: str | None) -> Code
     if not fns:
         return None
     chosen, phrase = pick_functions(fns, rng)
-    splices = []
-    for f in chosen:
-        at = src.line_offset(body_insert_line(src, f.node, True))
-        body = f.node.body[1:] if has_docstring(f.node) else f.node.body
-        splices.append((at, at, _log_line(f, indent_of(src, body[0].lineno))))
+    splices = body_top_splices(src, chosen, True, _log_line)
     prelude = _logger_prelude(src)
     if prelude:
         splices.append(prelude)

@@ -10,7 +10,7 @@ import random
 import re
 
 from .registry import edit_kind
-from .source import CodeEdit, all_args, functions_in, Source, splice_text, target_functions, user_args
+from .source import CodeEdit, Source, all_args, functions_in, splice_text, target_functions, user_args
 
 _SYNONYMS: dict[str, tuple[str, ...]] = {
     "data": ("payload", "raw_data"), "result": ("output", "outcome"), "res": ("result",),

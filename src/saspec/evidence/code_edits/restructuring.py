@@ -11,13 +11,13 @@ import tokenize
 from .registry import edit_kind
 from .source import (
     CodeEdit,
-    Function,
     FuncNode,
+    Function,
+    Source,
     functions_in,
     has_docstring,
     indent_of,
     one_line,
-    Source,
     splice_text,
     stmt_start_line,
     target_functions,

@@ -10,7 +10,7 @@ import re
 import tokenize
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 # ==========================================================================
 # Source positions and splicing
@@ -225,6 +225,19 @@ def body_insert_line(src: Source, fn: ast.FunctionDef | ast.AsyncFunctionDef, af
             return None
         return first.end_lineno + 1
     return colon_row + 1
+
+
+def body_top_splices(src: Source, fns: list[Function], after_docstring: bool,
+                     text_for: Callable[[Function, str], str]) -> list[tuple[int, int, str]]:
+    """One splice per function of ``fns`` inserting ``text_for(fn, indent)`` at the top of its
+    body (after its docstring with ``after_docstring``), ``indent`` being the body's. Every
+    function must have a :func:`body_insert_line`."""
+    out = []
+    for f in fns:
+        at = src.line_offset(body_insert_line(src, f.node, after_docstring))
+        body = f.node.body[1:] if after_docstring and has_docstring(f.node) else f.node.body
+        out.append((at, at, text_for(f, indent_of(src, body[0].lineno))))
+    return out
 
 
 def indent_of(src: Source, lineno: int) -> str:

@@ -231,7 +231,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str
 
 
 def target_checks(summary: dict[tuple[str, str, str], dict[str, float]]) -> list[str]:
-    """The issue's targets, per model and saspec method: code edits (single- and multi-turn, each kind
+    """The targets, per model and saspec method: code edits (single- and multi-turn, each kind
     apart) saspec >= 1.15x the best n-gram row (any setting, any K) in tok/s with a higher mean acceptance
     length; free-form saspec >= 0.97x plain tok/s."""
     lines = []

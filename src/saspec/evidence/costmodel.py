@@ -174,9 +174,8 @@ def gpu_like_profile(batches: tuple[int, ...] = DEFAULT_BATCHES, context: int = 
       verifying 33 tokens costs about as much as 1. At batch 64 the forward
       turns compute-bound at a few tokens per row, so each verified token
       costs compute;
-    * the SA's extend: ``max(sa_step_s_min, sa_step_s_per_row x B)``, the
-      host figures of BENCHMARKS.md (about 5 us per call at batch 1, 1.5 us
-      per row at batch 64).
+    * the SA's extend: ``max(sa_step_s_min, sa_step_s_per_row x B)``, rounded
+      up from the host per-step figures (BENCHMARKS.md, "Per decode step").
     """
     bw, fl = H100_HBM_BYTES_S * bw_efficiency, H100_BF16_FLOPS * flops_efficiency
     out = {}

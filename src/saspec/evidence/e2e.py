@@ -41,15 +41,14 @@ from .options import CliError, comma_list, float_in, int_in, nonnegative_int, po
 # -- the commands' arguments -------------------------------------------------------
 
 # By default every drafter of the loop is gated (``--gate``, see
-# ``saspec.select.CostGate``): it times the forwards as it goes and drafts only
+# ``saspec.gate.CostGate``): it times the forwards as it goes and drafts only
 # where a draft is expected to pay for its verify. The fixed rules below are
-# what ``--no-gate`` uses. They were chosen by replaying recorded outputs with
-# this box's costs before the verify got its faster product
-# (``integrations.hf.fast_small_linears``): a draft-model token costs about 0.4 of a
-# target forward, so the hybrid keeps even a weak SA match until the SA has
-# missed 3 steps in a row (``patience``), the small model's drafts stay short,
-# and SA drafts are capped at 2 tokens per matched token, which lets K be
-# large (32) for long copies.
+# what ``--no-gate`` uses, tuned by replaying recorded outputs under a CPU's
+# costs (BENCHMARKS.md, "End to end"): on a CPU a draft-model token costs a
+# large part of a target forward, so the hybrid keeps even a weak SA match until
+# the SA has missed ``patience`` steps in a row, the small model's drafts stay
+# short, and SA drafts are capped per matched token, which lets K be large for
+# long copies.
 CPU_THRESHOLD = HYBRID_THRESHOLD
 CPU_PATIENCE = 3
 CPU_DRAFT_K = 8
@@ -378,17 +377,15 @@ def _bench(args: argparse.Namespace) -> int:
             match, sa_acc = simulate.sa_positions(flat, args.k, DEFAULT_POLICY)
             if args.per_match > 0:  # the loop's cap on SA draft length
                 sa_acc = np.minimum(sa_acc, np.minimum(args.k, np.ceil(args.per_match * match))).astype(np.int32)
-            zeros = np.zeros_like(sa_acc)
-            hist = np.zeros(args.k + 2, np.int64)
-            steps, _, _ = simulate.walk(flat.offsets, match, sa_acc, zeros, args.k, simulate.SA, 1, hist, 0.0)
+            steps = simulate.walk_hist(flat, match, sa_acc, np.zeros_like(sa_acc), args.k, simulate.SA, 1, 0.0)[0]
             loop = next(r for r in runs if r["prompt"] == p["id"] and r["method"] == "sa")
             sim_rows.append({"prompt": p["id"], "kind": p["kind"], "tokens": len(toks), "sim_steps": int(steps),
                              "loop_steps": loop["target_forwards"], "sim_al": len(toks) / steps, "loop_al": loop["al"]})
     sim_tables = {}
     for kind in sorted({p["kind"] for p in prompts}):
         ts = [t for t in traces if t.meta["kind"] == kind]
-        probs = simulate.DEFAULT_P + (simulate.DEFAULT_P[-1],) * max(0, args.k - len(simulate.DEFAULT_P))
-        sim_tables[kind] = simulate.simulate_workload(simulate.Flat.of(ts), args.k, probs, sa_policies=(DEFAULT_POLICY,),
+        sim_tables[kind] = simulate.simulate_workload(simulate.Flat.of(ts), args.k, simulate.default_p(args.k),
+                                                      sa_policies=(DEFAULT_POLICY,),
                                                       threshold=args.threshold)
 
     summary = summarize(runs, methods)
@@ -463,7 +460,7 @@ TARGETS = (  # (kind, method, over, factor)
 
 
 def target_checks(summary: dict) -> list[str]:
-    """The brief's targets; ``hf-lookup`` stands for the fastest prompt-lookup setting run."""
+    """The end-to-end targets (:data:`TARGETS`); ``hf-lookup`` stands for the fastest prompt-lookup setting run."""
     lines = []
     for kind, m, over, factor in TARGETS:
         s = summary.get(kind, {})

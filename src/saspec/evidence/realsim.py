@@ -365,7 +365,7 @@ def format_length_study(study: dict) -> str:
 
 
 def real_summary(rows: list[dict], threshold: int, rule: tuple[str, float]) -> str:
-    """Per workload with draft-model runs: the issue's ratios, hybrid over the
+    """Per workload with draft-model runs: the hybrid's ratios over the
     draft model alone at K=3 and K=8 (AL and modeled tokens/s per profile and
     batch), with the hybrid's SA drafts up to 32 tokens under ``rule``."""
     r, s = rule

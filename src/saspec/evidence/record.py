@@ -18,11 +18,9 @@ in prompt order, to ``OUT`` (gzip JSONL in the trace format of
 workload per value, named ``real:<workload>``), the prompt's own meta, the
 target's forwards and wall time.
 
-Run time on the 2-core project machine (fp32): about 70-90 s per code-edit
-trace (the target's speculative generation and the draft model's
-teacher-forced pass, about a minute per 2,500 tokens), about 1.5 hours for
-the defaults (80 prompts: the issue's minimum; chat outputs capped at 256
-tokens, the most expensive ones, since the SA loop gains little on them).
+The defaults record 80 prompts; chat outputs are capped at ``CHAT_MAX_NEW``
+tokens, since the SA loop gains little on them and they cost the most to
+record. How long a recording takes: BENCHMARKS.md, "Real draft model".
 """
 
 from __future__ import annotations

@@ -108,6 +108,15 @@ def walk(offsets, match, sa_acc, nn_acc, k, mode, threshold, hist, prior_nn):
     return steps, sa_steps, extra
 
 
+def walk_hist(flat: Flat, match: np.ndarray, sa_acc: np.ndarray, nn_acc: np.ndarray, k: int, mode: int,
+              threshold: int, prior_nn: float) -> tuple[int, int, int, np.ndarray]:
+    """:func:`walk` over every trace of ``flat`` with a fresh histogram: (steps, SA steps,
+    extra verified tokens, hist), hist int64 [k + 2] counting steps by tokens accepted."""
+    hist = np.zeros(k + 2, np.int64)
+    steps, sa_steps, extra = walk(flat.offsets, match, sa_acc, nn_acc, k, mode, threshold, hist, prior_nn)
+    return steps, sa_steps, extra, hist
+
+
 def stepwise(flat: Flat, drafter: SpecEngine, k: int, hist: np.ndarray | None = None) -> int:
     """The literal loop with one drafter alone: returns the number of steps.
 
@@ -201,9 +210,7 @@ def simulate_workload(
         rows.append(row)
 
     def run_walk(match, sa_acc, mode, thr):
-        hist = np.zeros(k + 2, np.int64)
-        s, sa_s, ex = walk(flat.offsets, match, sa_acc, nn_acc, k, mode, thr, hist, prior_nn)
-        return s, sa_s, ex, hist
+        return walk_hist(flat, match, sa_acc, nn_acc, k, mode, thr, prior_nn)
 
     zeros = np.zeros_like(nn_acc)
     add("none", *run_walk(zeros, zeros, NONE, 0))
@@ -253,9 +260,7 @@ def draft_model_rows(flat: Flat, k: int, threshold: int, thresholds: tuple[int, 
     note = flat.draft_model or ""
 
     def go(mode, thr):
-        hist = np.zeros(k + 2, np.int64)
-        s, sa_s, ex = walk(flat.offsets, match, sa_acc, dm_acc, k, mode, thr, hist, prior)
-        return s, sa_s, ex, hist
+        return walk_hist(flat, match, sa_acc, dm_acc, k, mode, thr, prior)
 
     best_t = max(thresholds, key=lambda t: n_tok / go(HYBRID, t)[0])
     return [("draft-model", go(NEURAL, 0), note),

@@ -7,6 +7,9 @@ import pytest
 from saspec.evidence import bench_vllm as bv
 
 
+# -- each method is one vLLM speculative_config ----------------------------------------------------
+
+
 def test_speculative_configs():
     assert bv.speculative_config("plain", 8) is None
     assert bv.speculative_config("ngram", 8) == {"method": "ngram", "num_speculative_tokens": 8}
@@ -22,6 +25,9 @@ def run(method, kind, n_tokens, wall, accepted, drafts, pid="p"):
     return {"size": "0.5b", "kind": kind, "method": method, "id": pid, "tokens": list(range(n_tokens)),
             "wall_s": wall, "prefill_s": 1.0, "num_drafts": drafts, "num_draft_tokens": 8 * drafts,
             "num_accepted_tokens": accepted, "contention": 0.0, "same_as_plain": True}
+
+
+# -- the targets compare each saspec method with the best n-gram row -------------------------------
 
 
 def test_targets_compare_each_saspec_method_with_the_best_ngram_row():

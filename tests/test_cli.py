@@ -50,6 +50,9 @@ def write(tmp_path, name: str, text: str) -> str:
     return str(path)
 
 
+# -- every bad option or input is one line on stderr and exit status 2 -----------------------------
+
+
 # (argv, prog, fragment of the message); "{tmp}" is the test's temporary directory,
 # "{traces}" a valid trace file.
 BAD = [
@@ -156,6 +159,9 @@ def test_the_installed_command_exits_2_without_a_traceback(argv, fragment, tmp_p
     assert proc.stdout == ""
 
 
+# -- -k beyond the default acceptance profile extends it -------------------------------------------
+
+
 def test_k_beyond_the_default_profile_extends_it(traces, tmp_path, capsys):
     assert default_p(3) == DEFAULT_P[:3]
     assert default_p(12) == DEFAULT_P + (DEFAULT_P[-1],) * 4
@@ -171,6 +177,9 @@ def test_k_beyond_the_default_profile_extends_it(traces, tmp_path, capsys):
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert res["neural_p"] == [1.0, 1.0]
     assert {r["drafter"]: r for r in res["workloads"]["rec"]["rows"]}["neural"]["AL"] == 40 / 14  # 3 per step
+
+
+# -- help shows the defaults and the trace format --------------------------------------------------
 
 
 def test_simulate_help_shows_defaults_and_the_trace_format(capsys):
@@ -212,6 +221,9 @@ def test_readme_documents_the_trace_format():
     assert re.search(r"`prompt_ids`.*`output_ids`.*`model`.*`meta`", section, re.S)
     example = next(x for x in section.splitlines() if x.startswith('{"prompt_ids"'))
     assert set(json.loads(example)) == {"prompt_ids", "output_ids", "model", "meta"}
+
+
+# -- plots stay readable for several workloads -----------------------------------------------------
 
 
 def test_plots_stay_readable_for_several_workloads(traces, tmp_path, capsys):

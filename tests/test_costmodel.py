@@ -14,6 +14,9 @@ from saspec.evidence.simulate import Flat
 from saspec.select import DRAFT_LENGTH_RULES, draft_length, draft_lengths, truncate_drafts
 
 
+# -- cost profiles: the roofline's shape, the JSON round trip, the table lookup --------------------
+
+
 def test_gpu_like_profile_shape_of_costs():
     prof = gpu_like_profile()
     assert "modeled" in prof.name and "NOT measured" in prof.notes["source"]
@@ -61,6 +64,9 @@ def arrays(prompt_len, match, sa_acc, sa_len, runs):
     return arr
 
 
+# -- a costed walk charges each step the target's forward and the drafter's cost -------------------
+
+
 def test_costed_walk_hand_computed():
     # 10 output tokens, prompt of 5. target: 1 s + 0.1 s per extra token; draft: 0.01 s + 0.001 s per extra token
     prof = costs([1.0 + 0.1 * i for i in range(8)], [0.01 + 0.001 * i for i in range(40)], sa=0.5)
@@ -90,7 +96,7 @@ def test_costed_walk_hand_computed():
         realsim.run_costed(arr, prof, 1, "eagle")
 
 
-# -- select.draft_lengths ---------------------------------------------------------------
+# -- draft-length rules: numpy, the scalar rule and torch agree; bad inputs are refused ------------
 
 
 def test_draft_lengths_rules_numpy():
@@ -154,6 +160,9 @@ def test_truncate_drafts():
     assert truncate_drafts(torch.from_numpy(d), torch.tensor([0, 2, 4])).tolist() == out.tolist()
     with pytest.raises(ValueError, match="lengths"):
         truncate_drafts(d, np.array([1, 2]))
+
+
+# -- the hybrid's threshold over a real draft model is the best one never slower than it -----------
 
 
 def test_model_threshold_is_the_best_never_slower_one(monkeypatch):

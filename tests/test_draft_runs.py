@@ -80,6 +80,9 @@ def flat_of(prompt, output, runs) -> Flat:
     return Flat.of([Trace(np.asarray(prompt), np.asarray(output), {}, runs)])
 
 
+# -- teacher-forced runs give the loop's own steps: draft model, hybrid, SA ------------------------
+
+
 def test_runs_are_not_trivial(traces):
     """The cases exercise short and long runs (otherwise the equality below proves little)."""
     all_runs = np.concatenate([r.runs for _, _, r in traces.values()])
@@ -190,7 +193,7 @@ def test_draft_model_rows_in_simulator(traces):
     assert steps["tree:draft-model:T=4"] <= steps["hybrid:draft-model:T=4"]
 
 
-# -- the run arrays and the trace format ----------------------------------------------------
+# -- run arrays are consistent, and trace files carry and check them -------------------------------
 
 
 def test_runs_from_argmax_hand_computed():

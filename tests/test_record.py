@@ -49,6 +49,9 @@ def run_record(model_dirs, prompts, out, capsys):
     return capsys.readouterr().out
 
 
+# -- record-traces records, resumes, and feeds the simulator ---------------------------------------
+
+
 def test_record_traces_end_to_end_and_resume(model_dirs, tmp_path, capsys):
     out = tmp_path / "real.jsonl.gz"
     first = write_prompts(tmp_path / "p1.jsonl", PROMPT_LINES[:1])
@@ -116,6 +119,9 @@ def test_real_workload_is_default_only_when_the_file_exists(tmp_path, monkeypatc
     assert all(f.draft_runs is not None and f.draft_model == "tiny-draft" for f in flats.values())
 
 
+# -- bad prompts and options end the command with exit 2 -------------------------------------------
+
+
 def test_record_traces_bad_inputs(model_dirs, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"id": "a", "workload": "chat", "prompt_ids": [], "max_new_tokens": 3}) + "\n")
@@ -130,6 +136,9 @@ def test_record_traces_bad_inputs(model_dirs, tmp_path, capsys):
     assert "outside the models' vocabulary" in capsys.readouterr().err
     assert cli(args + ["--prompts", big, "--out", str(tmp_path / "x.jsonl")]) == 2
     assert ".jsonl.gz" in capsys.readouterr().err
+
+
+# -- calibrate writes a cost profile ---------------------------------------------------------------
 
 
 def test_calibrate_writes_a_profile(model_dirs, tmp_path, capsys):

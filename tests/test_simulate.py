@@ -38,6 +38,9 @@ def run(flat, match, sa_acc, nn_acc, mode, threshold=1):
     return steps, sa_steps, extra, hist
 
 
+# -- a walk replays greedy speculative decoding step by step (hand-computed) -----------------------
+
+
 def test_walk_hand_computed():
     flat = flat_of(([0], list(range(10))))
     match = [0, 5, 5, 5, 5, 2, 2, 0, 0, 0]
@@ -80,6 +83,9 @@ def test_adaptive_prefers_the_better_source():
     assert 0 < sa_steps < steps_adaptive
 
 
+# -- the modeled neural drafter is seeded and follows its probabilities ----------------------------
+
+
 def test_neural_model_is_seeded_and_matches_its_probabilities():
     flat = flat_of(([1], list(range(20000))))
     p = (0.9, 0.5, 0.5, 0.5)
@@ -100,6 +106,9 @@ def traces_with_repeats(seed=0, n=12):
         out = np.concatenate([base[rng.integers(0, len(base)) :], rng.integers(0, 30, rng.integers(1, 10)), base])
         pairs.append((prompt, out))
     return flat_of(*pairs)
+
+
+# -- the per-position SA pass equals the literal loop through the engine ---------------------------
 
 
 @pytest.mark.parametrize("policy", ["first", "near-first", "recent"])
@@ -123,6 +132,9 @@ def test_sa_positions_hand_computed():
     # Position 2: after "1 2", proposes 3 9 1 2: accepted 1. Position 3: after "1 2 3": 9 ...: 0.
     assert match.tolist() == [0, 1, 2, 3]
     assert acc.tolist() == [0, 2, 1, 0]
+
+
+# -- the command writes results.json and the plots -------------------------------------------------
 
 
 def test_simulate_command_end_to_end(tmp_path, capsys):

@@ -44,9 +44,7 @@ def same_traces(a: W.Workload, b: W.Workload) -> bool:
     return len(a.traces) == len(b.traces) and all(x == y for x, y in zip(a.traces, b.traces))
 
 
-# --------------------------------------------------------------------------
-# Tokenizers
-# --------------------------------------------------------------------------
+# -- the Qwen tokenizer matches the packaged one; a missing backend says what to install -----------
 
 
 def test_qwen_round_trip(tok):
@@ -95,9 +93,7 @@ def test_optional_backends_raise_clear_import_errors():
             HFTokenizer("tokenizer.json")
 
 
-# --------------------------------------------------------------------------
-# Trace
-# --------------------------------------------------------------------------
+# -- a trace holds read-only int32 ids -------------------------------------------------------------
 
 
 def test_trace_types():
@@ -112,9 +108,7 @@ def test_trace_types():
         W.Trace([-1], [1], {})
 
 
-# --------------------------------------------------------------------------
-# Code edits
-# --------------------------------------------------------------------------
+# -- code edits change code precisely, still parse, and repeat per seed ----------------------------
 
 SAMPLE = '''"""Sample module."""
 import os
@@ -297,9 +291,7 @@ def test_multiturn_edits_workload(tok):
         W.build_code_edits(tok, 1, turns=0)
 
 
-# --------------------------------------------------------------------------
-# HumanEval
-# --------------------------------------------------------------------------
+# -- HumanEval workloads: completions and rewrites -------------------------------------------------
 
 
 def test_humaneval_completion(tok):
@@ -325,9 +317,7 @@ def test_humaneval_edit(tok):
         ast.parse(tok.decode(t.output))
 
 
-# --------------------------------------------------------------------------
-# ShareGPT
-# --------------------------------------------------------------------------
+# -- ShareGPT is read lazily from a truncated JSON array -------------------------------------------
 
 RECORDS = [
     {"id": "a_0", "conversations": [{"from": "human", "value": "Hi there"},
@@ -409,9 +399,7 @@ def test_sharegpt_missing_package(tok, monkeypatch):
         W.build_sharegpt(tok, 5)
 
 
-# --------------------------------------------------------------------------
-# Recorded traces and registry
-# --------------------------------------------------------------------------
+# -- trace files round-trip, a bad line names its place, workloads build by name -------------------
 
 
 def test_jsonl_round_trip(tmp_path):

@@ -47,8 +47,10 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from .. import SpecEngine
 from .lm import add_model_arguments, cache_kwarg, crop_cache, load_models, new_cache
 from .options import CliError, comma_list, output_file, positive_int
+from .positions import extend_buffers
 
 PROFILE_VERSION = 1
 DEFAULT_BATCHES = (1, 64)
@@ -275,17 +277,13 @@ def sa_step_seconds(batch: int, k: int = 8, context: int = 1000, steps: int = 20
     """Seconds per ``SpecEngine.extend`` call for ``batch`` rows (K=``k``,
     one accepted token per row per step, random prompts of ``context``
     tokens), the median of ``steps`` calls."""
-    from .. import SpecEngine
-
     rng = np.random.default_rng(0)
     eng = SpecEngine(parallel_threshold=2**31)
     for b in range(batch):
         eng.add_request(b, rng.integers(0, 1000, context).astype(np.int32))
     eng.prepare(list(range(batch)))
-    acc = np.zeros((batch, k + 1), np.int32)
-    lens = np.ones(batch, np.int32)
-    mout = np.zeros(batch, np.int32)
-    dout = np.zeros((batch, k), np.int32)
+    acc, lens, mout, dout = extend_buffers(batch, k)
+    lens[:] = 1
     times = []
     for _ in range(steps):
         acc[:, 0] = rng.integers(0, 1000, batch)

@@ -10,7 +10,7 @@ Two ways of running it, which give identical results for the SA (tested):
 
 * ``stepwise``: the literal loop, batched over traces with the engine API.
   Used for the n-gram baseline.
-* ``sa_positions`` + ``walk``: the SA's match and draft at output position
+* ``positions.sa_positions`` + ``walk``: the SA's match and draft at output position
   ``pos`` depend only on the text before ``pos`` (the core processes tokens one
   at a time whatever the step boundaries), so one batched pass that feeds the
   outputs one token per ``SpecEngine.extend`` call records, for every position,
@@ -21,7 +21,11 @@ Two ways of running it, which give identical results for the SA (tested):
 The modeled neural drafter (an MTP/EAGLE stand-in) gets draft position i right
 with probability p[i] given the previous ones were right. Its draws are fixed
 per (seed, trace, output position), so every policy sees the same neural
-drafter at the same place: comparisons are paired.
+drafter at the same place: comparisons are paired (``positions.neural_positions``).
+
+The command prints a summary per workload (:func:`format_first_screen`) and
+writes every table to ``OUT/tables.md``, the results to ``OUT/results.json``
+and the plots to ``OUT``; its last line says where.
 """
 
 from __future__ import annotations

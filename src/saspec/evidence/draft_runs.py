@@ -25,7 +25,7 @@ What is exact and what is not:
   the draft at a position depends only on the accepted text, never on the
   history of steps;
 * the draft model's *cost* (forwards, catch-up tokens) depends on the step
-  history; the simulator models it (``simulate.walk_real``), it is not stored;
+  history; the simulator models it (``realsim.walk_real``), it is not stored;
 * a confidence stop (``stop_below > 0``) is not represented: it needs the
   draft model's probabilities of tokens past the first rejection;
 * floating point: the loop's draft model runs incrementally with a KV cache

@@ -10,7 +10,7 @@ processes). Each run waits for a quiet moment first, and a run above
 ``--max-contention`` is retried (``--retries``), keeping the least contended.
 
 Models run in ``--dtype`` (default ``auto``: bfloat16 only on a CPU with native
-bf16 matmuls, float32 elsewhere, see ``generate.pick_dtype``), and every result
+bf16 matmuls, float32 elsewhere, see ``lm.pick_dtype``), and every result
 names its dtype. Each run's first step (the prefill) is timed apart from the
 decode after it, and the tables give decode tok/s next to the overall tok/s.
 

@@ -46,7 +46,7 @@ N_STATS = 7
 
 
 def sa_positions_wide(flat: Flat, k: int = SA_WIDTH, policy: str = DEFAULT_POLICY) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Like ``simulate.sa_positions`` (one token per ``extend`` call, every
+    """Like ``positions.sa_positions`` (one token per ``extend`` call, every
     trace batched), and also the number of valid draft tokens (before the
     first -1) at every position. Returns (match, accepted, ndraft), int32
     arrays aligned with ``flat.tokens``; ``accepted`` and ``ndraft`` are for
@@ -68,7 +68,7 @@ def walk_real(offsets, prompt_lens, match, sa_acc, sa_len, nn_acc, mode, thresho
     tokens of a ``k_sa``-wide draft), ``sa_len`` (its valid tokens),
     ``nn_acc`` (accepted neural tokens: modeled, or the draft model's
     uncapped runs). ``prompt_lens`` int64 [n_traces]. ``mode``: one of
-    simulate's NONE/NEURAL/SA/HYBRID/ADAPTIVE/TREE. ``rule``/``scale``: the
+    the modes of ``positions`` (NONE/NEURAL/SA/HYBRID/ADAPTIVE/TREE). ``rule``/``scale``: the
     SA draft-length rule (``select.draft_length``). ``nn_is_model``: charge
     the neural drafts as draft-model forwards (else free). ``tgt_s``,
     ``drf_s``: seconds of a forward with n tokens at index n-1; ``sa_step_s``:
@@ -156,7 +156,7 @@ class Arrays:
 
     ``flat``: the workload; ``match``, ``sa_acc``, ``sa_len``: from
     :func:`sa_positions_wide` (``SA_WIDTH`` wide); ``neural``: the modeled
-    drafter's accepted tokens (int32 [N], ``simulate.neural_positions``);
+    drafter's accepted tokens (int32 [N], ``positions.neural_positions``);
     ``runs``: the draft model's runs (int32 [N]) or None."""
 
     def __init__(self, flat: Flat, neural: np.ndarray, policy: str = DEFAULT_POLICY) -> None:

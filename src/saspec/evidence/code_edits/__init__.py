@@ -34,7 +34,11 @@ from .source import CodeEdit, normalize_source
 __all__ = [
     "CodeEdit",
     "apply_edit",
+    "code_units",
     "edit_kind",
+    "edit_unit",
+    "normalize_source",
+    "read_python",
     "stdlib_python_files",
     "EDIT_KINDS",
     "CODE_EDIT_KINDS",

@@ -452,3 +452,109 @@ def test_gate_probe_respects_the_length_limit(models):
         hook.remove()
     assert torch.equal(out, plain(target, prompt, max_new_tokens=3))
     assert sizes == [len(prompt), 1, 1]
+
+
+# -- drafting only where it pays, under an injected clock ----------------------------
+
+from clocks import ModelClock  # noqa: E402
+
+
+DEAR = lambda n: float(n)  # noqa: E731  (every verified token costs a forward: bf16 on a CPU without bf16 matmuls)
+CHEAP = lambda n: 1.0 + 0.01 * (n - 1)  # noqa: E731  (verifying is nearly free: a GPU at small batch)
+
+
+def test_gate_drafts_only_where_it_pays(models):
+    from saspec.gate import CostGate
+
+    target, draft = models["qwen2", "cycle"], models["qwen2", "draft-cycle"]
+    prompt = PROMPTS["loop"][1]
+    expected = plain(target, prompt, max_new_tokens=40)
+    for kw in ({}, {"assistant_model": draft}):
+        with ModelClock(target, DEAR, draft, draft_s=0.3) as clock, Forwards(target) as f:
+            out = spec(target, prompt, max_new_tokens=40, saspec_gate=CostGate(8, clock=clock), **kw)
+        assert torch.equal(out, expected), kw
+        decode = clock.t - len(prompt)  # the prefill's forward costs len(prompt)
+        assert decode <= 1.03 * 39, (kw, decode, f.n)  # about what plain decoding costs: 39 one-token forwards
+    with ModelClock(target, CHEAP) as clock, Forwards(target) as f:
+        out = spec(target, prompt, max_new_tokens=40, saspec_gate=CostGate(8, clock=clock))
+    assert torch.equal(out, expected) and f.n <= 10  # the long match is drafted in full after the warm-up
+    with Forwards(target) as f:  # the default gate times the steps with the real clock
+        assert torch.equal(spec(target, prompt, max_new_tokens=40), expected)
+    assert f.n < 40
+    with pytest.raises(ValueError, match="saspec_gate"):
+        spec(target, prompt, max_new_tokens=5, saspec_gate="yes")
+    with pytest.raises(ValueError, match="k_max"):
+        spec(target, prompt, max_new_tokens=5, saspec_gate=CostGate(2))
+
+
+def test_gate_times_every_step_but_the_prefill_and_is_offered_every_draft(models):
+    from saspec.gate import CostGate
+
+    class Recording(CostGate):
+        def observe_forward(self, n_tokens, seconds):
+            timed.append((n_tokens, seconds))
+            super().observe_forward(n_tokens, seconds)
+
+        def offer(self, match, draft):
+            offers.append(len(draft))
+            super().offer(match, draft)
+
+    target = models["qwen2", "cycle"]
+    prompt = PROMPTS["loop"][1]
+    timed, offers = [], []
+    expected = plain(target, prompt, max_new_tokens=40)
+    with ModelClock(target, CHEAP) as clock, Forwards(target) as f:
+        assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_gate=Recording(8, clock=clock)), expected)
+    assert len(timed) == f.n - 1 and len(offers) == f.n  # every step offers; the prefill is not timed
+    assert all(s == pytest.approx(CHEAP(n)) for n, s in timed)  # a step's time is its forward's
+
+
+def test_gated_random_model_takes_few_more_forwards_than_the_fixed_rules():
+    """A tiny random Qwen2 after a prompt repeating a 30-token block: the
+    automaton's copies stop paying soon after the prompt ends. With the step
+    costs of such a model (a fixed overhead, then a little per token) the gate
+    takes at most 1.3x the forwards of the fixed rules."""
+    from saspec.gate import CostGate
+
+    torch.manual_seed(3)
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False, use_cache=True,
+                  bos_token_id=None, eos_token_id=None)
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common)).float().eval()
+    model.generation_config.pad_token_id = 0
+    block = np.random.default_rng(0).integers(1, 512, 30).tolist()
+    prompt = block * 4
+    with Forwards(model) as fixed:
+        expected = spec(model, prompt, max_new_tokens=60, saspec_gate=False)
+    tiny = lambda n: 1.0 if n == 1 else 1.4 + 0.03 * (n - 2)  # noqa: E731  (as timed on this model, whole steps)
+    with ModelClock(model, tiny) as clock, Forwards(model) as gated:
+        assert torch.equal(spec(model, prompt, max_new_tokens=60, saspec_gate=CostGate(8, clock=clock)), expected)
+    assert gated.n <= 1.3 * fixed.n, (gated.n, fixed.n)
+
+
+def test_guessed_probe_teaches_the_gate_nothing():
+    """Without an automaton draft the gate's probe guesses a token: the step is
+    timed, but nothing is offered, so the automaton's acceptance stays as it was."""
+    from saspec.gate import CostGate
+
+    clock = [0.0]
+    gate = CostGate(4, clock=lambda: clock[0])
+    ids = ids_of(list(range(100, 120)))  # no repeats: the automaton never drafts
+    gen = sahf.SACandidateGenerator(ids, engine=SpecEngine(), k=4, threshold=1, max_length=100, eos_token_ids=[],
+                                    gate=gate)
+    hits, misses = gate._sa_hits.copy(), gate._sa_misses.copy()
+    drafted = []
+    for step in range(4 + gate_probe_wait()):
+        out, _ = gen.get_candidates(ids)
+        drafted.append(int(out.shape[1] - ids.shape[1]))
+        clock[0] += 1.0 + drafted[-1]
+        gen.update_candidate_strategy(out, None, 0)
+        ids = torch.cat([ids, torch.tensor([[200 + step]])], dim=1)
+    assert 1 in drafted and gate.probed  # the probe ran, on a guess
+    assert np.array_equal(gate._sa_hits, hits) and np.array_equal(gate._sa_misses, misses)
+
+
+def gate_probe_wait() -> int:
+    from saspec.gate import PROBE_WAIT
+
+    return PROBE_WAIT

@@ -388,7 +388,7 @@ def gated_run(cost_per_draft_token: float, *, k: int = 8, seed: int = 0, request
     proposer = SAProposer(vllm_config(k=k, max_model_len=1024), min_match=2, length_rule="gate")
     clock = [0.0]
     proposer._clock = lambda: clock[0]
-    lengths = []
+    lengths, tokens = [], [0]
     for _ in range(requests):
         prompt, _ = copy_heavy(rng)
         target = (prompt[2:-1] * 3)[:150]  # long copies of the prompt
@@ -410,6 +410,7 @@ def gated_run(cost_per_draft_token: float, *, k: int = 8, seed: int = 0, request
             req.out += new
             worker._write_row(0, req)
             sampled.append(new)
+            tokens[0] += len(new)
             (draft,) = proposer.propose(sampled, worker.num_tokens_no_spec, worker.token_ids_cpu)
             assert len(draft) <= k
             sa = SuffixAutomaton(req.tokens).draft(k).tolist()
@@ -417,7 +418,22 @@ def gated_run(cost_per_draft_token: float, *, k: int = 8, seed: int = 0, request
             req.draft = draft
             lengths.append(len(draft))
         worker.update_batch([req], [], swap=False)
+    gated_run.cost_per_token = clock[0] / tokens[0]
     return proposer, lengths
+
+
+def test_gate_drafts_long_copies_when_verifying_is_cheap():
+    proposer, lengths = gated_run(0.01)
+    assert proposer._gate.probed and max(lengths) == 8
+    assert sum(lengths[-20:]) >= 8 * 10  # copying: mostly full drafts by the end
+
+
+def test_gate_costs_about_plain_decoding_when_each_draft_token_costs_a_forward():
+    """Each verified draft token costs as much as a plain step: drafting can
+    only lose, and the gate's exploration costs little (plain: 1.0 per token)."""
+    proposer, _ = gated_run(1.0)
+    assert proposer._gate.probed
+    assert gated_run.cost_per_token <= 1.03
 
 
 def test_gate_leaves_batches_to_the_length_rule():

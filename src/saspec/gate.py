@@ -16,8 +16,9 @@ It learns both sides from the running sequence:
   sizes bucketed 1, 2, 3-4, 5-8, ... tokens) and every draft-model token
   (:meth:`CostGate.observe_draft_forward`). Timing noise only ever adds time
   (a busy machine, a first call of a shape), so a bucket's cost is the
-  fastest of its last ``window`` timings, or the second fastest once it has
-  four: one slow timing, and one impossibly fast one, move nothing. Sizes
+  second fastest of its last ``window`` timings once it has four (one slow
+  timing, and one impossibly fast one, move nothing), the faster of its last
+  two before that. Sizes
   between timed buckets are interpolated, larger ones extrapolated along the
   last segment, so a cost curve that flattens (fixed overhead, then little per
   token) is not mistaken for a steep one.
@@ -37,24 +38,30 @@ not choose:
    (:meth:`CostGate.observe_tokens`): the SA's acceptance is scored against
    the text that followed, whether the draft was verified or not.
 2. Warm-up: the first two steps are plain (the unit of cost, timed twice so
-   that a cold first step sets nothing), then two steps verify a one-token
+   that a cold first step sets nothing), then one step verifies a one-token
    *probe*, before any dear draft: the SA's first draft token when it has one
-   (plain steps wait up to ``PROBE_WAIT`` steps for it), else a guess.
-3. Re-tries with backoff: every forward size has a re-try period, 4 steps at
+   (plain steps wait up to ``PROBE_WAIT`` steps for it), else a guess. A slow
+   probe is re-tried (3 below).
+3. Re-tries with backoff: every forward size has a re-try period, 8 steps at
    first. When the size has not been timed for that long, and a draft of that
    size (or a plain step) would beat the current choice if it cost what its
    fastest timings say (sizes not timed twice yet: what the sizes below them
-   say, at half their slope per extra token), the gate takes it once and
-   doubles the period (at most 256); choosing the size on its estimate resets
-   the period. The draft model's acceptance is given the benefit of the doubt
-   up to its prior.
+   say, at half their slope per extra token), the gate takes it once. A
+   re-try that confirms the estimate (within ``CONFIRMS``) doubles the period
+   (at most 256), one that was slower (perhaps a burst) leaves it, one that
+   was faster resets it, and so does choosing the size on its estimate. The smallest verify (2 tokens) is also doubted down to a plain
+   step's cost when due (at a step where a one-token SA draft is more likely
+   accepted than not, so that the re-try is cheap, or at any step a period
+   later), and the draft model's acceptance up to its prior: slow first
+   timings or a bad stretch hold nothing off for good.
 
-What exploration costs: the warm-up is two plain steps and two probes. After
-it, a re-try happens only where the fastest timings of a size are below its
-estimate, so steady timings (bf16 on a CPU, where every size costs what it
-measured) cause none beyond climbing once through the untimed sizes; under
-noise each size is re-tried at most about ``log2(steps / 4)`` times between
-two choices of it on merit. ``stats`` counts every kind of step.
+What exploration costs, in forwards: the warm-up is two plain steps and one
+probe (a 2-token forward where a plain step would be one). After it, each
+re-try is one step that verifies what the gate would not have chosen: where
+timings are steady (bf16 on a CPU), one climb through the untimed sizes that
+a long match makes look worth it, and the smallest verify about
+``log2(steps / 8)`` times; under noise, each size at most about that often
+between two choices of it on merit. ``stats`` counts every kind of step.
 BENCHMARKS.md ("The cost gate") has the measured numbers.
 """
 
@@ -111,6 +118,8 @@ def best_draft_length(q, k_max, verify_cost, draft_cost):
 
 #: Warm-up steps a probe waits for an SA draft before it verifies a guess instead.
 PROBE_WAIT = 8
+#: A re-try confirms a size's estimate when it takes between 1/CONFIRMS and CONFIRMS times as long.
+CONFIRMS = 1.5
 
 
 def _cost_bucket(n: int) -> int:
@@ -128,35 +137,30 @@ def _rates(q: float, k: int, seconds: np.ndarray, draft_s: float) -> np.ndarray:
 
 
 class _Timings:
-    """The latest ``window`` timings of one kind of forward, and the two fastest ever.
+    """The latest ``window`` timings of one kind of forward, each with the step it was taken at.
 
-    ``estimate()``: what it costs now, the fastest of the latest, or the
+    ``estimate()``: ``(seconds, tokens, step)`` of what it costs now: the
     second fastest once there are four (so one outlier either way moves
-    nothing, and two slow timings of three do not either); ``optimistic()``:
-    the same over every timing so far."""
+    nothing, nor two slow timings of four), before that the faster of the
+    last two."""
 
     def __init__(self, window: int) -> None:
-        self.recent = np.full((window, 2), np.inf)  # (seconds, tokens), inf = empty
-        self.best = np.full((2, 2), np.inf)  # the two fastest so far, fastest first
+        self.recent = np.full((window, 3), np.inf)  # (seconds, tokens, step), inf = empty
         self.seen = 0
         self.window = window
 
-    def add(self, seconds: float, tokens: int) -> None:
-        self.recent[self.seen % self.window] = (seconds, tokens)
+    def add(self, seconds: float, tokens: int, step: int) -> None:
+        self.recent[self.seen % self.window] = (seconds, tokens, step)
         self.seen += 1
-        if seconds < self.best[1, 0]:
-            self.best[1] = (seconds, tokens)
-            if seconds < self.best[0, 0]:
-                self.best[[0, 1]] = self.best[[1, 0]]
 
-    def estimate(self) -> tuple[float, float]:
-        order = np.argsort(self.recent[:, 0], kind="stable")
-        i = order[1] if min(self.seen, self.window) >= 4 else order[0]
-        return float(self.recent[i, 0]), float(self.recent[i, 1])
-
-    def optimistic(self) -> tuple[float, float]:
-        i = 1 if self.seen >= 4 else 0
-        return float(self.best[i, 0]), float(self.best[i, 1])
+    def estimate(self) -> tuple[float, float, float]:
+        if min(self.seen, self.window) >= 4:
+            i = np.argsort(self.recent[:, 0], kind="stable")[1]
+        else:  # the faster of the last two: one old timing must not outlive a change
+            last = [(self.seen - j) % self.window for j in (1, 2) if self.seen - j >= 0]
+            i = min(last, key=lambda j: self.recent[j, 0])
+        s, tokens, step = self.recent[i]
+        return float(s), float(tokens), float(step)
 
 
 class CostGate:
@@ -201,7 +205,7 @@ class CostGate:
 
     def __init__(self, k_max: int, *, verify_cost: Any = None, draft_cost: float | None = None,
                  slope_prior: float = 0.1, model_prior: float = 0.8, prior_weight: float = 8.0,
-                 window: int = 5, retry_after: int = 4, max_retry_after: int = 256,
+                 window: int = 5, retry_after: int = 8, max_retry_after: int = 256,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         k_max = check_count(k_max, "k_max")
         window = check_count(window, "window")
@@ -245,6 +249,7 @@ class CostGate:
         self._nn_hits, self._nn_misses = prior_weight * model_prior, prior_weight * (1 - model_prior)
         self._offer: tuple[int, list[int], int] | None = None  # (match, draft, tokens matched so far)
         self._waited = 0  # warm-up steps spent waiting for an SA draft to probe with
+        self._retrying: tuple[int, float] | None = None  # this step's re-try: (size bucket, seconds expected)
         self.stats: dict[str, int] = {"steps": 0, "warm-up": 0, "retries": 0, "sa": 0, "draft": 0, "none": 0}
 
     # -- costs --
@@ -265,7 +270,16 @@ class CostGate:
         b = _cost_bucket(n)
         if n > self.k_max + 1 or (self._fixed and b != 0):
             return
-        self._forwards[b].add(seconds, n)
+        if self._retrying is not None and self._retrying[0] == b:  # a re-try: back off only if it confirmed
+            ratio = seconds / self._retrying[1]
+            if 1 / CONFIRMS <= ratio <= CONFIRMS:
+                self._period[b] = min(2 * self._period[b], self.max_retry_after)
+            elif ratio < 1:
+                self._period[b] = self.retry_after
+        self._retrying = None
+        if b and self._stale(b):  # its old timings are from another time: start afresh
+            self._forwards[b] = _Timings(self.window)
+        self._forwards[b].add(seconds, n, self._step)
         self._timed_at[b] = self._step
 
     def observe_draft_forward(self, seconds: float) -> None:
@@ -274,7 +288,7 @@ class CostGate:
         Raises:
             ValueError: ``seconds`` is not finite and > 0.
         """
-        self._draft.add(check_seconds(seconds, "seconds"), 1)
+        self._draft.add(check_seconds(seconds, "seconds"), 1, self._step)
 
     @property
     def timed(self) -> bool:
@@ -283,60 +297,85 @@ class CostGate:
 
     @property
     def probed(self) -> bool:
-        """Whether the warm-up's probes are done: two 2-token forwards timed (or the costs are fixed)."""
-        return self._fixed or self._forwards[1].seen >= 2
+        """Whether the warm-up's probe is done: a 2-token forward timed (or the costs are fixed)."""
+        return self._fixed or self._forwards[1].seen >= 1
 
     def _unit(self) -> float:
         """Seconds of a 1-token step (1.0 while untimed, and with fixed costs before it is timed)."""
         return self._forwards[0].estimate()[0] if self._forwards[0].seen else 1.0
 
-    def _curve(self, optimistic: bool = False) -> np.ndarray:
+    def _stale(self, b: int) -> bool:
+        """Whether forward size ``b`` is due for a re-try: untimed for its period."""
+        return bool(self._step - self._timed_at[b] >= self._period[b])
+
+    def _curve(self, optimistic: bool = False, doubt_smallest: bool = False) -> np.ndarray:
         """float64 [k_max + 1]: seconds of a forward over ``d + 1`` tokens for
-        ``d = 0..k_max``, through the timed sizes: interpolated between them,
-        extrapolated above them along the last segment. A size timed once
-        costs no more than the sizes timed twice say, so one slow first timing
-        is doubted. ``optimistic``: every size at its fastest timings, and the
-        sizes above them extrapolated at half the last segment's slope (a cost
-        curve that flattens is found by trying them); a size timed once and
-        slower than the sizes timed twice predict is doubted the same way."""
+        ``d = 0..k_max``.
+
+        The *fresh* sizes (the unit, and sizes timed at least twice within
+        their re-try period) set the curve: interpolated between them,
+        extrapolated above them along the last segment. A stale size costs no
+        less than the fresh ones say (verifying may have turned dear since it
+        was timed); a size timed once, no more (one slow first timing is
+        doubted). Where two sizes disagree about which is dearer, the one
+        timed more recently wins. ``optimistic``, what a re-try may find:
+        untimed sizes above the timed ones at half the last segment's slope (a
+        cost curve that flattens is found by trying them), stale and
+        once-timed sizes at their own timings, or at that half-slope line
+        where they are slower than the fresh sizes predict.
+        ``doubt_smallest``: the smallest verify, when stale, may cost no more
+        than a plain step (its first timings, slow in a cold process or a
+        burst of load, must not hold drafting off for good)."""
         unit = self._unit()
         if self._fixed:
             return self._verify * unit
         n = np.arange(1, self.k_max + 2, dtype=np.float64)
-        points: dict[float, float] = {}  # tokens -> seconds
-        once: list[tuple[float, float]] = []
+        fresh: dict[float, tuple[float, float]] = {}  # tokens -> (seconds, step timed)
+        others: list[tuple[float, float, float, bool]] = []  # (tokens, seconds, step, timed once)
         for b, t in enumerate(self._forwards):
             if not t.seen:
                 continue
-            s, tokens = t.optimistic() if optimistic else t.estimate()
-            if t.seen >= 2 or b == 0:
-                points[tokens] = s
+            s, tokens, step = t.estimate()
+            if b == 0 or (t.seen >= 2 and not self._stale(b)):
+                fresh[tokens] = (s, step)
             else:
-                once.append((tokens, s))
-        if not points:
+                others.append((tokens, s, step, t.seen < 2))
+        if not fresh:
             return unit * (1.0 + self.slope_prior * (n - 1))
-        half = 0.5 if optimistic else 1.0
-        if once:  # a size timed once costs no more than the sizes timed twice say
-            line, hope = self._through(points, n, 1.0), self._through(points, n, half)
-            for tokens, s in once:
+        points = dict(fresh)
+        if len(fresh) >= 2:
+            line = self._through(fresh, n, 1.0)
+            hope = self._through(fresh, n, 0.5)
+            for tokens, s, step, once in others:
                 i = int(tokens) - 1
-                points[tokens] = min(s, line[i]) if s <= line[i] or not optimistic else min(s, hope[i])
-        return self._through(points, n, half)
+                if optimistic:
+                    points[tokens] = (s if s <= line[i] else hope[i], step)
+                else:
+                    points[tokens] = (min(s, line[i]) if once else max(s, line[i]), step)
+        else:  # nothing fresh to doubt them by: take them as timed
+            points.update({tokens: (s, step) for tokens, s, step, _ in others})
+        if doubt_smallest and 2.0 in points and self._stale(1):
+            points[2.0] = (min(points[2.0][0], points[1.0][0]), points[2.0][1])
+        return self._through(points, n, 0.5 if optimistic else 1.0)
 
-    def _through(self, points: dict[float, float], n: np.ndarray, slope_factor: float) -> np.ndarray:
-        """Seconds at ``n`` tokens along the timed ``points`` (tokens ->
-        seconds): interpolated, extrapolated above the last point at
-        ``slope_factor`` times the last segment's slope (``slope_prior`` per
-        token with one point), never rising above 1 token past what a larger
-        size costs."""
-        xs = np.array(sorted(points))
-        ys = np.array([points[x] for x in xs])
+    def _through(self, points: dict[float, tuple[float, float]], n: np.ndarray, slope_factor: float) -> np.ndarray:
+        """Seconds at ``n`` tokens along ``points`` (tokens -> (seconds,
+        step timed)), made to rise with size above 1 token (where two
+        disagree, the one timed more recently stands), interpolated, and
+        extrapolated above the last point at ``slope_factor`` times the last
+        segment's slope (``slope_prior`` per token with one point)."""
+        cost = {x: s for x, (s, _) in points.items()}
+        fixed: list[float] = []
+        for x in sorted(points, key=lambda x: -points[x][1]):  # the most recent evidence first
+            if x >= 2:
+                lo = max([cost[y] for y in fixed if y < x], default=0.0)
+                hi = min([cost[y] for y in fixed if y > x], default=math.inf)
+                cost[x] = min(max(cost[x], lo), hi)
+                fixed.append(x)
+        xs = np.array(sorted(cost))
+        ys = np.array([cost[x] for x in xs])
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) >= 2 else self.slope_prior * ys[0]
-        out = np.interp(n, xs, ys) + slope_factor * max(float(slope), 0.0) * np.maximum(n - xs[-1], 0.0)
-        # A verify never costs more than a larger one: a small size timed rarely (and slowly) must not
-        # make the sizes drafted every step look dear.
-        out[1:] = np.minimum.accumulate(out[1:][::-1])[::-1]
-        return out
+        return np.interp(n, xs, ys) + slope_factor * max(float(slope), 0.0) * np.maximum(n - xs[-1], 0.0)
 
     def verify_cost(self) -> np.ndarray:
         """float64 [k_max + 1]: the cost of verifying ``d`` drafts (a forward
@@ -345,12 +384,12 @@ class CostGate:
             return self._verify
         return self._curve() / self._unit()
 
-    def _draft_seconds(self, optimistic: bool = False) -> float:
+    def _draft_seconds(self) -> float:
         if self._draft_cost is not None:
             return self._draft_cost * self._unit()
         if self._draft.seen == 0 or self._forwards[0].seen == 0:
             return 0.5 * self._unit()
-        return (self._draft.optimistic() if optimistic else self._draft.estimate())[0]
+        return self._draft.estimate()[0]
 
     def draft_cost(self) -> float:
         """Cost of one draft-model token, units of a 1-token target step
@@ -374,11 +413,15 @@ class CostGate:
     def _sa_odds(self) -> float:
         """This sequence's odds of accepting an SA draft token per matched
         token: the prior is odds ``m`` at a match of ``m`` (``m / (m + 1)``),
-        scaled by how the sequence's SA drafts have fared so far at every
-        match, so that a bucket seen little already reflects them (chat
-        copies worse than the prior, code edits better)."""
-        w = self.prior_weight
-        return (self._sa_hits.sum() + w) / ((self._sa_misses * self._match).sum() + w)
+        scaled by how the sequence's SA drafts have fared against it so far at
+        every match (a Mantel-Haenszel odds ratio over the match buckets, each
+        against ``m + 1`` pseudo-tokens of prior, so that one miss at a long
+        match counts about as much as one at a short one). A bucket seen
+        little then already reflects the sequence: chat copies worse than the
+        prior, code edits better."""
+        m, hits, misses = self._match, self._sa_hits, self._sa_misses
+        n = hits + misses + m + 1.0
+        return (1.0 + (hits / n).sum()) / (1.0 + (misses * m / n).sum())
 
     def observe(self, source: str, match: int, drafted: int, accepted: int) -> None:
         """A step verified ``drafted`` tokens from ``source`` (made at a match
@@ -448,9 +491,9 @@ class CostGate:
         tokens (what the automaton offers at a match of ``match``), "draft"
         with up to ``model_k`` draft-model tokens (0: no draft model), or
         ``("none", 0)`` where no draft is expected to beat a plain step, or,
-        during the warm-up, ``("none", 0)`` and ``("probe", 1)``: verify one
-        token of whatever costs nothing (the SA's first draft token, else a
-        guess) to time a small verify."""
+        during the warm-up, ``("none", 0)`` and then ``("probe", 1)``: verify
+        one token of whatever costs nothing (the SA's first draft token, else
+        a guess) to time a small verify."""
         self._step += 1
         self.stats["steps"] += 1
         if not self.timed or not self.probed:
@@ -478,11 +521,16 @@ class CostGate:
         if not due.any():
             return None
         q_draft = max(self.q("draft"), self.model_prior)
-        options = self._options(self._curve(True), self._draft_seconds(True), match, sa_len, model_k, q_draft)
+        # Doubt the smallest verify at a step where a one-token SA draft is more likely accepted than not, so
+        # that the re-try costs little even where verifying is as dear as it looked; after a second period
+        # at any step.
+        age = self._step - self._timed_at[1]
+        doubt = (sa_len > 0 and match > 0 and self.q("sa", match) >= 0.5) or age >= 2 * self._period[1]
+        options = self._options(self._curve(True, doubt), self._draft_seconds(), match, sa_len, model_k, q_draft)
         options = [(_cost_bucket(o[2] + 1), -o[0], o[1], o[2]) for o in options]
         options = [o for o in options if due[o[0]] and -o[1] > rate]
         if not options:
             return None
         b, _, source, d = min(options)  # the smallest size that might pay, the cheapest to find out about
-        self._period[b] = min(2 * self._period[b], self.max_retry_after)
+        self._retrying = (b, float(self._curve()[d]))  # what the size is expected to cost (see observe_forward)
         return source, d

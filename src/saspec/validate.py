@@ -8,6 +8,7 @@ value in the form the library works with.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -54,13 +55,9 @@ def check_seconds(value: Any, name: str) -> float:
     """A duration: a finite real number > 0, as a float; ``ValueError``
     naming ``name`` otherwise (a clock that went backwards or an overflow
     must not be taken as a free or endless step)."""
-    try:
-        s = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}") from None
-    if isinstance(value, bool) or not (np.isfinite(s) and s > 0):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    return s
+    return float(value)
 
 
 def check_int_tensor(t: Any, name: str) -> None:

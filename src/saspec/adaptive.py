@@ -85,7 +85,7 @@ class AdaptiveSelector:
     """Host-side adaptive choice between SA and neural drafts, per request.
 
     In the simulator it matches the best fixed threshold on every workload
-    within 1% without tuning (see BENCHMARKS.md).
+    closely without tuning (BENCHMARKS.md, "Draft quality").
 
     Args:
         k: draft tokens per step.

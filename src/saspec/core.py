@@ -38,8 +38,8 @@ every state but the one of the whole text has an inline first edge, and the
 edges number at most states - 1 + n.
 
 The hot record is 16 bytes (four to a 64-byte cache line on the host, two to a
-32-byte sector on the GPU; the regions are not padded to align them, which
-measured no different); POS and MORE are read once per token and per clone, so
+32-byte sector on the GPU; the regions are not padded to align them: that
+bought nothing); POS and MORE are read once per token and per clone, so
 they live apart and do not dilute the records the walks touch.
 
 Matching. After each appended token the longest suffix of the text that also
@@ -101,7 +101,7 @@ def host_inline(fn):
 # reference counting (numba's NRT). They allocate nothing, and their arrays are
 # the caller's or own nothing; with NRT, every inlined helper that takes the
 # blob pays an incref and a decref call, whose clobbered registers push the
-# walks' state to the stack (10-21% of a decode step, measured).
+# walks' state to the stack (BENCHMARKS.md, "Host engine").
 NO_NRT = {"_nrt": False}
 
 
@@ -562,7 +562,7 @@ def _update_match(buf, token, policy, depth, n, s, m):
     """Record the match for the text of ``n`` tokens that just gained ``token``
     at position n-1: ``s`` is the suffix link of the new last state, ``m`` its
     length (passed in by ``extend``, which has them at hand: reading them back
-    from the blob cost up to 8% of a host step)."""
+    from the blob costs a host step dearly)."""
     start = -1
     if m > 0:
         e = -1
@@ -669,7 +669,7 @@ def copy_into(src, dst):
             continue
         t = src[_ix(w + S_TOK)]
         j = probe_start(a, t, d_size)
-        # find_slot's probe without its key compare (the edges are distinct), 6-14% of a re-insertion
+        # find_slot's probe without its key compare: the edges are distinct, and the compare is dear here
         while dst[_ix(d_slots + SLOT_WORDS * j + SRC)] != -1:
             j = probe_next(j, d_size)
         v = d_slots + SLOT_WORDS * j

@@ -99,9 +99,9 @@ class SpecEngine:
     Args:
         policy: which earlier occurrence drafts copy from, one of
             ``build.POLICIES``. The default, ``"near-first"``, is the best
-            SA-only policy on the code-edit workloads, by 0.2-0.7% over
-            ``"first"``; ``"recent"``/``"near-recent"`` are about 2% better on
-            HumanEval completions and chat (README, ``BENCHMARKS.md``).
+            SA-only policy on the code-edit workloads, by a small margin;
+            ``"recent"``/``"near-recent"`` are better on HumanEval
+            completions and chat (BENCHMARKS.md, "Draft quality").
         recent_depth: states refreshed per token by the ``*recent`` policies,
             an int in [0, ``build.MAX_RECENT_DEPTH``] (1024); each token costs
             O(recent_depth) more with them. Others raise ``TypeError`` or
@@ -110,8 +110,8 @@ class SpecEngine:
             the calling thread. An int >= 1: batches of at least this many
             rows run on all cores (numba ``prange``); CPU backend only. Opt in
             only on dedicated idle cores: on shared cores the parallel path
-            was 10-35x slower than serial (BENCHMARKS.md), and serial is never
-            slower there.
+            is many times slower than serial (BENCHMARKS.md, "Host engine"),
+            and serial is never slower there.
         backend: ``"cpu"`` (host memory, numpy arrays or CPU tensors) or
             ``"cuda"`` (device slots, torch CUDA tensors; needs numba-cuda:
             ``pip install -e '.[cuda]'`` in the checkout).

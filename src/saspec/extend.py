@@ -9,9 +9,9 @@ Blobs reach the kernels as an *address table*, int64 [2, slots]:
 ``table[1, slot]`` its length in words (owned by the engine, which keeps every
 blob alive while its address is in the table and changes entries only under
 its lock). ``intrinsics.blob_at`` turns an entry back into an int32 array
-inside jitted code. A ``numba.typed.List`` would do the same, but passing one into a jitted
-call costs about 1.5 µs per call in numba's dispatcher, more than a whole B=1
-step; for the same reason the per-call arguments are packed into few arrays:
+inside jitted code. A ``numba.typed.List`` would do the same, but numba's
+dispatcher unboxes one on every call, which costs more than a whole B=1 step;
+for the same reason the per-call arguments are packed into few arrays:
 ``rp`` int32 [2, B] (row 0: each batch row's slot; row 1: its progress, tokens
 appended so far this step) and ``ctl`` int64 [CTL_WORDS] (the ``C_*`` words).
 
@@ -155,8 +155,8 @@ def _row(buf, accepted, lens, progress, match_out, draft_out, b, policy, depth):
 # How many rows ahead ``extend_rows`` prefetches (see ``_look_ahead``), and the
 # default total size of the batch's blobs from which it does: below it they
 # mostly stay in the last level cache between steps, and the look-ahead's own
-# work costs more than it saves (measured on a 32 MiB L3: B=64 at 1k tokens,
-# about 10 MB, loses 20% on copies; B=256 at 1k, about 38 MB, gains 10-35%).
+# work costs more than it saves (BENCHMARKS.md, "Host engine", has both sides
+# of the threshold on a 32 MiB L3).
 LOOKAHEAD = 3
 LOOKAHEAD_MIN_BYTES = 16 << 20
 
@@ -187,8 +187,8 @@ def _look_ahead(table, slot, accepted, lens, progress, b, hops, first):
     of all its tokens, and, to write, the lines its new states, their aux
     records and its text will take: each row writes sequentially, but every
     other row's step comes between two of its own, too far apart for the
-    hardware prefetcher to follow (6-15% of a step at 8k-32k tokens, B=64
-    and 256, measured).
+    hardware prefetcher to follow (BENCHMARKS.md, "Against sa_spec", has what
+    the write prefetch saves).
     """
     buf = blob_at(table, slot)
     base = table[0, slot]

@@ -33,7 +33,7 @@ from .lengths import (DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, DRAFT_LENGTH_RU
 from .validate import check_int_tensor
 
 #: The default hybrid threshold: a row takes the SA's draft when its match is at least this many tokens
-#: (the best fixed threshold on code edits in ``saspec simulate``; BENCHMARKS.md, "Draft quality").
+#: (among the best fixed thresholds on code edits in ``saspec simulate``; BENCHMARKS.md, "Draft quality").
 HYBRID_THRESHOLD = 4
 
 

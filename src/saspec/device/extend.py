@@ -240,9 +240,8 @@ class TorchDevice:
 
     simulated = False
     # One row per block, so one per warp: rows take different branches through
-    # the automaton, and rows sharing a warp wait for each other's branches.
-    # Measured on an H200 (BENCHMARKS.md, GPU backend): 128 threads per block
-    # cost 50 us per call at B=256, 1 thread 14.5 us.
+    # the automaton, and rows sharing a warp wait for each other's branches
+    # (BENCHMARKS.md, "GPU backend", compares the two).
     extend_threads = 1
     upload_threads = 256
     max_upload_blocks = 256

@@ -30,24 +30,25 @@ Options (keyword arguments of ``model.generate``):
   (``saspec.select.draft_length``: ``per-match`` drafts ``ceil(scale * m)``,
   ``fixed`` always ``saspec_k``). A short match rarely continues far, and
   every drafted token costs verification.
-* ``saspec_gate`` (bool or a fresh :class:`saspec.select.CostGate` with
+* ``saspec_gate`` (bool or a fresh :class:`saspec.gate.CostGate` with
   ``k_max >= saspec_k``, default True): draft only where a draft is expected
-  to pay for its verification (:class:`saspec.select.CostGate`): the steps
-  are timed as they run (a step that verifies n tokens, against a plain
-  step), acceptance is learnt per sequence, and each step takes the
-  automaton's draft (at the length that pays most), the assistant's, or
-  none. Where verifying several tokens costs about one forward (a GPU, or
-  fp32 linears routed by ``saspec_fast_verify``)
-  it drafts nearly always; where each verified token costs a forward it
-  decodes plainly. The length rule and the threshold then only apply with
-  ``saspec_gate=False``.
+  to pay for its verification (:mod:`saspec.gate`): whole steps are timed
+  on the gate's ``clock`` as they run, the automaton's draft is scored
+  against the text that follows it on every step, drafted or not, and each
+  step takes the automaton's draft (at the length that pays most), the
+  assistant's, or none, re-trying now and then what it does not choose so
+  that one slow timing cannot turn drafting off for good. Where verifying
+  several tokens costs about one forward (a GPU, or fp32 linears routed by
+  ``saspec_fast_verify``) it drafts nearly always; where each verified token
+  costs a forward it decodes plainly. The length rule and the threshold then
+  only apply with ``saspec_gate=False``.
 * ``saspec_fast_verify`` (bool, default True): for the duration of the
   call, route the target's float32 ``nn.Linear`` layers through
   :func:`fast_small_linears` (restored afterwards; layers already routed
   stay so). On x86 CPUs torch's fp32 ``F.linear`` costs about one 1-row
-  product per row from 2 to ~16 rows, so verifying 1-3 drafts costs 2-3
-  plain forwards; routed, about 1.1. Plain (1-row) steps and the prefill are
-  unchanged. No effect on other dtypes.
+  product per row from 2 to ~16 rows, so verifying a few drafts costs as
+  many plain forwards; routed, about one. Plain (1-row) steps and the
+  prefill are unchanged. No effect on other dtypes.
 
 What the loop guarantees:
 
@@ -136,13 +137,12 @@ def check_transformers_version(version: str | None = None) -> None:
         )
 
 
-# On this x86 CPU (AVX2, MKL), torch's fp32 ``F.linear`` over 2..~16 rows costs
-# about one 1-row product per row: a 1536 -> 8960 layer with 2 threads takes
-# 2.9 ms for 1 row, 5.8 for 2 and 8.4 for 4. The transposed product
-# ``W @ x.T`` takes 2.5 ms for 2 rows, 2.6 for 4 and 4.6 for 8 (BENCHMARKS.md,
-# "verify cost"). Verification forwards have exactly those sizes, so routing
-# them through it makes a verify of a few drafts cost about one plain
-# forward. bf16 has no such gap and is left alone.
+# On x86 CPUs (AVX2, MKL) torch's fp32 ``F.linear`` over 2 to ~16 rows costs
+# about one 1-row product per row, while the transposed product ``W @ x.T``
+# costs little more for 8 rows than for 2 (BENCHMARKS.md, "Verify cost on a
+# CPU"). Verification forwards have exactly those sizes, so routing them
+# through it makes a verify of a few drafts cost about one plain forward.
+# bf16 has no such gap and is left alone.
 SMALL_ROWS = 32
 
 
@@ -215,7 +215,7 @@ class SACandidateGenerator:
         length_rule, length_scale: the draft-length rule
             (``saspec.select.draft_length``; ``per-match-recent`` uses the
             automaton's accepted tokens at its previous step).
-        gate: a :class:`~saspec.select.CostGate` (``k_max >= k``) that
+        gate: a :class:`~saspec.gate.CostGate` (``k_max >= k``) that
             chooses each step's source and length instead of ``threshold``
             and the length rule, or None. It is offered the automaton's draft
             every step, and told each step's time on its ``clock`` (from one

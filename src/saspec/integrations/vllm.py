@@ -59,7 +59,7 @@ proposes as many tokens as the draft-length rule allows for its match
 token, and never more than K), and no draft runs past ``max_model_len`` (text
 plus draft at most ``max_model_len`` tokens, as vLLM's n-gram drafter). With
 ``length_rule="gate"`` a single running request's draft lengths come from a
-``saspec.select.CostGate`` instead, which times vLLM's steps. vLLM
+``saspec.gate.CostGate`` instead, which times vLLM's steps. vLLM
 builds the class itself and sets ``prompt_lookup_min`` to 0 for custom
 classes, so inside vLLM the settings come from the environment (inherited by
 the spawned workers): ``SASPEC_VLLM_MIN_MATCH`` (default
@@ -94,7 +94,7 @@ from ..lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_ru
 #: Default minimum match length (tokens) for a row to draft: vLLM's n-gram
 #: drafter matches n-grams of at most ``prompt_lookup_max`` tokens (default 5).
 DEFAULT_MIN_MATCH = 5
-#: ``length_rule`` value that sizes drafts with ``saspec.select.CostGate`` (see ``SAProposer``).
+#: ``length_rule`` value that sizes drafts with ``saspec.gate.CostGate`` (see ``SAProposer``).
 GATE = "gate"
 #: Tokens at the start of a request hashed into its fingerprint.
 HEAD = 32
@@ -219,11 +219,11 @@ class SAProposer:
             else :data:`saspec.select.DEFAULT_LENGTH_RULE` / ``DEFAULT_LENGTH_SCALE``.
             ``per-match-recent`` takes each row's accepted drafts at its
             previous step from ``sampled_token_ids``. ``"gate"``: while a
-            single request runs (batch 1), a ``saspec.select.CostGate`` picks
+            single request runs (batch 1), a ``saspec.gate.CostGate`` picks
             each draft's length, or none, for the most tokens per second: it
             times vLLM's steps (from one ``propose`` return to the next call,
-            the forward that verified the last draft) and learns how often
-            drafts at each match length are accepted; a batch of several rows
+            the forward that verified the last draft) and scores every step's
+            SA draft against the tokens that followed; a batch of several rows
             shares each step's cost, so there the default rule applies.
         max_detached: how many requests that left their rows (finished,
             preempted or moved) are kept for a possible resume before the

@@ -26,7 +26,8 @@ def main() -> int:
     from saspec.evidence import realsim
     from saspec.evidence.costmodel import gpu_like_profile
     from saspec.evidence.generate import HybridDrafter, ModelDrafter, SADrafter, speculative_generate
-    from saspec.evidence.record import REAL_OUTPUTS_PATH, _load_models
+    from saspec.evidence.lm import load_models
+    from saspec.evidence.record import REAL_OUTPUTS_PATH
     from saspec.evidence.simulate import Flat
     from saspec.evidence.workloads import load_traces
 
@@ -38,7 +39,7 @@ def main() -> int:
     ap.add_argument("--draft-dir")
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
-    target, draft, _, _, _ = _load_models(args)
+    target, draft, _, _, _ = load_models(args)
     traces = sorted(load_traces(args.traces).traces, key=lambda t: t.output.size)[: args.n]
     prof = gpu_like_profile()
     configs = [("sa K=8", lambda: SADrafter(8), dict(mode="sa", k_sa=8)),

@@ -2,89 +2,25 @@
 
 The unit tests state timings directly. The replay tests run the gate over the
 shipped real outputs of Qwen2.5-Coder-1.5B (code edits, HumanEval edits,
-chat) with a real ``SpecEngine`` and an injected clock: a step's time is a
-function of its forward size (and, where stated, of a seeded burst), so every
-run is deterministic and nothing reads the real time.
+chat) with a real ``SpecEngine`` and an injected clock
+(``saspec.evidence.gate_replay``): a step's time is a function of its forward
+size (and, where stated, of a seeded burst), so every run is deterministic and
+nothing reads the real time.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
-from importlib import resources
-
 import numpy as np
 import pytest
 
-from saspec import SpecEngine
+from saspec.evidence.gate_replay import bursts, load_traces, replay
+from saspec.evidence.gate_replay import cheap as CHEAP
+from saspec.evidence.gate_replay import dear as DEAR
+from saspec.evidence.gate_replay import flattening as CONCAVE
 from saspec.gate import PROBE_WAIT, CostGate, best_draft_length, expected_tokens
 
-# Cost of a forward over n tokens, in units of a 1-token forward.
-CHEAP = lambda n: 1.0 + 0.03 * (n - 1)  # noqa: E731  (a GPU at small batch: verifying is nearly free)
-DEAR = lambda n: float(n)  # noqa: E731  (bf16 on a CPU without native bf16 matmuls: a forward per token)
-CONCAVE = lambda n: [1.0, 2.1, 3.1, 2.9, 3.0, 3.1, 3.2, 3.25, 3.3][min(n, 9) - 1]  # noqa: E731  (fp32 F.linear on x86)
-
-
-def _traces() -> list[dict]:
-    path = resources.files("saspec.evidence") / "data" / "real_outputs.jsonl.gz"
-    with resources.as_file(path) as p, gzip.open(p, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-TRACES = _traces()
+TRACES = load_traces()
 KINDS = sorted({t["meta"]["workload"] for t in TRACES})
-
-
-def replay(gate: CostGate, trace: dict, cost, k: int = 8) -> dict:
-    """Greedy decoding of ``trace``'s fixed output with SA drafts chosen by
-    ``gate``: each step offers the SA's draft, verifies what the gate chose
-    (the target accepts the drafts that equal the output, then one token of
-    its own) and reports ``cost(step, n_tokens)`` as the step's time.
-
-    Returns the choices per step (match, source, tokens verified), each
-    step's (time, tokens emitted), the total time and the output length."""
-    output = trace["output_ids"]
-    engine = SpecEngine()
-    engine.add_request(0, trace["prompt_ids"])
-    engine.prepare([0])
-    acc, lens = np.zeros((1, k + 1), np.int32), np.zeros(1, np.int32)
-    match_out, draft_out = np.zeros(1, np.int32), np.zeros((1, k), np.int32)
-    pos, total, choices, new, steps = 0, 0.0, [], [], []
-    while pos < len(output):
-        acc[0, : len(new)], lens[0] = new, len(new)
-        engine.extend(acc, lens, match_out, draft_out)
-        draft = [int(t) for t in draft_out[0] if t >= 0]
-        match = int(match_out[0])
-        gate.offer(match, draft)
-        source, n = gate.choose(match, len(draft))
-        verify = (draft[:1] or [output[pos - 1] if pos else 0]) if source == "probe" else draft[:n] if source == "sa" else []
-        verify = verify[: len(output) - pos - 1]
-        a = 0
-        while a < len(verify) and verify[a] == output[pos + a]:
-            a += 1
-        new = output[pos : pos + a + 1]
-        seconds = cost(len(choices), 1 + len(verify))
-        gate.observe_forward(1 + len(verify), seconds)
-        gate.observe_tokens(new)
-        choices.append((match, source, len(verify)))
-        steps.append((seconds, len(new)))
-        total += seconds
-        pos += len(new)
-    engine.remove_request(0)
-    return {"choices": choices, "time": total, "tokens": len(output), "steps": steps}
-
-
-def bursts(base, seed: int, share: float = 0.2, lo: float = 2.0, hi: float = 5.0):
-    """``base`` with a seeded ``share`` of steps ``lo``-``hi`` times slower (a busy machine)."""
-    rng = np.random.default_rng(seed)
-    slow = {}
-
-    def cost(step: int, n: int) -> float:
-        if step not in slow:
-            slow[step] = rng.uniform(lo, hi) if rng.random() < share else 1.0
-        return base(n) * slow[step]
-
-    return cost
 
 
 # -- the rule: the most expected tokens per second -----------------------------------

@@ -40,7 +40,6 @@ from .options import CliError, comma_list, nonnegative_int, output_file, positiv
 
 REAL_OUTPUTS_PATH = DATA_DIR / "real_outputs.jsonl.gz"
 WORKLOAD_KEY = "workload"
-_load_models = load_models  # the name benchmarks/real_drafter_check.py imports
 DEFAULT_COUNTS = {"code-edits": 40, "humaneval-edit": 20, "chat": 20}
 CODE_MAX_NEW = 1200
 CHAT_MAX_NEW = 256

@@ -1,0 +1,55 @@
+"""The cost gate's forwards on a tiny random model, in fresh processes, with the real clock.
+
+A tiny random Qwen2 (hidden 64, 2 layers, fp32) after a prompt that repeats a 30-token block, 60 new tokens,
+``model.generate(custom_generate=saspec.integrations.hf.generate)`` with the gate (the default) and with
+``saspec_gate=False``. Each process builds the same model and prompt (fixed seeds) and runs both once; the
+gate's choices follow the step times it measures, so they can differ between processes.
+
+    python benchmarks/gate_tiny_processes.py [N]   # N fresh processes (default 10), about 10 s each
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CHILD = r"""
+import json, numpy as np, torch, transformers
+import saspec.integrations.hf as sahf
+torch.manual_seed(3)
+cfg = transformers.Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                               tie_word_embeddings=False, use_cache=True, bos_token_id=None, eos_token_id=None)
+model = transformers.Qwen2ForCausalLM(cfg).float().eval()
+model.generation_config.pad_token_id = 0
+prompt = np.random.default_rng(0).integers(1, 512, 30).tolist() * 4
+count = [0]
+model.register_forward_hook(lambda *a: count.__setitem__(0, count[0] + 1))
+out = {}
+for name, gate in (("gate", True), ("no-gate", False)):
+    count[0] = 0
+    ids = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=60,
+                         custom_generate=sahf.generate, saspec_gate=gate)
+    out[name] = {"forwards": count[0], "tokens": ids[0, len(prompt):].tolist()}
+print(json.dumps(out))
+"""
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10
+    rows = []
+    for i in range(n):
+        res = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True)
+        r = json.loads(res.stdout.strip().splitlines()[-1])
+        same = r["gate"]["tokens"] == r["no-gate"]["tokens"]
+        rows.append((r["gate"]["forwards"], r["no-gate"]["forwards"], same))
+        print(f"process {i}: gate {rows[-1][0]} forwards, no gate {rows[-1][1]}, "
+              f"ratio {rows[-1][0] / rows[-1][1]:.2f}, same output {same}", flush=True)
+    worst = max(g / f for g, f, _ in rows)
+    print(f"gate forwards per process: {[g for g, _, _ in rows]}; no gate: {sorted(set(f for _, f, _ in rows))}; "
+          f"worst ratio {worst:.2f}; outputs identical: {all(s for _, _, s in rows)}")
+
+
+if __name__ == "__main__":
+    main()

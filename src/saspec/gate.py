@@ -250,7 +250,8 @@ class CostGate:
         self._offer: tuple[int, list[int], int] | None = None  # (match, draft, tokens matched so far)
         self._waited = 0  # warm-up steps spent waiting for an SA draft to probe with
         self._retrying: tuple[int, float] | None = None  # this step's re-try: (size bucket, seconds expected)
-        self.stats: dict[str, int] = {"steps": 0, "warm-up": 0, "retries": 0, "sa": 0, "draft": 0, "none": 0}
+        self.stats: dict[str, int] = {"steps": 0, "warm-up": 0, "retries": 0, "sa": 0, "draft": 0, "none": 0,
+                                       "guess": 0}
 
     # -- costs --
 
@@ -490,10 +491,12 @@ class CostGate:
         """``(source, length)`` for this step: "sa" with up to ``sa_len``
         tokens (what the automaton offers at a match of ``match``), "draft"
         with up to ``model_k`` draft-model tokens (0: no draft model), or
-        ``("none", 0)`` where no draft is expected to beat a plain step, or,
-        during the warm-up, ``("none", 0)`` and then ``("probe", 1)``: verify
-        one token of whatever costs nothing (the SA's first draft token, else
-        a guess) to time a small verify."""
+        ``("none", 0)`` where no draft is expected to beat a plain step, or
+        ``("probe", 1)``: verify one token of whatever costs nothing (the SA's
+        first draft token, else a guess), during the warm-up to time a small
+        verify, and after it where verifying one token costs less than a plain
+        step (on some CPUs a 2-row product is faster than a 1-row one) and no
+        draft pays: a plain step, done faster."""
         self._step += 1
         self.stats["steps"] += 1
         if not self.timed or not self.probed:
@@ -502,15 +505,18 @@ class CostGate:
             if self.timed and (sa_len > 0 and match > 0 or self._waited > PROBE_WAIT):
                 return "probe", 1
             return "none", 0
-        options = self._options(self._curve(), self._draft_seconds(), match, sa_len, model_k, self.q("draft"))
+        curve = self._curve()
+        options = self._options(curve, self._draft_seconds(), match, sa_len, model_k, self.q("draft"))
         best = max(options, key=lambda o: o[0])  # max keeps the first of equals: no draft, then shorter
         choice = self._retry(best[0], match, sa_len, model_k)
         if choice is None:
             choice = best[1:]
+            if choice[0] == "none" and curve[1] < curve[0]:
+                choice = ("probe", 1)  # verifying one guessed token costs less than a plain step here
             self._period[_cost_bucket(choice[1] + 1)] = self.retry_after
         else:
             self.stats["retries"] += 1
-        self.stats[choice[0]] += 1
+        self.stats["guess" if choice[0] == "probe" else choice[0]] += 1
         return choice
 
     def _retry(self, rate: float, match: int, sa_len: int, model_k: int) -> tuple[str, int] | None:

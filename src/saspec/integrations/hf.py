@@ -76,7 +76,10 @@ convention of ``custom_generate`` callables; ``GenerationMixin._assisted_decodin
 and the ``_get_candidate_generator`` hook it calls (overridden on the model
 instance for the duration of the call, so one model must not run two
 ``generate`` calls at once); the candidate-generator interface
-(``requires_model_outputs``, ``get_candidates``, ``update_candidate_strategy``).
+(``requires_model_outputs``, ``get_candidates``, ``update_candidate_strategy``);
+the assistant's candidate generator's ``assistant_kwargs`` (its cache, and,
+for a first call that the gate defers past the prompt, its attention mask and
+position ids, extended with transformers' own ``_prepare_*`` helpers).
 transformers does not pass ``assistant_model`` or ``streamer`` to a
 ``custom_generate`` callable (it keeps only the callable's own extra
 arguments), so ``generate`` reads them from the calling
@@ -296,14 +299,10 @@ class SACandidateGenerator:
             self.gate.offer(match, draft)  # scored against what follows, verified or not
         draft = draft[: max(room, 0)]
         use_sa, use_fallback = bool(draft) and match >= self.threshold, self.fallback is not None and room > 0
-        first_assist = use_fallback and not self._fallback_started  # transformers' assistant must see the prompt
-        if first_assist and self.gate is None:  # alone at its first call: it drafts the first step
-            use_sa = False
-        if self.gate is not None:
-            if first_assist:
-                source, n = "draft", 1
-            else:
-                source, n = self.gate.choose(match, len(draft), self.k if use_fallback else 0)
+        if use_fallback and not self._fallback_started and self.gate is None:
+            use_sa = False  # the fixed rules start the assistant at the first step, as transformers does
+        if self.gate is not None:  # the gate starts the assistant only when its draft pays (it reads the prompt then)
+            source, n = self.gate.choose(match, len(draft), self.k if use_fallback else 0)
             if source == "probe" and room <= 0:  # no room for a draft token
                 source, n = "none", 0
             elif source == "probe":  # one token, to time a multi-token verify: the automaton's, else a guess
@@ -318,13 +317,16 @@ class SACandidateGenerator:
             tail = torch.tensor([draft], dtype=input_ids.dtype, device=input_ids.device)
             return torch.cat([input_ids, tail], dim=1), None
         if use_fallback:
-            self._fallback_started = True
+            if not self._fallback_started:
+                _mask_to(self.fallback, int(input_ids.shape[1]))
+                self._fallback_started = True
+            behind = int(input_ids.shape[1]) - _cached(self.fallback)  # tokens the assistant reads before drafting
             clock = self.gate.clock if self.gate is not None else time.perf_counter
             t0 = clock()
             ids, logits = self.fallback.get_candidates(input_ids, **kwargs)
             self._assist_s = clock() - t0
             self._source, self._drafted = "assistant", int(ids.shape[1] - input_ids.shape[1])
-            if self.gate is not None and self._drafted:
+            if self.gate is not None and self._drafted and behind <= 2:  # not a catch-up over the prompt or SA steps
                 self.gate.observe_draft_forward(self._assist_s / self._drafted)
             return ids, logits
         self._source, self._drafted = "none", 0
@@ -357,6 +359,27 @@ class SACandidateGenerator:
     def close(self) -> None:
         """Free the request's automaton (idempotent)."""
         self._seq.close()
+
+
+def _cached(assistant: Any) -> int:
+    """Tokens in transformers' assistant candidate generator's cache (0 before its first call)."""
+    cache = getattr(assistant, "assistant_kwargs", {}).get("cache")
+    return int(cache.get_seq_length()) if cache is not None else 0
+
+
+def _mask_to(assistant: Any, length: int) -> None:
+    """Extend the assistant's attention mask and position ids, made for the prompt, to ``length`` tokens:
+    its first call may come after steps it did not draft, and transformers extends them (with these same
+    helpers) only once the assistant's cache exists."""
+    from transformers.generation import candidate_generator as cg
+
+    kw = getattr(assistant, "assistant_kwargs", None)
+    if kw is None:
+        return
+    encdec = assistant.assistant_model.config.is_encoder_decoder
+    kw = cg._prepare_attention_mask(kw, length, encdec)
+    kw = cg._prepare_position_ids(kw, length, encdec)
+    assistant.assistant_kwargs = cg._prepare_token_type_ids(kw, length)
 
 
 class _StopPerToken:

@@ -309,21 +309,28 @@ class CostGate:
         """Whether forward size ``b`` is due for a re-try: untimed for its period."""
         return bool(self._step - self._timed_at[b] >= self._period[b])
 
+    def _span(self, b: int) -> tuple[int, int]:
+        """The forward sizes of bucket ``b`` (tokens, both ends included, at most ``k_max + 1``)."""
+        return (1, 1) if b == 0 else ((1 << (b - 1)) + 1, min(1 << b, self.k_max + 1))
+
     def _curve(self, optimistic: bool = False, doubt_smallest: bool = False) -> np.ndarray:
         """float64 [k_max + 1]: seconds of a forward over ``d + 1`` tokens for
         ``d = 0..k_max``.
 
-        The *fresh* sizes (the unit, and sizes timed at least twice within
+        A timed size bucket costs its estimate over its whole span (padding
+        to a power of two rows makes verify costs step-like on CPUs). The
+        *fresh* buckets (the unit, and buckets timed at least twice within
         their re-try period) set the curve: interpolated between them,
-        extrapolated above them along the last segment. A stale size costs no
+        extrapolated above them along the last segment of the multi-token
+        ones (a 1-token step may run other kernels). A stale bucket costs no
         less than the fresh ones say (verifying may have turned dear since it
-        was timed); a size timed once, no more (one slow first timing is
-        doubted). Where two sizes disagree about which is dearer, the one
+        was timed); a bucket timed once, no more (one slow first timing is
+        doubted). Where two buckets disagree about which is dearer, the one
         timed more recently wins. ``optimistic``, what a re-try may find:
         untimed sizes above the timed ones at half the last segment's slope (a
         cost curve that flattens is found by trying them), stale and
-        once-timed sizes at their own timings, or at that half-slope line
-        where they are slower than the fresh sizes predict.
+        once-timed buckets at their own timings, or at that half-slope line
+        where they are slower than the fresh ones predict.
         ``doubt_smallest``: the smallest verify, when stale, may cost no more
         than a plain step (its first timings, slow in a cold process or a
         burst of load, must not hold drafting off for good)."""
@@ -331,52 +338,65 @@ class CostGate:
         if self._fixed:
             return self._verify * unit
         n = np.arange(1, self.k_max + 2, dtype=np.float64)
-        fresh: dict[float, tuple[float, float]] = {}  # tokens -> (seconds, step timed)
-        others: list[tuple[float, float, float, bool]] = []  # (tokens, seconds, step, timed once)
+        fresh: dict[int, tuple[float, float]] = {}  # bucket -> (seconds, step timed)
+        others: list[tuple[int, float, float, bool]] = []  # (bucket, seconds, step, timed once)
         for b, t in enumerate(self._forwards):
             if not t.seen:
                 continue
-            s, tokens, step = t.estimate()
+            s, _, step = t.estimate()
             if b == 0 or (t.seen >= 2 and not self._stale(b)):
-                fresh[tokens] = (s, step)
+                fresh[b] = (s, step)
             else:
-                others.append((tokens, s, step, t.seen < 2))
+                others.append((b, s, step, t.seen < 2))
         if not fresh:
             return unit * (1.0 + self.slope_prior * (n - 1))
         points = dict(fresh)
         if len(fresh) >= 2:
             line = self._through(fresh, n, 1.0)
             hope = self._through(fresh, n, 0.5)
-            for tokens, s, step, once in others:
-                i = int(tokens) - 1
+            for b, s, step, once in others:
+                i = self._span(b)[1] - 1
                 if optimistic:
-                    points[tokens] = (s if s <= line[i] else hope[i], step)
+                    points[b] = (s if s <= line[i] else hope[i], step)
                 else:
-                    points[tokens] = (min(s, line[i]) if once else max(s, line[i]), step)
+                    points[b] = (min(s, line[i]) if once else max(s, line[i]), step)
         else:  # nothing fresh to doubt them by: take them as timed
-            points.update({tokens: (s, step) for tokens, s, step, _ in others})
-        if doubt_smallest and 2.0 in points and self._stale(1):
-            points[2.0] = (min(points[2.0][0], points[1.0][0]), points[2.0][1])
+            points.update({b: (s, step) for b, s, step, _ in others})
+        if doubt_smallest and 1 in points and 0 in points and self._stale(1):
+            points[1] = (min(points[1][0], points[0][0]), points[1][1])
         return self._through(points, n, 0.5 if optimistic else 1.0)
 
-    def _through(self, points: dict[float, tuple[float, float]], n: np.ndarray, slope_factor: float) -> np.ndarray:
-        """Seconds at ``n`` tokens along ``points`` (tokens -> (seconds,
-        step timed)), made to rise with size above 1 token (where two
-        disagree, the one timed more recently stands), interpolated, and
-        extrapolated above the last point at ``slope_factor`` times the last
-        segment's slope (``slope_prior`` per token with one point)."""
-        cost = {x: s for x, (s, _) in points.items()}
-        fixed: list[float] = []
-        for x in sorted(points, key=lambda x: -points[x][1]):  # the most recent evidence first
-            if x >= 2:
-                lo = max([cost[y] for y in fixed if y < x], default=0.0)
-                hi = min([cost[y] for y in fixed if y > x], default=math.inf)
-                cost[x] = min(max(cost[x], lo), hi)
-                fixed.append(x)
-        xs = np.array(sorted(cost))
-        ys = np.array([cost[x] for x in xs])
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) >= 2 else self.slope_prior * ys[0]
-        return np.interp(n, xs, ys) + slope_factor * max(float(slope), 0.0) * np.maximum(n - xs[-1], 0.0)
+    def _through(self, points: dict[int, tuple[float, float]], n: np.ndarray, slope_factor: float) -> np.ndarray:
+        """Seconds at ``n`` tokens along ``points`` (bucket -> (seconds, step
+        timed)): made to rise with size above 1 token (where two buckets
+        disagree, the one timed more recently stands), flat over each
+        bucket's span, interpolated between buckets, and extrapolated above
+        the last at ``slope_factor`` times the slope between the last two
+        multi-token buckets (with one: its slope from the unit, at least
+        ``slope_prior`` units per token)."""
+        cost = {b: s for b, (s, _) in points.items()}
+        fixed: list[int] = []
+        for b in sorted(points, key=lambda b: -points[b][1]):  # the most recent evidence first
+            if b >= 1:
+                lo = max([cost[c] for c in fixed if c < b], default=0.0)
+                hi = min([cost[c] for c in fixed if c > b], default=math.inf)
+                cost[b] = min(max(cost[b], lo), hi)
+                fixed.append(b)
+        xs, ys = [], []
+        for b in sorted(cost):
+            lo, hi = self._span(b)
+            xs += [lo, hi] if hi > lo else [lo]
+            ys += [cost[b]] * (2 if hi > lo else 1)
+        multi = [b for b in sorted(cost) if b >= 1]
+        if len(multi) >= 2:
+            (b1, b2) = multi[-2:]
+            slope = (cost[b2] - cost[b1]) / (self._span(b2)[1] - self._span(b1)[1])
+        else:  # one multi-token bucket: its slope from the unit, but at least the prior's
+            slope = self.slope_prior * cost.get(0, ys[0])
+            if multi and 0 in cost:
+                slope = max(slope, (cost[multi[0]] - cost[0]) / (self._span(multi[0])[1] - 1))
+        top = xs[-1]
+        return np.interp(n, xs, ys) + slope_factor * max(float(slope), 0.0) * np.maximum(n - top, 0.0)
 
     def verify_cost(self) -> np.ndarray:
         """float64 [k_max + 1]: the cost of verifying ``d`` drafts (a forward

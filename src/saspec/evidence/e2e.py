@@ -232,7 +232,10 @@ def _generate(args: argparse.Namespace) -> int:
 
 # -- bench-e2e ---------------------------------------------------------------------
 
-ALL_METHODS = ("hf-plain", "hf-assisted", "hf-lookup", "none", "draft", "sa", "hybrid")
+#: ``*-fixed``: the drafter under the fixed rules (``--per-match``, ``--threshold``, ``--patience``) whatever
+#: ``--gate`` says, so that one run interleaves gated and fixed-rule drafters.
+ALL_METHODS = ("hf-plain", "hf-assisted", "hf-lookup", "none", "draft", "sa", "hybrid", "draft-fixed", "sa-fixed",
+               "hybrid-fixed")
 BENCH_METHODS = ("hf-plain", "hf-assisted", "hf-lookup", "draft", "sa", "hybrid")
 
 
@@ -284,9 +287,10 @@ def _run_method(method: str, target, draft, ids: list[int], max_new: int, args: 
     if method.startswith("hf-lookup"):
         n = int(method.split(":")[1]) if ":" in method else args.k
         return hf_generate(target, ids, max_new, prompt_lookup=n)
-    drafter = make_drafter(method, draft_model=draft, k=args.k, draft_k=args.draft_k,
+    kind, fixed = method.removesuffix("-fixed"), method.endswith("-fixed")
+    drafter = make_drafter(kind, draft_model=draft, k=args.k, draft_k=args.draft_k,
                            threshold=args.threshold, stop_below=args.stop_below, per_match=args.per_match,
-                           patience=args.patience, gate=args.gate)
+                           patience=args.patience, gate=args.gate and not fixed)
     return speculative_generate(target, ids, drafter, max_new)
 
 
@@ -310,7 +314,7 @@ def _bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     threads = _setup_torch(args)
-    need_draft = any(m in ("hf-assisted", "draft", "hybrid") for m in methods)
+    need_draft = any(m.removesuffix("-fixed") in ("hf-assisted", "draft", "hybrid") for m in methods)
     target, draft, tok, tspec = _load(args, need_draft)
     prompts = bench_prompts(get_tokenizer(), args.code_prompts, min(args.free_prompts, len(FREE_FORM_PROMPTS)),
                             args.seed)
@@ -370,15 +374,16 @@ def _bench(args: argparse.Namespace) -> int:
 
     # replay: the simulator's SA-only AL on the loop's own output vs the loop's measured AL
     sim_rows = []
-    if "sa" in methods and not args.gate:  # the gate's choices follow timings: no replay gives them
+    fixed_sa = "sa" if "sa" in methods and not args.gate else "sa-fixed" if "sa-fixed" in methods else None
+    if fixed_sa:  # the gate's choices follow timings: no replay gives them, the fixed rules' it does
         for p in prompts:
-            toks = outputs[(p["id"], "sa")]
+            toks = outputs[(p["id"], fixed_sa)]
             flat = simulate.Flat.of([Trace(np.asarray(p["prompt_ids"], np.int32), np.asarray(toks, np.int32))])
             match, sa_acc = simulate.sa_positions(flat, args.k, DEFAULT_POLICY)
             if args.per_match > 0:  # the loop's cap on SA draft length
                 sa_acc = np.minimum(sa_acc, np.minimum(args.k, np.ceil(args.per_match * match))).astype(np.int32)
             steps = simulate.walk_hist(flat, match, sa_acc, np.zeros_like(sa_acc), args.k, simulate.SA, 1, 0.0)[0]
-            loop = next(r for r in runs if r["prompt"] == p["id"] and r["method"] == "sa")
+            loop = next(r for r in runs if r["prompt"] == p["id"] and r["method"] == fixed_sa)
             sim_rows.append({"prompt": p["id"], "kind": p["kind"], "tokens": len(toks), "sim_steps": int(steps),
                              "loop_steps": loop["target_forwards"], "sim_al": len(toks) / steps, "loop_al": loop["al"]})
     sim_tables = {}

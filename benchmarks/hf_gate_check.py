@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import saspec.integrations.hf as sahf
 from saspec.evidence import models
+from saspec.gate import CostGate
 
 EDITS = (
     ("rename", "Rename the parameter `path` to `search_path` everywhere in this function and return the full updated "
@@ -80,6 +81,9 @@ class Counter:
 
 def run(target, draft, ids: list[int], new_tokens: int, method: str) -> dict:
     kw = {k: (draft if v == "assistant" else v) for k, v in METHODS[method].items()}
+    gate = None
+    if kw.get("custom_generate") and kw.get("saspec_gate", True):
+        gate = kw["saspec_gate"] = CostGate(8)  # what saspec_gate=True builds, kept to read its step counts
     x = torch.tensor([ids])
     with Counter(target) as f, Counter(draft) as d:
         t0 = time.perf_counter()
@@ -88,7 +92,8 @@ def run(target, draft, ids: list[int], new_tokens: int, method: str) -> dict:
         wall = time.perf_counter() - t0
     tokens = out[0, len(ids):].tolist()
     return {"method": method, "tokens": tokens, "new_tokens": len(tokens), "wall_s": wall,
-            "tok_per_s": len(tokens) / wall, "target_forwards": f.n, "draft_forwards": d.n}
+            "tok_per_s": len(tokens) / wall, "target_forwards": f.n, "draft_forwards": d.n,
+            "gate": dict(gate.stats) if gate is not None else None}
 
 
 def main() -> None:
@@ -114,7 +119,7 @@ def main() -> None:
             runs.append(r)
             print(f"{name:16s} {method:22s} {r['new_tokens']:4d} tok {r['tok_per_s']:6.2f} tok/s {r['x_plain']:5.2f}x "
                   f"plain, {r['target_forwards']:4d} target / {r['draft_forwards']:4d} draft forwards, "
-                  f"same {r['same_as_plain']}", flush=True)
+                  f"same {r['same_as_plain']}{'' if r['gate'] is None else ', gate ' + str(r['gate'])}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -123,11 +128,14 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
     lines = [f"# transformers integration, defaults ({commit}, torch {torch.__version__}, "
              f"{info['threads']} threads, fp32, {args.new_tokens} new tokens)", "",
-             "| prompt | method | tokens | tok/s | x plain | target forwards | draft forwards | same as plain |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+             "| prompt | method | tokens | tok/s | x plain | target forwards | draft forwards | same as plain | gate steps "
+             "(sa / draft / none / guess / re-tries / warm-up) |", "|---|---|---:|---:|---:|---:|---:|---|---|"]
     for r in runs:
+        g = r["gate"]
+        steps = "" if g is None else f"{g['sa']} / {g['draft']} / {g['none']} / {g['guess']} / {g['retries']} / {g['warm-up']}"
         lines.append(f"| {r['prompt']} | {r['method']} | {r['new_tokens']} | {r['tok_per_s']:.2f} | "
-                     f"{r['x_plain']:.2f}x | {r['target_forwards']} | {r['draft_forwards']} | {r['same_as_plain']} |")
+                     f"{r['x_plain']:.2f}x | {r['target_forwards']} | {r['draft_forwards']} | {r['same_as_plain']} | "
+                     f"{steps} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out}/results.md and results.json")
 

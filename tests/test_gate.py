@@ -165,6 +165,18 @@ def test_draft_model_acceptance_is_learnt():
     assert g.choose(0, 0, 0) == ("none", 0)
 
 
+def test_a_draft_model_far_behind_the_text_must_pay_for_its_catch_up():
+    """Starting the draft model after a long prompt, or after many SA steps, costs a catch-up over the tokens
+    it has not read; the gate charges it (over a few steps) before choosing the draft model."""
+    g = CostGate(8, verify_cost=1.0 + 0.1 * np.arange(9), draft_cost=0.4)
+    g.observe_forward(1, 0.3)
+    g.observe_draft_forward(0.3 * 10.0, read=1000)  # a 1000-token prompt read at 1/100 of a forward per token
+    assert g.choose(0, 0, 8, model_behind=30)[0] == "draft"  # a short prompt: worth reading
+    assert g.choose(0, 0, 8, model_behind=4000)[0] == "none"  # 40 forwards' worth of reading: not for one step
+    with pytest.raises(ValueError, match="read"):
+        g.observe_draft_forward(0.1, read=0)
+
+
 # -- bad inputs ----------------------------------------------------------------------
 
 

@@ -13,8 +13,10 @@ whole forward (bf16 without native bf16 matmuls) and almost none does.
 It learns both sides from the running sequence:
 
 * **costs**: the caller times every step (:meth:`CostGate.observe_forward`,
-  sizes bucketed 1, 2, 3-4, 5-8, ... tokens) and every draft-model token
-  (:meth:`CostGate.observe_draft_forward`). Timing noise only ever adds time
+  sizes bucketed 1, 2, 3-4, 5-8, ... tokens) and every draft-model forward
+  (:meth:`CostGate.observe_draft_forward`: a draft token, or a catch-up over
+  tokens the draft model has not read, which the next choice of the draft
+  model pays for first). Timing noise only ever adds time
   (a busy machine, a first call of a shape), so a bucket's cost is the
   second fastest of its last ``window`` timings once it has four (one slow
   timing, and one impossibly fast one, move nothing), the faster of its last
@@ -120,6 +122,12 @@ def best_draft_length(q, k_max, verify_cost, draft_cost):
 PROBE_WAIT = 8
 #: A re-try confirms a size's estimate when it takes between 1/CONFIRMS and CONFIRMS times as long.
 CONFIRMS = 1.5
+#: How many times cheaper than making a draft token the draft model is guessed to read a token it has not seen
+#: (one batched forward over many), until it is timed.
+CATCHUP_PRIOR = 16
+#: The steps a draft model, once started or caught up, is expected to draft in a row: its catch-up is charged
+#: over them.
+CATCHUP_STEPS = 8
 
 
 def _cost_bucket(n: int) -> int:
@@ -127,13 +135,14 @@ def _cost_bucket(n: int) -> int:
     return (n - 1).bit_length()
 
 
-def _rates(q: float, k: int, seconds: np.ndarray, draft_s: float) -> np.ndarray:
+def _rates(q: float, k: int, seconds: np.ndarray, draft_s: float, start_s: float = 0.0) -> np.ndarray:
     """Expected tokens per second of a step with ``d = 0..k`` draft tokens:
     ``seconds[d]`` is a forward over ``d + 1`` tokens, ``draft_s`` the time to
-    make one draft token (``d = 0``: a plain step)."""
+    make one draft token and ``start_s`` the time to start drafting at all
+    (``d = 0``: a plain step)."""
     d = np.arange(k + 1)
     emitted = np.cumsum(q ** d)  # 1, 1 + q, 1 + q + q^2, ...
-    return emitted / (seconds[: k + 1] + d * draft_s)
+    return emitted / (seconds[: k + 1] + d * draft_s + np.where(d > 0, start_s, 0.0))
 
 
 class _Timings:
@@ -239,6 +248,7 @@ class CostGate:
         n_buckets = _cost_bucket(self.k_max + 1) + 1
         self._forwards = [_Timings(window) for _ in range(n_buckets)]
         self._draft = _Timings(window)
+        self._catchup = _Timings(window)  # the draft model's seconds per token read in a catch-up
         self._timed_at = np.full(n_buckets, -(1 << 40))  # the step of each size's latest timing
         self._period = np.full(n_buckets, retry_after)
         self._step = 0
@@ -283,13 +293,21 @@ class CostGate:
         self._forwards[b].add(seconds, n, self._step)
         self._timed_at[b] = self._step
 
-    def observe_draft_forward(self, seconds: float) -> None:
-        """One draft-model forward (one draft token) took ``seconds``.
+    def observe_draft_forward(self, seconds: float, read: int = 1) -> None:
+        """One draft-model forward, which made one draft token, took
+        ``seconds``; it read ``read`` tokens it had not seen: 1 (or 2) in step
+        with the text, more for the prompt or a catch-up after steps it did
+        not draft. Those set the cost of a catch-up per token read.
 
         Raises:
-            ValueError: ``seconds`` is not finite and > 0.
+            ValueError: ``seconds`` is not finite and > 0, or ``read`` < 1.
         """
-        self._draft.add(check_seconds(seconds, "seconds"), 1, self._step)
+        seconds = check_seconds(seconds, "seconds")
+        read = check_int(read, "read", 1)
+        if read <= 2:
+            self._draft.add(seconds, 1, self._step)
+        else:
+            self._catchup.add(seconds / read, read, self._step)
 
     @property
     def timed(self) -> bool:
@@ -412,6 +430,13 @@ class CostGate:
             return 0.5 * self._unit()
         return self._draft.estimate()[0]
 
+    def _catchup_seconds(self) -> float:
+        """Seconds the draft model takes per token it catches up on (a guess, ``CATCHUP_PRIOR`` times
+        cheaper than a draft token, until timed)."""
+        if self._catchup.seen:
+            return self._catchup.estimate()[0]
+        return self._draft_seconds() / CATCHUP_PRIOR
+
     def draft_cost(self) -> float:
         """Cost of one draft-model token, units of a 1-token target step
         (0.5 until both are timed)."""
@@ -494,23 +519,30 @@ class CostGate:
 
     # -- the choice --
 
-    def _options(self, curve: np.ndarray, draft_s: float, match: int, sa_len: int, model_k: int,
+    def _options(self, curve: np.ndarray, match: int, sa_len: int, model_k: int, model_behind: int,
                  q_draft: float) -> list[tuple[float, str, int]]:
         """(expected tokens per second, source, length) of every choice: no
-        draft, the SA at 1..sa_len tokens, the draft model at 1..model_k."""
+        draft, the SA at 1..sa_len tokens, the draft model at 1..model_k (after
+        reading the ``model_behind`` tokens it has not seen)."""
         out = [(1.0 / curve[0], "none", 0)]
         if sa_len > 0 and match > 0:
             k = min(sa_len, self.k_max)
             out += [(float(r), "sa", d) for d, r in enumerate(_rates(self.q("sa", match), k, curve, 0.0)) if d]
         if model_k > 0:
             k = min(model_k, self.k_max)
-            out += [(float(r), "draft", d) for d, r in enumerate(_rates(q_draft, k, curve, draft_s)) if d]
+            # The catch-up, charged over the steps a started draft model drafts in a row (it reads one token per
+            # step in any case).
+            start = max(model_behind - 1, 0) * self._catchup_seconds() / CATCHUP_STEPS
+            rates = _rates(q_draft, k, curve, self._draft_seconds(), start)
+            out += [(float(r), "draft", d) for d, r in enumerate(rates) if d]
         return out
 
-    def choose(self, match: int, sa_len: int, model_k: int = 0) -> tuple[str, int]:
+    def choose(self, match: int, sa_len: int, model_k: int = 0, model_behind: int = 1) -> tuple[str, int]:
         """``(source, length)`` for this step: "sa" with up to ``sa_len``
         tokens (what the automaton offers at a match of ``match``), "draft"
-        with up to ``model_k`` draft-model tokens (0: no draft model), or
+        with up to ``model_k`` draft-model tokens (0: no draft model; it would
+        first read the ``model_behind`` tokens it has not seen: the whole text
+        before its first draft, the SA's accepted tokens after SA steps), or
         ``("none", 0)`` where no draft is expected to beat a plain step, or
         ``("probe", 1)``: verify one token of whatever costs nothing (the SA's
         first draft token, else a guess), during the warm-up to time a small
@@ -526,9 +558,9 @@ class CostGate:
                 return "probe", 1
             return "none", 0
         curve = self._curve()
-        options = self._options(curve, self._draft_seconds(), match, sa_len, model_k, self.q("draft"))
+        options = self._options(curve, match, sa_len, model_k, model_behind, self.q("draft"))
         best = max(options, key=lambda o: o[0])  # max keeps the first of equals: no draft, then shorter
-        choice = self._retry(best[0], match, sa_len, model_k)
+        choice = self._retry(best[0], match, sa_len, model_k, model_behind)
         if choice is None:
             choice = best[1:]
             if choice[0] == "none" and curve[1] < curve[0]:
@@ -539,7 +571,7 @@ class CostGate:
         self.stats["guess" if choice[0] == "probe" else choice[0]] += 1
         return choice
 
-    def _retry(self, rate: float, match: int, sa_len: int, model_k: int) -> tuple[str, int] | None:
+    def _retry(self, rate: float, match: int, sa_len: int, model_k: int, model_behind: int) -> tuple[str, int] | None:
         """The re-try this step makes, or None (see the module doc): of the
         choices whose forward size is due and that would beat ``rate`` (the
         best estimate) at their fastest timings, the best of the smallest size."""
@@ -552,7 +584,7 @@ class CostGate:
         # at any step.
         age = self._step - self._timed_at[1]
         doubt = (sa_len > 0 and match > 0 and self.q("sa", match) >= 0.5) or age >= 2 * self._period[1]
-        options = self._options(self._curve(True, doubt), self._draft_seconds(), match, sa_len, model_k, q_draft)
+        options = self._options(self._curve(True, doubt), match, sa_len, model_k, model_behind, q_draft)
         options = [(_cost_bucket(o[2] + 1), -o[0], o[1], o[2]) for o in options]
         options = [o for o in options if due[o[0]] and -o[1] > rate]
         if not options:

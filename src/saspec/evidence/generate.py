@@ -243,7 +243,7 @@ class ModelDrafter:
             return (self.draft(seq, k) if k else []), "draft"
         if k == 0:
             return [], "none"
-        source, n = self.gate.choose(0, 0, k)
+        source, n = self.gate.choose(0, 0, k, len(seq) - len(self._fed))
         if source == "probe":
             return seq[-1:], "none"  # a guess: only the verify's cost is wanted
         self._last = self.draft(seq, n, self.gate) if source == "draft" else []
@@ -251,8 +251,8 @@ class ModelDrafter:
 
     def draft(self, seq: list[int], k: int, timer: CostGate | None = None) -> list[int]:
         """Up to ``k`` greedy draft tokens after ``seq``; ``timer`` gets the
-        time of each forward that feeds a few tokens (not a catch-up over a
-        long stretch, like the first one after the prompt)."""
+        time of each forward and how many tokens it read (a catch-up over a
+        long stretch, like the first one after the prompt, reads many)."""
         feed = seq[len(self._fed):]
         if not feed:
             raise RuntimeError("draft model cache holds the whole sequence; expected at least the newest token to be new")
@@ -261,8 +261,8 @@ class ModelDrafter:
         for _ in range(k):
             t0 = clock()
             logits = self.lm.forward(feed, keep=1)[0].float()  # [V]
-            if timer is not None and len(feed) <= SMALL_ROWS and clock() > t0:
-                timer.observe_draft_forward(clock() - t0)
+            if timer is not None and clock() > t0:  # a draft token, or a catch-up over len(feed) tokens
+                timer.observe_draft_forward(clock() - t0, read=len(feed))
             self._fed.extend(feed)
             tok = int(torch.argmax(logits))
             out.append(tok)
@@ -443,7 +443,7 @@ class HybridDrafter:
                 self._last = ("none", match, [])
                 return [], "none"
             draft = draft[: _limited(len(draft), limit)]
-            source, n = self.gate.choose(match, len(draft), model_k)
+            source, n = self.gate.choose(match, len(draft), model_k, len(seq) - len(self.model._fed))
             if source == "probe":
                 if not draft:
                     return seq[-1:], "none"  # a guess: only the verify's cost is wanted

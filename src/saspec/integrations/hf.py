@@ -301,8 +301,9 @@ class SACandidateGenerator:
         use_sa, use_fallback = bool(draft) and match >= self.threshold, self.fallback is not None and room > 0
         if use_fallback and not self._fallback_started and self.gate is None:
             use_sa = False  # the fixed rules start the assistant at the first step, as transformers does
+        behind = int(input_ids.shape[1]) - _cached(self.fallback) if use_fallback else 0  # tokens it has not read
         if self.gate is not None:  # the gate starts the assistant only when its draft pays (it reads the prompt then)
-            source, n = self.gate.choose(match, len(draft), self.k if use_fallback else 0)
+            source, n = self.gate.choose(match, len(draft), self.k if use_fallback else 0, behind)
             if source == "probe" and room <= 0:  # no room for a draft token
                 source, n = "none", 0
             elif source == "probe":  # one token, to time a multi-token verify: the automaton's, else a guess
@@ -320,14 +321,16 @@ class SACandidateGenerator:
             if not self._fallback_started:
                 _mask_to(self.fallback, int(input_ids.shape[1]))
                 self._fallback_started = True
-            behind = int(input_ids.shape[1]) - _cached(self.fallback)  # tokens the assistant reads before drafting
             clock = self.gate.clock if self.gate is not None else time.perf_counter
             t0 = clock()
             ids, logits = self.fallback.get_candidates(input_ids, **kwargs)
             self._assist_s = clock() - t0
             self._source, self._drafted = "assistant", int(ids.shape[1] - input_ids.shape[1])
-            if self.gate is not None and self._drafted and behind <= 2:  # not a catch-up over the prompt or SA steps
-                self.gate.observe_draft_forward(self._assist_s / self._drafted)
+            if self.gate is not None and self._drafted and self._assist_s > 0:
+                if behind <= 2:  # in step with the text: the time per draft token
+                    self.gate.observe_draft_forward(self._assist_s / self._drafted)
+                else:  # mostly the catch-up over the tokens it had not read (the prompt, or SA steps)
+                    self.gate.observe_draft_forward(self._assist_s, read=behind)
             return ids, logits
         self._source, self._drafted = "none", 0
         return input_ids, None

@@ -43,19 +43,26 @@ def test_best_draft_length_is_the_brute_force_argmax():
 
 def test_warm_up_times_a_plain_step_twice_then_probes_with_the_sa_draft():
     g = CostGate(8)
-    assert g.choose(20, 8) == ("none", 0)
+    assert g.choose(2, 8) == ("none", 0)
     g.observe_forward(40, 5.0)  # larger than any verify (a prefill): ignored
     g.observe_forward(1, 0.9)  # a cold first step
-    assert not g.timed and g.choose(20, 8) == ("none", 0)
+    assert not g.timed and g.choose(2, 8) == ("none", 0)
     g.observe_forward(1, 0.3)
     assert g.timed and not g.probed and g.verify_cost()[0] == 1.0
     assert g.choose(0, 0) == ("none", 0)  # no SA draft to probe with: wait for one
-    assert g.choose(20, 8) == ("probe", 1)  # one token of the SA's draft: what does a 2-token verify cost?
+    assert g.choose(2, 8) == ("probe", 1)  # one token of the SA's draft: what does a 2-token verify cost?
     g.observe_forward(2, 0.31)
     assert g.probed and g.verify_cost()[1] == pytest.approx(0.31 / 0.3)  # the unit is the fast plain step
     source, n = g.choose(20, 8)
     assert source == "sa" and n >= 7  # a long match, and verifying looks cheap (the 5-8 token size is tried first)
     assert g.stats["warm-up"] == 4 and g.stats["sa"] == 1
+
+
+def test_during_the_warm_up_a_near_certain_copy_is_drafted_in_full():
+    g = CostGate(8)
+    assert g.choose(20, 8) == ("sa", 8)  # q("sa", 20) >= WARM_COPY: accepted, any verify pays for itself
+    assert g.choose(2, 8) == ("none", 0)  # a short match waits for the unit of cost
+    assert g.stats["warm-up"] == 2 and not g.timed
 
 
 def test_the_probe_guesses_when_the_sa_never_drafts():
@@ -70,9 +77,9 @@ def test_the_probe_guesses_when_the_sa_never_drafts():
 def test_where_each_verified_token_costs_a_forward_no_draft_pays():
     g = CostGate(8)
     for s in (0.3, 0.3):
-        g.choose(20, 8)
+        g.choose(2, 8)
         g.observe_forward(1, s)
-    assert g.choose(20, 8) == ("probe", 1)
+    assert g.choose(2, 8) == ("probe", 1)
     g.observe_forward(2, 0.6)
     vc = g.verify_cost()
     assert vc[1] == pytest.approx(2.0) and vc[8] == pytest.approx(9.0)  # extrapolated along the timed segment

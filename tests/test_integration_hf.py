@@ -439,19 +439,21 @@ def test_generators_sharing_an_engine():
     assert engine.batch == (gb.request_id,)
 
 
-def test_gate_probe_respects_the_length_limit(models):
-    """A fresh gate probes at its third step; with no room left there it does not draft."""
-    target = models["qwen2", "cycle"]
-    prompt = PROMPTS["loop"][1]
-    sizes = []
-    hook = target.register_forward_pre_hook(lambda mod, args, kw: sizes.append(kw["input_ids"].shape[1]),
-                                            with_kwargs=True)
-    try:
-        out = spec(target, prompt, max_new_tokens=3, saspec_gate=True)
-    finally:
-        hook.remove()
-    assert torch.equal(out, plain(target, prompt, max_new_tokens=3))
-    assert sizes == [len(prompt), 1, 1]
+def test_gate_drafts_respect_the_length_limit(models):
+    """A fresh gate verifies a near-certain copy in full from its first step, cut to the room left; without
+    one it warms up with plain steps."""
+    for name, expected_sizes in (("loop", lambda p: [len(p) + 2]), ("random", lambda p: [len(p), 1, 1])):
+        kind, prompt = PROMPTS[name]
+        target = models["qwen2", kind]
+        sizes = []
+        hook = target.register_forward_pre_hook(lambda mod, args, kw: sizes.append(kw["input_ids"].shape[1]),
+                                                with_kwargs=True)
+        try:
+            out = spec(target, prompt, max_new_tokens=3, saspec_gate=True)
+        finally:
+            hook.remove()
+        assert torch.equal(out, plain(target, prompt, max_new_tokens=3))
+        assert sizes == expected_sizes(prompt), name
 
 
 # -- drafting only where it pays, under an injected clock ----------------------------

@@ -39,11 +39,13 @@ not choose:
    (:meth:`CostGate.offer`) and reports the tokens each step emitted
    (:meth:`CostGate.observe_tokens`): the SA's acceptance is scored against
    the text that followed, whether the draft was verified or not.
-2. Warm-up: the first two steps are plain (the unit of cost, timed twice so
-   that a cold first step sets nothing), then one step verifies a one-token
-   *probe*, before any dear draft: the SA's first draft token when it has one
-   (plain steps wait up to ``PROBE_WAIT`` steps for it), else a guess. A slow
-   probe is re-tried (3 below).
+2. Warm-up: two plain steps (the unit of cost, timed twice so that a cold
+   first step sets nothing), then one step verifies a one-token *probe*,
+   before any dear draft: the SA's first draft token when it has one (plain
+   steps wait up to ``PROBE_WAIT`` steps for it), else a guess. A slow probe is
+   re-tried (3 below). Meanwhile an SA draft that is almost sure to be
+   accepted (``WARM_COPY``: a long copy of the prompt) is verified in full
+   instead: whatever a verify costs, accepted tokens pay for it.
 3. Re-tries with backoff: every forward size has a re-try period, 8 steps at
    first. When the size has not been timed for that long, and a draft of that
    size (or a plain step) would beat the current choice if it cost what its
@@ -120,6 +122,9 @@ def best_draft_length(q, k_max, verify_cost, draft_cost):
 
 #: Warm-up steps a probe waits for an SA draft before it verifies a guess instead.
 PROBE_WAIT = 8
+#: During the warm-up, an SA draft whose tokens are each at least this likely accepted is verified in full:
+#: accepted, a verified token costs no more than the plain step it replaces, on any machine.
+WARM_COPY = 0.9
 #: A re-try confirms a size's estimate when it takes between 1/CONFIRMS and CONFIRMS times as long.
 CONFIRMS = 1.5
 #: How many times cheaper than making a draft token the draft model is guessed to read a token it has not seen
@@ -316,8 +321,8 @@ class CostGate:
 
     @property
     def probed(self) -> bool:
-        """Whether the warm-up's probe is done: a 2-token forward timed (or the costs are fixed)."""
-        return self._fixed or self._forwards[1].seen >= 1
+        """Whether the warm-up's probe is done: a multi-token forward timed (or the costs are fixed)."""
+        return self._fixed or any(t.seen for t in self._forwards[1:])
 
     def _unit(self) -> float:
         """Seconds of a 1-token step (1.0 while untimed, and with fixed costs before it is timed)."""
@@ -553,6 +558,8 @@ class CostGate:
         self.stats["steps"] += 1
         if not self.timed or not self.probed:
             self.stats["warm-up"] += 1
+            if sa_len > 0 and match > 0 and self.q("sa", match) >= WARM_COPY:
+                return "sa", min(sa_len, self.k_max)  # a copy almost sure to be accepted pays on any machine
             self._waited += self.timed
             if self.timed and (sa_len > 0 and match > 0 or self._waited > PROBE_WAIT):
                 return "probe", 1

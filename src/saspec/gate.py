@@ -132,7 +132,7 @@ CONFIRMS = 1.5
 CATCHUP_PRIOR = 16
 #: The steps a draft model, once started or caught up, is expected to draft in a row: its catch-up is charged
 #: over them.
-CATCHUP_STEPS = 8
+CATCHUP_STEPS = 32
 
 
 def _cost_bucket(n: int) -> int:

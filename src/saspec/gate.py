@@ -7,25 +7,27 @@ given the ones before it, the step emits ``1 + q + ... + q**d`` tokens on
 average (the target's own token always counts), while a plain step emits one.
 ``CostGate`` takes, each step, the source and length with the most expected
 tokens per second, or no draft. On a GPU at small batch verification is
-nearly free and nearly every draft pays; on a CPU a verified token can cost a
-whole forward (bf16 without native bf16 matmuls) and almost none does.
+nearly free and nearly every draft pays; on a CPU without native bf16
+matmuls a verified bf16 token costs a whole forward and almost none does.
 
 It learns both sides from the running sequence:
 
-* **costs**: the caller times every step (:meth:`CostGate.observe_forward`,
-  sizes bucketed 1, 2, 3-4, 5-8, ... tokens) and every draft-model forward
-  (:meth:`CostGate.observe_draft_forward`: a draft token, or a catch-up over
-  tokens the draft model has not read, which the next choice of the draft
-  model pays for first). Timing noise only ever adds time
-  (a busy machine, a first call of a shape), so a bucket's cost is the
-  second fastest of its last ``window`` timings once it has four (one slow
-  timing, and one impossibly fast one, move nothing), the faster of its last
-  two before that. Sizes
-  between timed buckets are interpolated, larger ones extrapolated along the
-  last segment, so a cost curve that flattens (fixed overhead, then little per
-  token) is not mistaken for a steep one.
-* **acceptance**: per SA match-length bucket (``adaptive.match_bucket``) and
-  for the draft model, counts of accepted and rejected tokens with
+* **costs**, in seconds: the caller times every step
+  (:meth:`CostGate.observe_forward`), bucketed by the forward's size (1, 2,
+  3-4, 5-8, ... tokens; a bucket costs the same over its span, as rows padded
+  to a power of two make it on CPUs), and every draft-model forward
+  (:meth:`CostGate.observe_draft_forward`: one draft token, or a catch-up over
+  the tokens the draft model has not read, which choosing it again pays for).
+  Timing noise only ever adds time, so a bucket costs the second fastest of
+  its last ``window`` timings once it has four (one outlier, slow or fast,
+  moves nothing), the faster of its last two before that. The buckets timed
+  recently set a curve, interpolated between them and extrapolated along its
+  last segment, so a curve that flattens (a fixed overhead, then little per
+  token) is not taken for a steep one; a bucket not timed for a while costs no
+  less than that curve says, one timed once no more; where two disagree, the
+  more recent timing wins.
+* **acceptance**: for the SA per match-length bucket (``adaptive.match_bucket``)
+  and for the draft model, counts of accepted and rejected tokens with
   ``prior_weight`` pseudo-tokens of prior: ``model_prior`` for the draft
   model; for the SA, odds of ``m`` to 1 at a match of ``m``, scaled by how the
   sequence's SA drafts fared at every match so far.
@@ -40,33 +42,36 @@ not choose:
    (:meth:`CostGate.observe_tokens`): the SA's acceptance is scored against
    the text that followed, whether the draft was verified or not.
 2. Warm-up: two plain steps (the unit of cost, timed twice so that a cold
-   first step sets nothing), then one step verifies a one-token *probe*,
-   before any dear draft: the SA's first draft token when it has one (plain
-   steps wait up to ``PROBE_WAIT`` steps for it), else a guess. A slow probe is
-   re-tried (3 below). Meanwhile an SA draft that is almost sure to be
-   accepted (``WARM_COPY``: a long copy of the prompt) is verified in full
-   instead: whatever a verify costs, accepted tokens pay for it.
-3. Re-tries with backoff: every forward size has a re-try period, 8 steps at
-   first. When the size has not been timed for that long, and a draft of that
-   size (or a plain step) would beat the current choice if it cost what its
-   fastest timings say (sizes not timed twice yet: what the sizes below them
-   say, at half their slope per extra token), the gate takes it once. A
-   re-try that confirms the estimate (within ``CONFIRMS``) doubles the period
-   (at most 256), one that was slower (perhaps a burst) leaves it, one that
-   was faster resets it, and so does choosing the size on its estimate. The smallest verify (2 tokens) is also doubted down to a plain
-   step's cost when due (at a step where a one-token SA draft is more likely
-   accepted than not, so that the re-try is cheap, or at any step a period
-   later), and the draft model's acceptance up to its prior: slow first
-   timings or a bad stretch hold nothing off for good.
+   first step sets nothing), then one step verifies a one-token *probe*: the
+   SA's first draft token when it has one (plain steps wait up to
+   ``PROBE_WAIT`` steps for it), else a guess. Meanwhile an SA draft almost
+   sure to be accepted (``WARM_COPY``: a long copy of the prompt) is verified
+   in full instead, since accepted tokens pay for any verify.
+3. Re-tries with backoff: every size bucket has a re-try period, 8 steps at
+   first. When a bucket has not been timed for that long, and a draft of its
+   size (or a plain step) would beat the current choice at what a re-try may
+   find (untimed and suspiciously slow sizes at what the sizes below them
+   say, at half their slope), the gate takes it once. A re-try that confirms
+   the estimate (within ``CONFIRMS``) doubles the period (at most 256), a
+   slower one (perhaps a burst) leaves it, a faster one resets it, and so does
+   choosing the bucket on its estimate. The smallest verify, when due, is
+   doubted down to a plain step's cost (at a step where a one-token SA draft
+   is more likely accepted than not, so that the re-try is cheap, or at any
+   step a period later), and the draft model's acceptance up to its prior:
+   slow first timings, a cold process or a burst of load hold nothing off for
+   good.
 
-What exploration costs, in forwards: the warm-up is two plain steps and one
-probe (a 2-token forward where a plain step would be one). After it, each
-re-try is one step that verifies what the gate would not have chosen: where
-timings are steady (bf16 on a CPU), one climb through the untimed sizes that
-a long match makes look worth it, and the smallest verify about
-``log2(steps / 8)`` times; under noise, each size at most about that often
-between two choices of it on merit. ``stats`` counts every kind of step.
-BENCHMARKS.md ("The cost gate") has the measured numbers.
+Where no draft pays but verifying one token costs less than a plain step (on
+some CPUs a 2-row product is faster than a 1-row one), the gate verifies a
+free guess: a plain step, done faster.
+
+What exploration costs, in steps: the warm-up is two plain steps and one
+probe. After it each re-try is one step that verifies what the gate would not
+have chosen: where timings are steady (bf16 on a CPU), one climb through the
+untimed sizes that a long match makes look worth it, and the smallest verify
+about ``log2(steps / 8)`` times; under noise, each size at most about that
+often between two choices of it on merit. ``stats`` counts every kind of
+step; BENCHMARKS.md ("The cost gate") has the measured numbers.
 """
 
 from __future__ import annotations
@@ -186,9 +191,9 @@ class CostGate:
 
     1. offers the SA's draft, if any (:meth:`offer`);
     2. asks :meth:`choose` what to verify;
-    3. times the step (:meth:`observe_forward`; with the draft model's own
-       time, per token, to :meth:`observe_draft_forward`), reports the draft
-       model's outcome (:meth:`observe`) and the tokens the step emitted
+    3. times the step (:meth:`observe_forward`, the draft model's forwards
+       apart with :meth:`observe_draft_forward`), reports the draft model's
+       outcome (:meth:`observe`) and the tokens the step emitted
        (:meth:`observe_tokens`).
 
     ``clock`` is the time source the integrations read: replace it (e.g. with
@@ -202,7 +207,8 @@ class CostGate:
         draft_cost: fixed cost of one draft-model token (units of a 1-token
             target forward, >= 0) instead of timing it; needs ``verify_cost``.
         slope_prior: cost per extra token of a forward, in units of a 1-token
-            forward, assumed before anything but 1-token forwards is timed.
+            forward: assumed before anything but 1-token forwards is timed, and
+            at least that above a single timed multi-token bucket.
         model_prior: the draft model's per-token acceptance before any
             observation, in [0, 1].
         prior_weight: pseudo-tokens of prior behind each acceptance estimate (> 0).

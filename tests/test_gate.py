@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from saspec.evidence.gate_replay import bursts, load_traces, replay
+from saspec.evidence.gate_replay import bursts, load_traces, plain_time, replay
 from saspec.evidence.gate_replay import cheap as CHEAP
 from saspec.evidence.gate_replay import dear as DEAR
 from saspec.evidence.gate_replay import flattening as CONCAVE
@@ -253,6 +253,17 @@ def test_where_every_verified_token_costs_a_forward_the_gate_costs_at_most_3_per
     for kind, rs in _by_kind(lambda i: lambda step, n: DEAR(n)).items():
         per_token = sum(r["time"] for r in rs) / sum(r["tokens"] for r in rs)
         assert per_token <= 1.03, (kind, per_token)  # plain decoding: 1.0 per token
+
+
+def test_bursts_of_load_do_not_make_a_dear_verify_look_cheap():
+    """Where every verified token costs a forward, with 20 % of steps 2-5x
+    slower (for plain decoding too): four slow plain steps in a row must not
+    make the verify timed before them look cheaper than a plain step."""
+    for kind in KINDS:
+        chosen = [(i, t) for i, t in enumerate(TRACES) if t["meta"]["workload"] == kind]
+        gated = sum(replay(CostGate(8), t, bursts(DEAR, seed=i))["time"] for i, t in chosen)
+        plain = sum(plain_time(t, bursts(DEAR, seed=i)) for i, t in chosen)
+        assert plain / gated >= 0.97, (kind, plain / gated)
 
 
 def test_a_cost_curve_that_flattens_is_found():

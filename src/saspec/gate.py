@@ -20,7 +20,10 @@ It learns both sides from the running sequence:
   the tokens the draft model has not read, which choosing it again pays for).
   Timing noise only ever adds time, so a bucket costs the second fastest of
   its last ``window`` timings once it has four (one outlier, slow or fast,
-  moves nothing), the faster of its last two before that. The buckets timed
+  moves nothing), the faster of its last two before that; a plain step, timed
+  at every plain step, keeps ``UNIT_WINDOWS`` windows (the verify costs timed
+  at other moments are weighed against it, so a run of slow plain steps in a
+  burst of load must not make them look cheap). The buckets timed
   recently set a curve, interpolated between them and extrapolated along its
   last segment, so a curve that flattens (a fixed overhead, then little per
   token) is not taken for a steep one; a bucket not timed for a while costs no
@@ -138,6 +141,8 @@ CATCHUP_PRIOR = 16
 #: The steps a draft model, once started or caught up, is expected to draft in a row: its catch-up is charged
 #: over them.
 CATCHUP_STEPS = 32
+#: A plain step's cost is taken from this many times ``window`` of its latest timings.
+UNIT_WINDOWS = 3
 
 
 def _cost_bucket(n: int) -> int:
@@ -181,6 +186,10 @@ class _Timings:
         s, tokens, step = self.recent[i]
         return float(s), float(tokens), float(step)
 
+    def fastest(self) -> float:
+        """The fastest of the latest timings: what the forward costs when nothing else runs."""
+        return float(self.recent[:, 0].min())
+
 
 class CostGate:
     """Chooses, for one sequence and each step, the draft source and length
@@ -212,7 +221,8 @@ class CostGate:
         model_prior: the draft model's per-token acceptance before any
             observation, in [0, 1].
         prior_weight: pseudo-tokens of prior behind each acceptance estimate (> 0).
-        window: how many of a size's latest timings its cost is taken from (>= 1).
+        window: how many of a size's latest timings its cost is taken from
+            (>= 1; ``UNIT_WINDOWS`` times as many for a plain step).
         retry_after, max_retry_after: the re-try period of a forward size,
             in steps, at first and at most (1 <= retry_after <= max_retry_after).
         clock: a callable returning seconds (default ``time.perf_counter``).
@@ -257,7 +267,9 @@ class CostGate:
             raise ValueError(f"draft_cost must be a finite number >= 0, got {draft_cost}")
         self._draft_cost = draft_cost
         n_buckets = _cost_bucket(self.k_max + 1) + 1
-        self._forwards = [_Timings(window) for _ in range(n_buckets)]
+        # A plain step keeps UNIT_WINDOWS windows of timings: it is timed at every plain step, and verify costs
+        # timed at other times are weighed against it, so a run of slow plain steps must not make them look cheap.
+        self._forwards = [_Timings(UNIT_WINDOWS * window if b == 0 else window) for b in range(n_buckets)]
         self._draft = _Timings(window)
         self._catchup = _Timings(window)  # the draft model's seconds per token read in a catch-up
         self._timed_at = np.full(n_buckets, -(1 << 40))  # the step of each size's latest timing
@@ -359,7 +371,9 @@ class CostGate:
         untimed sizes above the timed ones at half the last segment's slope (a
         cost curve that flattens is found by trying them), stale and
         once-timed buckets at their own timings, or at that half-slope line
-        where they are slower than the fresh ones predict.
+        where they are slower than the fresh ones predict, and a plain step at
+        its fastest recent timing (a burst of slow plain steps must not make
+        a dear verify look cheaper for good).
         ``doubt_smallest``: the smallest verify, when stale, may cost no more
         than a plain step (its first timings, slow in a cold process or a
         burst of load, must not hold drafting off for good)."""
@@ -373,6 +387,8 @@ class CostGate:
             if not t.seen:
                 continue
             s, _, step = t.estimate()
+            if b == 0 and optimistic:  # a plain step is re-tried too: a burst of load may have hidden its cost
+                s = t.fastest()
             if b == 0 or (t.seen >= 2 and not self._stale(b)):
                 fresh[b] = (s, step)
             else:

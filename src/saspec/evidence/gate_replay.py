@@ -52,8 +52,8 @@ def fixed_overhead(n: int) -> float:
 
 MACHINES: dict[str, Callable[[int], float]] = {
     "cheap verify (a GPU at small batch)": cheap,
-    "a forward per token (bf16 on this CPU)": dear,
-    "flattening (fp32 F.linear on this CPU)": flattening,
+    "a forward per token (bf16, no native bf16 matmuls)": dear,
+    "flattening (fp32 F.linear on an x86 CPU)": flattening,
     "fixed overhead (a tiny model)": fixed_overhead,
 }
 

@@ -8,6 +8,7 @@ with its defaults, with ``saspec_gate=False``, and the hybrid (``assistant_model
 Every output is checked against plain's. tok/s counts the whole call, prefill included.
 
     python benchmarks/hf_gate_check.py [--out DIR] [--new-tokens N]   # after `saspec models install`; ~25 minutes
+    python benchmarks/hf_gate_check.py --prompts edit-type-hints --methods saspec,saspec-hybrid --rounds 3 --out DIR
 """
 
 from __future__ import annotations
@@ -101,17 +102,28 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/hf/gate-defaults", help="output directory")
     p.add_argument("--new-tokens", type=int, default=160)
     p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--prompts", default=None, help="comma-separated prompt names (default: all)")
+    p.add_argument("--rounds", type=int, default=1, help="run the methods of each prompt this many times, alternated")
     args = p.parse_args()
     methods = args.methods.split(",")
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown or args.rounds < 1:
+        p.error(f"unknown methods {unknown}" if unknown else f"--rounds must be >= 1, got {args.rounds}")
     t_spec, d_spec = models.family("qwen2.5-coder")
     models.offline()
     target = AutoModelForCausalLM.from_pretrained(str(models.converted_dir(t_spec)), dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(str(models.converted_dir(d_spec)), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(models.converted_dir(t_spec)))
     runs = []
-    for name, kind, ids in prompts(tok):
+    chosen = prompts(tok)
+    if args.prompts:
+        names = args.prompts.split(",")
+        if sorted(set(names) - {n for n, _, _ in chosen}):
+            p.error(f"unknown prompts {sorted(set(names) - {n for n, _, _ in chosen})}")
+        chosen = [c for c in chosen if c[0] in names]
+    for name, kind, ids in chosen:
         plain = None
-        for method in methods:
+        for method in methods * args.rounds:
             r = run(target, draft, ids, args.new_tokens, method)
             plain = plain or r
             r.update(prompt=name, kind=kind, prompt_tokens=len(ids), same_as_plain=r["tokens"] == plain["tokens"],
@@ -128,7 +140,7 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
     lines = [f"# transformers integration, defaults ({commit}, torch {torch.__version__}, "
              f"{info['threads']} threads, fp32, {args.new_tokens} new tokens)", "",
-             "| prompt | method | tokens | tok/s | x plain | target forwards | draft forwards | same as plain | gate steps "
+             f"| prompt | method | tokens | tok/s | x {methods[0]} | target forwards | draft forwards | same as {methods[0]} | gate steps "
              "(sa / draft / none / guess / re-tries / warm-up) |", "|---|---|---:|---:|---:|---:|---:|---|---|"]
     for r in runs:
         g = r["gate"]

@@ -60,9 +60,9 @@ not choose:
    choosing the bucket on its estimate. The smallest verify, when due, is
    doubted down to a plain step's cost (at a step where a one-token SA draft
    is more likely accepted than not, so that the re-try is cheap, or at any
-   step a period later), and the draft model's acceptance up to its prior:
-   slow first timings, a cold process or a burst of load hold nothing off for
-   good.
+   step a period later), a plain step, when due, to its fastest recent
+   timing, and the draft model's acceptance up to its prior: slow first
+   timings, a cold process or a burst of load hold nothing off for good.
 
 Where no draft pays but verifying one token costs less than a plain step (on
 some CPUs a 2-row product is faster than a 1-row one), the gate verifies a
@@ -70,7 +70,7 @@ free guess: a plain step, done faster.
 
 What exploration costs, in steps: the warm-up is two plain steps and one
 probe. After it each re-try is one step that verifies what the gate would not
-have chosen: where timings are steady (bf16 on a CPU), one climb through the
+have chosen: where timings are steady, one climb through the
 untimed sizes that a long match makes look worth it, and the smallest verify
 about ``log2(steps / 8)`` times; under noise, each size at most about that
 often between two choices of it on merit. ``stats`` counts every kind of

@@ -10,7 +10,8 @@ checks that there is no import cycle and that nothing imports ``cli``):
   arrays and each drafter's quality at every output position; ``bench``: host speed and memory.
 * ``lm``: the model plumbing (which models, dtype, KV cache, ``CausalLM``).
 * ``generate``: the reference speculative loop over HF models; ``draft_runs``: a real
-  draft model's exact acceptance from one teacher-forced pass; ``costmodel``: cost profiles.
+  draft model's exact acceptance from one teacher-forced pass; ``costmodel``: cost profiles;
+  ``gate_replay``: the cost gate replayed over the shipped real outputs under cost models.
 * ``workloads``: real tokenized workloads and trace files; ``realsim``: costed walks.
 * ``record``: real outputs and draft-model runs as shipped data.
 * ``simulate``: the acceptance simulator (``saspec simulate``, the main job).

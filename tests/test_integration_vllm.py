@@ -280,6 +280,18 @@ def test_drafts_stop_at_max_model_len():
     assert out == [[13, 14, 15, 16, 17, 18, 19]]  # 33 + 7 = max_model_len, as vLLM's ngram drafter
 
 
+def test_without_model_config_drafts_stop_at_the_width_of_token_ids_cpu():
+    cfg = vllm_config(k=8)
+    del cfg.model_config
+    proposer = SAProposer(cfg)
+    assert proposer.max_model_len is None
+    text = list(range(10, 20)) * 3 + [10, 11, 12]  # 33 tokens, a long repeat
+    ids = np.zeros((1, 38), np.int32)
+    ids[0, : len(text)] = text
+    out = proposer.propose([[12]], np.array([len(text)], np.int32), ids)
+    assert out == [[13, 14, 15, 16, 17]]  # 33 + 5 = the row's width
+
+
 def test_min_match_gates_drafts():
     text = [5, 6, 7, 8, 9, 1, 6, 7, 8, 9]  # the suffix 6 7 8 9 (4 tokens) occurred before
     ids = np.zeros((1, 64), np.int32)

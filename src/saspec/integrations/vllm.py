@@ -57,7 +57,8 @@ at least ``min_match`` tokens; other rows get an empty draft. A drafting row
 proposes as many tokens as the draft-length rule allows for its match
 (``saspec.select.draft_lengths``: by default at most 2 tokens per matched
 token, and never more than K), and no draft runs past ``max_model_len`` (text
-plus draft at most ``max_model_len`` tokens, as vLLM's n-gram drafter). With
+plus draft at most ``max_model_len`` tokens, as vLLM's n-gram drafter; without
+a ``model_config``, the width of ``token_ids_cpu``). With
 ``length_rule="gate"`` a single running request's draft lengths come from a
 ``saspec.gate.CostGate`` instead, which times vLLM's steps. vLLM
 builds the class itself and sets ``prompt_lookup_min`` to 0 for custom
@@ -409,9 +410,10 @@ class SAProposer:
             count[0] = gated
             if gated and not offered[0]:  # the gate's probe with no SA draft: guess the last token again
                 draft[0, 0] = token_ids[active[0], num_tokens[active[0]] - 1]
-        if self.max_model_len is not None:  # never draft past the model's context
-            room = self.max_model_len - num_tokens[active]
-            count = np.minimum(count, np.maximum(room, 0))
+        # Never draft past the model's context, nor past the row of token_ids_cpu the drafts are written into
+        # (its width, where no model_config says max_model_len).
+        width = token_ids.shape[1] if self.max_model_len is None else min(self.max_model_len, token_ids.shape[1])
+        count = np.minimum(count, np.maximum(width - num_tokens[active], 0))
         self._row_drafted[:b_live] = 0
         self._row_drafted[active] = count
         for i in np.flatnonzero(count):

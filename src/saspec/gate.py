@@ -163,28 +163,28 @@ def _rates(q: float, k: int, seconds: np.ndarray, draft_s: float, start_s: float
 class _Timings:
     """The latest ``window`` timings of one kind of forward, each with the step it was taken at.
 
-    ``estimate()``: ``(seconds, tokens, step)`` of what it costs now: the
+    ``estimate()``: ``(seconds, step)`` of what it costs now: the
     second fastest once there are four (so one outlier either way moves
     nothing, nor two slow timings of four), before that the faster of the
     last two."""
 
     def __init__(self, window: int) -> None:
-        self.recent = np.full((window, 3), np.inf)  # (seconds, tokens, step), inf = empty
+        self.recent = np.full((window, 2), np.inf)  # (seconds, step), inf = empty
         self.seen = 0
         self.window = window
 
-    def add(self, seconds: float, tokens: int, step: int) -> None:
-        self.recent[self.seen % self.window] = (seconds, tokens, step)
+    def add(self, seconds: float, step: int) -> None:
+        self.recent[self.seen % self.window] = (seconds, step)
         self.seen += 1
 
-    def estimate(self) -> tuple[float, float, float]:
+    def estimate(self) -> tuple[float, float]:
         if min(self.seen, self.window) >= 4:
             i = np.argsort(self.recent[:, 0], kind="stable")[1]
         else:  # the faster of the last two: one old timing must not outlive a change
             last = [(self.seen - j) % self.window for j in (1, 2) if self.seen - j >= 0]
             i = min(last, key=lambda j: self.recent[j, 0])
-        s, tokens, step = self.recent[i]
-        return float(s), float(tokens), float(step)
+        s, step = self.recent[i]
+        return float(s), float(step)
 
     def fastest(self) -> float:
         """The fastest of the latest timings: what the forward costs when nothing else runs."""
@@ -313,7 +313,7 @@ class CostGate:
         self._retrying = None
         if b and self._stale(b):  # its old timings are from another time: start afresh
             self._forwards[b] = _Timings(self.window)
-        self._forwards[b].add(seconds, n, self._step)
+        self._forwards[b].add(seconds, self._step)
         self._timed_at[b] = self._step
 
     def observe_draft_forward(self, seconds: float, read: int = 1) -> None:
@@ -328,9 +328,9 @@ class CostGate:
         seconds = check_seconds(seconds, "seconds")
         read = check_int(read, "read", 1)
         if read <= 2:
-            self._draft.add(seconds, 1, self._step)
+            self._draft.add(seconds, self._step)
         else:
-            self._catchup.add(seconds / read, read, self._step)
+            self._catchup.add(seconds / read, self._step)
 
     @property
     def timed(self) -> bool:
@@ -386,7 +386,7 @@ class CostGate:
         for b, t in enumerate(self._forwards):
             if not t.seen:
                 continue
-            s, _, step = t.estimate()
+            s, step = t.estimate()
             if b == 0 and optimistic:  # a plain step is re-tried too: a burst of load may have hidden its cost
                 s = t.fastest()
             if b == 0 or (t.seen >= 2 and not self._stale(b)):

@@ -118,8 +118,9 @@ def main() -> None:
     chosen = prompts(tok)
     if args.prompts:
         names = args.prompts.split(",")
-        if sorted(set(names) - {n for n, _, _ in chosen}):
-            p.error(f"unknown prompts {sorted(set(names) - {n for n, _, _ in chosen})}")
+        unknown = sorted(set(names) - {n for n, _, _ in chosen})
+        if unknown:
+            p.error(f"unknown prompts {unknown}")
         chosen = [c for c in chosen if c[0] in names]
     for name, kind, ids in chosen:
         plain = None

@@ -544,11 +544,11 @@ def test_bench_e2e_fixed_methods_run_the_fixed_rules_beside_the_gate(models):
     """``saspec bench-e2e --methods sa,sa-fixed`` interleaves the gated SA and the fixed rules in one run."""
     from argparse import Namespace
 
-    from saspec.evidence.e2e import _run_method
+    from saspec.evidence.e2e import run_method
 
     target_name, prompt = PROMPTS["loop"]
     args = Namespace(k=8, draft_k=8, threshold=4, stop_below=0.0, per_match=2.0, patience=0, gate=True)
-    fixed = _run_method("sa-fixed", models[target_name], models[DRAFT_FOR[target_name]], prompt, 40, args)
+    fixed = run_method("sa-fixed", models[target_name], models[DRAFT_FOR[target_name]], prompt, 40, args)
     plain_rules = speculative_generate(models[target_name], prompt, make_drafter("sa", k=8, per_match=2.0), 40)
     assert fixed.tokens == plain_rules.tokens and fixed.stats.target_forwards == plain_rules.stats.target_forwards
     assert fixed.stats.steps == plain_rules.stats.steps

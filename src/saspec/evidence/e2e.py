@@ -277,7 +277,8 @@ def bench_prompts(tok, n_code: int, n_free: int, seed: int, n_multi: int = 0) ->
     return out
 
 
-def _run_method(method: str, target, draft, ids: list[int], max_new: int, args: argparse.Namespace):
+def run_method(method: str, target, draft, ids: list[int], max_new: int, args: argparse.Namespace):
+    """One generation of ``ids`` by bench-e2e's ``method`` (``ALL_METHODS``) with ``args``' drafter settings."""
     from .generate import hf_generate, make_drafter, speculative_generate
 
     if method == "hf-plain":
@@ -323,7 +324,7 @@ def _bench(args: argparse.Namespace) -> int:
     meter = CpuMeter()
     # warm-up: first calls of a model pay one-off kernel set-up costs
     for m in methods:
-        _run_method(m, target, draft, prompts[0]["prompt_ids"][:64], 4, args)
+        run_method(m, target, draft, prompts[0]["prompt_ids"][:64], 4, args)
 
     runs: list[dict[str, Any]] = []
     outputs: dict[tuple[str, str], list[int]] = {}
@@ -337,7 +338,7 @@ def _bench(args: argparse.Namespace) -> int:
                 tries += 1
                 meter.wait_quiet(args.max_contention / 2)
                 meter.start()
-                r = _run_method(m, target, draft, p["prompt_ids"], max_new, args)
+                r = run_method(m, target, draft, p["prompt_ids"], max_new, args)
                 c = meter.stop()
                 if res is None or (c is not None and contention is not None and c < contention):
                     res, contention = r, c

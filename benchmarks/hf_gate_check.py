@@ -7,7 +7,7 @@ Per prompt, back to back (interleaved, one run): plain ``generate``, transformer
 with its defaults, with ``saspec_gate=False``, and the hybrid (``assistant_model=0.5B``) with and without the gate.
 Every output is checked against plain's. tok/s counts the whole call, prefill included.
 
-    python benchmarks/hf_gate_check.py [--out DIR] [--new-tokens N]   # after `saspec models install`; ~25 minutes
+    python benchmarks/hf_gate_check.py [--out DIR] [--new-tokens N]   # after `saspec models install`; ~21 minutes
     python benchmarks/hf_gate_check.py --prompts edit-type-hints --methods saspec,saspec-hybrid --rounds 3 --out DIR
 """
 

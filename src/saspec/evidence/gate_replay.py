@@ -7,7 +7,7 @@ then one token of its own) and reports the step time a *cost model* gives for th
 burst of load where asked). Deterministic, so it measures the gate's rule and what its exploration costs;
 ``tests/test_gate.py`` states the gate's properties on the same replay.
 
-    python -m saspec.evidence.gate_replay   # the tables in BENCHMARKS.md, "The cost gate" (about a minute)
+    python -m saspec.evidence.gate_replay   # the table in BENCHMARKS.md, "The cost gate" (about 10 seconds)
 """
 
 from __future__ import annotations

@@ -11,16 +11,30 @@ The package is laid out by what each part is for:
 * ``saspec.integrations``: one thin module per inference engine;
 * ``saspec.evidence``: workloads, simulator, benchmarks, model set-up and the
   reference speculative loop. The library never imports it.
+
+Every module that compiles kernels imports ``kernel_cache`` first (saspec's numba
+cache locator); ``import saspec`` itself imports neither numba nor any module.
 """
 
-from . import kernel_cache
+import importlib
+from typing import Any
 
-kernel_cache.install()
+#: Public names and the modules that define them. They load on first use, so ``import saspec``
+#: (and an engine plugin importing ``saspec.integrations``) loads no numba until a kernel is needed.
+_EXPORTS = {"POLICIES": "build", "SuffixAutomaton": "build", "SpecEngine": "engine", "NgramDrafter": "ngram",
+            "select_drafts": "select"}
 
-from .build import POLICIES, SuffixAutomaton  # noqa: E402
-from .engine import SpecEngine  # noqa: E402
-from .ngram import NgramDrafter  # noqa: E402
-from .select import select_drafts  # noqa: E402
-
-__all__ = ["POLICIES", "NgramDrafter", "SpecEngine", "SuffixAutomaton", "select_drafts"]
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'saspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

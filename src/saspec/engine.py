@@ -30,6 +30,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
+from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import int32, int64, njit
 
 from . import build, core

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 
+from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 import numba
 import numpy as np
 from numba import njit, prange

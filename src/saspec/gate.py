@@ -84,6 +84,7 @@ import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
 from .adaptive import N_BUCKETS, match_bucket

@@ -9,7 +9,8 @@ when that is set), in a directory named for the package's location and the
 hash of every ``.py`` file in it, so any source change starts a fresh cache.
 Older directories of the same checkout are pruned, once idle for a day, when a new one is made.
 
-It is registered for functions defined in saspec's files only; numba keeps its
+Importing this module registers it (every module with cached kernels imports it
+first), for functions defined in saspec's files only; numba keeps its
 usual locators for everything else. ``import saspec`` writes nothing; the
 cache directory is made when the first cached kernel compiles.
 """
@@ -129,3 +130,6 @@ def install(caching_module=None) -> None:
     classes = impl._locator_classes
     if not any(c.__name__ == "SaspecCacheLocator" for c in classes):
         classes.insert(0, _locator_class(caching_module))
+
+
+install()  # on import: every module with cached kernels imports this module before defining them

@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 import numpy as np
+from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
 from .validate import check_count, check_int_tensor, is_torch

@@ -11,6 +11,7 @@ A request's blob is ``[n, tokens...]`` (int32), grown geometrically on the host.
 from __future__ import annotations
 
 import numpy as np
+from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit, prange
 
 from .validate import check_int

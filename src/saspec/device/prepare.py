@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from .. import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
 from .. import core

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from .. import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
 from .. import SpecEngine

@@ -30,6 +30,7 @@ verifies it with the SA's).
 from __future__ import annotations
 
 import numpy as np
+from .. import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
 from ..build import DEFAULT_POLICY

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from .. import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
 from .. import NgramDrafter, SpecEngine

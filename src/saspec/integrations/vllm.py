@@ -86,6 +86,7 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+from .. import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
 from ..engine import SpecEngine

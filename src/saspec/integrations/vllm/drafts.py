@@ -1,0 +1,246 @@
+"""RequestDrafts: suffix-automaton drafts for vLLM's batch rows, keyed by request id.
+
+Both ways of running saspec in vLLM share this class: the ``custom_class``
+drafter (``proposer.SAProposer``) and the hybrid's SA side (``hybrid``). Each
+step vLLM hands over its batch in row order; row ``b`` is the request
+``rids[b]``, whose text so far is ``texts[b, :text_len[b]]`` and which gained
+``new[b, :new_lens[b]]`` this step. :meth:`RequestDrafts.step` appends the new
+tokens to each row's automaton and drafts for every row in one
+``SpecEngine.extend`` call.
+
+Where vLLM says when a request arrives (the plugin sees the scheduler's new
+requests before the forward that prefills them), :meth:`RequestDrafts.start`
+builds its automaton on a background thread, without the GIL, while vLLM
+prefills; the first step that drafts for it waits only for what is not built
+yet. A request the first step does not know (it arrived unannounced, or its
+text is not what its automaton holds, e.g. after a skipped step) is built
+there from ``texts``: exact, only slower.
+
+The hot path, a batch of the same requests in the same rows as at the last
+step each continuing where it stopped, is checked with one list comparison and
+one array comparison; no Python loop runs over the rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ... import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
+from numba import njit
+
+from ...engine import SpecEngine
+from ...lengths import check_length_rule, draft_length
+
+
+@njit(nogil=True, cache=True)
+def _draft_counts(match, draft, min_match, rule, scale, last, room, count):
+    """count[b]: how many of ``draft[b]`` row ``b`` proposes: 0 below
+    ``min_match``, else the draft-length rule's length (``lengths.draft_length``
+    with ``last[b]``), at most the real draft tokens (>= 0) and ``room[b]``."""
+    k = draft.shape[1]
+    for b in range(match.shape[0]):
+        n = 0
+        if match[b] >= min_match:
+            n = min(draft_length(match[b], k, rule, scale, last[b]), room[b])
+            real = 0
+            while real < n and draft[b, real] >= 0:
+                real += 1
+            n = real
+        count[b] = n
+
+
+class RequestDrafts:
+    """Suffix-automaton drafts for a batch whose rows name their requests.
+
+    Args:
+        k: the most draft tokens a row may propose (>= 1).
+        min_match: rows whose match is shorter than this many tokens draft nothing (>= 1).
+        length_rule, length_scale: the draft-length rule (``saspec.lengths``);
+            ``per-match-recent`` reads each row's accepted drafts at its
+            previous step from its new tokens.
+        policy: the automaton's occurrence policy (``SpecEngine``), or None for its default.
+
+    Raises:
+        ValueError: ``k`` or ``min_match`` below 1, or an unknown rule or bad scale.
+    """
+
+    def __init__(self, k: int, *, min_match: int, length_rule: str, length_scale: float,
+                 policy: str | None = None) -> None:
+        if int(k) < 1 or int(min_match) < 1:
+            raise ValueError(f"k and min_match must be >= 1, got k={k}, min_match={min_match}")
+        self.k, self.min_match = int(k), int(min_match)
+        self.length_rule, self.length_scale = length_rule, float(length_scale)
+        self._rule = check_length_rule(length_rule, length_scale)
+        self.engine = SpecEngine() if policy is None else SpecEngine(policy=policy)
+        self._len: dict[Hashable, int] = {}  # tokens in each built request's automaton
+        self._pending: dict[Hashable, Future] = {}  # builds started by start(), not yet waited for
+        self._dropped: set[Hashable] = set()  # finished while their build ran: freed when it ends
+        self._lock = threading.Lock()
+        self._builder: ThreadPoolExecutor | None = None
+        self._rows: list[Hashable] = []  # the batch of the last step, in row order
+        self._row_end = np.zeros(0, np.int32)  # each of those rows' text length after that step
+        self._row_drafted = np.zeros(0, np.int32)  # draft tokens each of those rows proposed
+        self._grow(0)
+        self.stats = {"built": 0, "built_ahead": 0, "rebuilt": 0, "waited": 0, "finished": 0}
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self, rid: Hashable, prompt: Any, expected_new_tokens: int | None = None) -> None:
+        """Build ``rid``'s automaton from ``prompt`` (1-D token ids) on a background
+        thread, so it overlaps the prefill; returns at once. A known id is left as it is."""
+        if rid in self._len or rid in self._pending:
+            return
+        tokens = np.array(prompt, dtype=np.int32)  # a copy: the caller's buffer may change while we build
+        if self._builder is None:
+            self._builder = ThreadPoolExecutor(1, thread_name_prefix="saspec-build")
+        self._pending[rid] = self._builder.submit(self._build, rid, tokens, expected_new_tokens)
+
+    def _build(self, rid: Hashable, tokens: np.ndarray, expected_new_tokens: int | None) -> int:
+        added = self.engine.add_request(rid, tokens, expected_new_tokens)
+        with self._lock:
+            if rid in self._dropped:  # finished while we built
+                self._dropped.discard(rid)
+                if added:
+                    self.engine.remove_request(rid)
+        return tokens.shape[0]
+
+    def finish(self, rid: Hashable) -> None:
+        """Free ``rid``'s automaton (the request finished, or was aborted); unknown ids are ignored."""
+        with self._lock:
+            fut = self._pending.pop(rid, None)
+            if fut is not None and not fut.cancel():
+                self._dropped.add(rid)  # being built: _build frees it
+        if rid in self._rows:
+            self._flush()
+            self._rows = []  # the next step prepares its batch again
+        if self._len.pop(rid, None) is not None:
+            self.engine.remove_request(rid)
+            self.stats["finished"] += 1
+        elif fut is not None:
+            self.stats["finished"] += 1
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._len or rid in self._pending or rid in self._rows
+
+    def __len__(self) -> int:
+        """Requests with an automaton, built or being built."""
+        return len(self._len) + len(self._pending)
+
+    # -- each step ----------------------------------------------------------------
+
+    def step(self, rids: Sequence[Hashable], text_len: np.ndarray, new: np.ndarray, new_lens: np.ndarray,
+             texts: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Append each row's new tokens and draft for every row.
+
+        Args:
+            rids: B request ids, in row order, all different among the rows with new tokens.
+            text_len: int32 [B]: each row's text length before this step's tokens.
+            new: int32 [B, >= max(new_lens)]: each row's new tokens first.
+            new_lens: int32 [B], 0..k+1: how many of ``new[b]`` are real; a
+                row with 0 (still in prefill) is left alone and drafts nothing.
+            texts: int32 [>= B, >= text_len[b]]: row ``b``'s text in
+                ``texts[b, :text_len[b]]``, read only to build a request this
+                class does not have at that length.
+            width: no draft runs past this many tokens of text (vLLM's ``max_model_len``).
+
+        Raises:
+            ValueError: lengths of the wrong size or above ``k + 1``, or an id
+                twice among the live rows; nothing changes.
+
+        Returns:
+            ``(match, draft, count)``: int32 [B] match lengths, int32 [B, k]
+            drafts and int32 [B] how many of ``draft[b]`` the row proposes (0
+            for skipped rows and matches below ``min_match``). Views into
+            buffers the next call overwrites.
+        """
+        b_all = len(rids)
+        self._grow(b_all)
+        if new_lens.shape[0] != b_all or text_len.shape[0] != b_all or new_lens.max(initial=0) > self.k + 1:
+            raise ValueError(f"{b_all} rows need text_len and new_lens of {b_all} entries, new_lens <= k + 1")
+        live = new_lens > 0
+        if live.all():
+            active, act_rids = None, rids
+        else:
+            active = np.flatnonzero(live)
+            act_rids = [rids[i] for i in active]
+        lens = new_lens if active is None else new_lens[active]
+        before = text_len if active is None else text_len[active]
+        n = len(act_rids)
+        acc, match, draft, count = self._acc[:n], self._match[:n], self._draft[:n], self._count[:n]
+        if act_rids == self._rows and np.array_equal(before, self._row_end):
+            drafted_before = self._row_drafted > 0  # the hot path: the same requests, each where it stopped
+        else:
+            drafted_before = self._catch_up(act_rids, before, active, texts)
+        last = np.where(drafted_before, lens - 1, -1).astype(np.int32)
+        w = min(new.shape[1], self.k + 1)
+        acc[:, :w] = new[:, :w] if active is None else new[active, :w]
+        if n:
+            self.engine.extend(acc, lens.astype(np.int32, copy=False), match, draft)
+        room = (width - before - lens).astype(np.int32)
+        _draft_counts(match, draft, self.min_match, self._rule, self.length_scale, last, room, count)
+        self._row_end = (before + lens).astype(np.int32)
+        self._row_drafted = count.copy()
+        if active is None:
+            return match, draft, count
+        m_out, d_out, c_out = self._out_match[:b_all], self._out_draft[:b_all], self._out_count[:b_all]
+        m_out[:], c_out[:], d_out[:] = 0, 0, -1
+        m_out[active], d_out[active], c_out[active] = match, draft, count
+        return m_out, d_out, c_out
+
+    def _flush(self) -> None:
+        """Record the last batch's lengths in ``_len`` (the hot path keeps them only in ``_row_end``)."""
+        for rid, end in zip(self._rows, self._row_end.tolist()):
+            self._len[rid] = end
+
+    def _catch_up(self, rids: list[Hashable], before: np.ndarray, active: np.ndarray | None,
+                  texts: np.ndarray) -> np.ndarray:
+        """Make every row's automaton hold exactly its text before this step and
+        prepare the batch. Returns bool [rows]: the row continues a request that
+        proposed a draft at the previous step."""
+        if len(set(rids)) != len(rids):
+            dup = next(r for i, r in enumerate(rids) if r in rids[:i])
+            raise ValueError(f"request {dup!r} appears twice in the batch")
+        self._flush()
+        prev = dict(zip(self._rows, self._row_drafted.tolist()))
+        drafted_before = np.zeros(len(rids), bool)
+        for i, rid in enumerate(rids):
+            want = int(before[i])
+            fut = self._pending.pop(rid, None)
+            if fut is not None:
+                if not fut.done():
+                    self.stats["waited"] += 1
+                self._len[rid] = fut.result()
+                self.stats["built_ahead"] += 1
+            have = self._len.get(rid)
+            if have == want:
+                drafted_before[i] = prev.get(rid, 0) > 0
+                continue
+            if have is not None:  # a gap (a step vLLM did not show us) or another text: build it again
+                self.engine.remove_request(rid)
+                self.stats["rebuilt"] += 1
+            row = i if active is None else int(active[i])
+            self.engine.add_request(rid, texts[row, :want])
+            self._len[rid] = want
+            self.stats["built"] += 1
+        self.engine.prepare(rids)
+        self._rows = list(rids)
+        return drafted_before
+
+    def _grow(self, rows: int) -> None:
+        have = getattr(self, "_acc", np.zeros((0, 0))).shape[0]
+        if rows <= have and have:
+            return
+        cap = max(rows, 2 * have, 8)
+        k = self.k
+        self._acc = np.zeros((cap, k + 1), np.int32)
+        self._match = np.zeros(cap, np.int32)
+        self._draft = np.zeros((cap, k), np.int32)
+        self._count = np.zeros(cap, np.int32)
+        self._out_match = np.zeros(cap, np.int32)
+        self._out_draft = np.zeros((cap, k), np.int32)
+        self._out_count = np.zeros(cap, np.int32)

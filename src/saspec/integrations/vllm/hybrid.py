@@ -1,0 +1,145 @@
+"""HybridDrafter: the automaton's side of the hybrid inside one vLLM worker.
+
+vLLM's model runner drafts with its neural drafter (``draft_model``, EAGLE,
+MTP) right after sampling, before its bookkeeping, from the sampled-token
+tensor ``[B, W]`` (-1 where a draft was rejected). The plugin wraps that call
+(``plugin``): first :meth:`HybridDrafter.sa_step` appends each row's accepted
+tokens to its automaton and drafts; rows whose match is at least the threshold
+are SA rows. Then the neural drafter runs with its own K, or with K = 0 when
+every row that drafts is an SA row: its first forward, over the tokens the
+target just verified, still runs, since the draft model's KV cache must hold
+every token of the text (a skipped step would leave a hole in it), but its K
+autoregressive drafting forwards do not. :meth:`HybridDrafter.merge` then
+gives each SA row its SA draft (up to ``sa_tokens``) and every other row its
+neural draft.
+
+Sampling: vLLM's rejection sampler treats a draft without draft
+probabilities as a point proposal ``q = one-hot(x)``: it accepts ``x`` with
+probability ``p(x)`` and on rejection samples from ``p`` without ``x``,
+renormalized, so each emitted token is distributed as ``p`` whatever proposed
+``x``. SA drafts have no probabilities; the neural drafter has them only with
+``draft_sample_method="probabilistic"``. In a step with an SA row the plugin
+therefore drops the neural rows' probabilities too, and every row is verified
+as a point proposal: exact for all, at a lower acceptance for sampled neural
+drafts in those steps only. Greedy decoding is token-identical to plain.
+
+Tensor parallelism: every rank's runner runs this same code on the same
+sampled tokens, so each rank builds the same automata and proposes the same
+drafts, and every rank's neural drafter runs with the same K (its forwards
+contain collectives, so the ranks must agree). The automaton work is repeated
+on each rank; it is host work beside the model's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
+from .config import HybridSettings
+from .drafts import RequestDrafts
+
+
+class HybridDrafter:
+    """The SA side of the hybrid in one vLLM worker.
+
+    Args:
+        settings: from ``config.hybrid_settings``.
+        max_model_len: no SA draft runs past this many tokens of text.
+
+    Attributes:
+        drafts: the ``RequestDrafts`` holding each request's automaton.
+        stats: ``steps``, ``sa_rows`` / ``neural_rows`` (rows that took each
+            source's draft), ``sa_tokens`` (SA draft tokens proposed) and
+            ``neural_skipped`` (steps whose neural drafter ran its catch-up
+            forward only), ``neural_tokens``, and ``sa_accepted`` /
+            ``neural_accepted`` (draft tokens accepted, from the next step's
+            tokens, counted where the batch kept its rows), ``mixed_steps``
+            (steps with rows of both sources), ``probs_dropped`` (steps whose
+            neural draft probabilities the plugin dropped, see above).
+    """
+
+    def __init__(self, settings: HybridSettings, max_model_len: int) -> None:
+        self.settings = settings
+        self.max_model_len = int(max_model_len)
+        self.drafts = RequestDrafts(settings.sa_tokens, min_match=settings.threshold,
+                                    length_rule=DEFAULT_LENGTH_RULE, length_scale=DEFAULT_LENGTH_SCALE)
+        self._new = np.zeros((0, settings.sa_tokens + 1), np.int32)
+        self._last_rids: list[Hashable] = []  # the rows of the last merge
+        self._last_sa = np.zeros(0, bool)  # which of them took an SA draft
+        self._last_drafted = np.zeros(0, np.int32)  # and how many draft tokens each proposed
+        self.stats = {"steps": 0, "sa_rows": 0, "neural_rows": 0, "sa_tokens": 0, "neural_tokens": 0,
+                      "sa_accepted": 0, "neural_accepted": 0, "neural_skipped": 0, "mixed_steps": 0, "probs_dropped": 0}
+
+    def schedule(self, new_requests: Sequence[tuple[Hashable, Any, int | None]], finished: Sequence[Hashable]) -> None:
+        """Before a step's forward: start building each new ``(id, prompt, max new tokens)``
+        while vLLM prefills it; free the ``finished`` ids."""
+        for rid in finished:
+            self.drafts.finish(rid)
+        for rid, prompt, max_new in new_requests:
+            self.drafts.start(rid, prompt, max_new)
+
+    def sa_step(self, req_ids: Sequence[Hashable], sampled: np.ndarray, discard: np.ndarray, text_len: np.ndarray,
+                token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """Append this step's accepted tokens and draft.
+
+        Args:
+            req_ids: the B rows' request ids.
+            sampled: int [B, W]: each row's sampled tokens first, -1 after them.
+            discard: bool [B]: rows whose sampled tokens vLLM discards (a prefill chunk).
+            text_len: int32 [B]: each row's text length before this step's tokens.
+            token_ids: int32 [>= B, width]: each row's text in ``[:text_len[b]]``.
+
+        Returns:
+            ``(count, draft, k)``: int32 [B] SA draft tokens per row (0: not an
+            SA row), int32 [B, sa_tokens] the drafts, and the K to run the
+            neural drafter with this step (0 when no live row needs it).
+        """
+        b = len(req_ids)
+        if self._new.shape[0] < b:
+            self._new = np.zeros((max(b, 2 * self._new.shape[0]), self.settings.sa_tokens + 1), np.int32)
+        new = self._new[:b]
+        w = min(sampled.shape[1], new.shape[1])
+        new[:, :w] = sampled[:b, :w]
+        lens = np.where(discard[:b], 0, (sampled[:b, :w] >= 0).sum(axis=1)).astype(np.int32)
+        text_len = np.asarray(text_len[:b], dtype=np.int32)
+        width = min(self.max_model_len, token_ids.shape[1])
+        _, draft, count = self.drafts.step(req_ids, text_len, new, lens, token_ids, width)
+        self._score(req_ids, lens)
+        neural = (count == 0) & (lens > 0)
+        k = self.settings.k if neural.any() else 0
+        self.stats["steps"] += 1
+        self.stats["neural_skipped"] += int(k == 0 and bool((lens > 0).any()))
+        return count, draft, k
+
+    def _score(self, req_ids: Sequence[Hashable], lens: np.ndarray) -> None:
+        """Count the drafts of the last step accepted by source (where the rows are the same requests)."""
+        if not len(self._last_rids) or list(req_ids) != self._last_rids:
+            return
+        accepted = np.where((lens > 0) & (self._last_drafted > 0), np.maximum(lens - 1, 0), 0)
+        self.stats["sa_accepted"] += int(accepted[self._last_sa].sum())
+        self.stats["neural_accepted"] += int(accepted[~self._last_sa].sum())
+
+    def merge(self, req_ids: Sequence[Hashable], count: np.ndarray, draft: np.ndarray,
+              neural: list[list[int]]) -> list[list[int]]:
+        """Each row's draft (rows named by ``req_ids``): the SA draft where ``count[b] > 0``, else ``neural[b]``
+        (``neural`` may be shorter than B rows, or empty when the neural drafter drafted nothing)."""
+        out = []
+        n_sa = 0
+        for b, c in enumerate(count.tolist()):
+            if c:
+                out.append(draft[b, :c].tolist())
+                n_sa += 1
+            else:
+                out.append(neural[b] if b < len(neural) else [])
+        self.stats["mixed_steps"] += int(0 < n_sa < len(out))
+        self.stats["sa_rows"] += n_sa
+        self.stats["neural_rows"] += len(out) - n_sa
+        self.stats["sa_tokens"] += int(count.sum())
+        self._last_rids = list(req_ids)
+        self._last_sa = count > 0
+        self._last_drafted = np.fromiter(map(len, out), np.int32, len(out))
+        self.stats["neural_tokens"] += int(self._last_drafted[~self._last_sa].sum())
+        return out

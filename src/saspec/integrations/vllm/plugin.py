@@ -1,0 +1,157 @@
+"""saspec's vLLM plugin: request ids for the ``custom_class`` drafter, and the hybrid.
+
+vLLM loads ``register`` from the package's ``vllm.general_plugins`` entry
+point in each of its processes. It wraps three methods, which leave vLLM's
+behaviour unchanged unless a saspec drafter is configured:
+
+* ``VllmConfig.__post_init__``: for the hybrid (``hybrid_config``), async
+  scheduling is turned off before vLLM would turn it on (async scheduling
+  schedules K placeholder drafts per request; SA drafts vary in length);
+* ``GPUModelRunner._update_states`` (the start of each step, before the
+  forward): the scheduler's new requests start building their automata on a
+  background thread while vLLM prefills them, and finished ones are freed;
+* ``GPUModelRunner.propose_draft_token_ids``: the ``custom_class`` drafter is
+  told the request id of each row before vLLM calls it; the hybrid drafts
+  from the automaton first, runs the neural drafter with its K (or with K = 0:
+  see ``hybrid``) and merges the two.
+
+vLLM's CPU runner subclasses ``GPUModelRunner``, so both backends get the same
+code. The wrapped internals are those of :data:`config.TESTED_VLLM`; on any
+other version ``register`` patches nothing, and the hybrid refuses to start.
+This module imports no numba until a runner drafts: vLLM's CPU worker scans the
+loaded modules when it starts and cannot scan numba's.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any
+
+from .config import HYBRID_ENV, check_vllm_version, hybrid_settings
+
+logger = logging.getLogger(__name__)
+
+_PATCHED = "_saspec_patched"
+_STATE = "_saspec_drafter"  # runner attribute: the HybridDrafter, the SAProposer, or None (neither)
+
+
+def register() -> None:
+    """vLLM's plugin entry point (idempotent)."""
+    import vllm
+
+    try:
+        check_vllm_version(vllm.__version__)
+    except RuntimeError as e:
+        if os.environ.get(HYBRID_ENV, "").strip():  # a hybrid was asked for: say why it cannot run
+            raise
+        logger.warning("saspec plugin inactive: %s", e)
+        return
+    from vllm.config import VllmConfig
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner, _PATCHED, False):
+        return
+    VllmConfig.__post_init__ = _wrap_post_init(VllmConfig.__post_init__)
+    GPUModelRunner._update_states = _wrap_update_states(GPUModelRunner._update_states)
+    GPUModelRunner.propose_draft_token_ids = _wrap_propose(GPUModelRunner.propose_draft_token_ids)
+    setattr(GPUModelRunner, _PATCHED, True)
+
+
+def _wrap_post_init(post_init: Any) -> Any:
+    @functools.wraps(post_init)
+    def __post_init__(self: Any) -> None:
+        if hybrid_settings(self.speculative_config) is not None:
+            if self.scheduler_config.async_scheduling:
+                raise ValueError("saspec's hybrid needs async scheduling off (SA drafts vary in length per row); "
+                                 "leave async_scheduling unset or False")
+            self.scheduler_config.async_scheduling = False
+        post_init(self)
+
+    return __post_init__
+
+
+def _drafter(runner: Any) -> Any:
+    """The runner's saspec drafter (made on first use), or None where saspec does not draft."""
+    try:
+        return runner.__dict__[_STATE]
+    except KeyError:
+        pass
+    spec = runner.speculative_config
+    drafter = None
+    settings = hybrid_settings(spec)
+    if settings is not None:
+        from .hybrid import HybridDrafter
+
+        drafter = HybridDrafter(settings, runner.max_model_len)
+    elif getattr(spec, "method", None) == "custom_class" and hasattr(getattr(runner, "drafter", None), "name_rows"):
+        drafter = runner.drafter
+    runner.__dict__[_STATE] = drafter
+    return drafter
+
+
+def _wrap_update_states(update_states: Any) -> Any:
+    @functools.wraps(update_states)
+    def _update_states(self: Any, scheduler_output: Any) -> Any:
+        out = update_states(self, scheduler_output)
+        drafter = _drafter(self)
+        if drafter is not None:
+            new = [(r.req_id, r.prompt_token_ids, getattr(r.sampling_params, "max_tokens", None))
+                   for r in scheduler_output.scheduled_new_reqs if r.prompt_token_ids is not None]
+            drafter.schedule(new, scheduler_output.finished_req_ids)
+        return out
+
+    return _update_states
+
+
+def _wrap_propose(propose: Any) -> Any:
+    @functools.wraps(propose)
+    def propose_draft_token_ids(self: Any, scheduler_output: Any, sampled_token_ids: Any, *args: Any,
+                                **kwargs: Any) -> Any:
+        drafter = _drafter(self)
+        if drafter is None:
+            return propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        if drafter is self.drafter:  # custom_class: name the rows, vLLM calls the drafter as usual
+            drafter.name_rows(self.input_batch.req_ids)
+            return propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        return _propose_hybrid(self, drafter, propose, scheduler_output, sampled_token_ids, args, kwargs)
+
+    return propose_draft_token_ids
+
+
+def _propose_hybrid(runner: Any, hybrid: Any, propose: Any, scheduler_output: Any, sampled_token_ids: Any,
+                    args: tuple, kwargs: dict) -> list[list[int]]:
+    import numpy as np
+
+    batch = runner.input_batch
+    b = batch.num_reqs
+    sampled = _as_numpy(sampled_token_ids, b)
+    discard = runner.discard_request_mask.np[:b]
+    count, draft, k = hybrid.sa_step(batch.req_ids[:b], sampled, discard, batch.num_tokens_no_spec[:b],
+                                     batch.token_ids_cpu)
+    scheduled = scheduler_output.num_spec_tokens_to_schedule
+    scheduler_output.num_spec_tokens_to_schedule = min(scheduled, k)  # the neural drafter's K, or 0
+    try:
+        neural = propose(runner, scheduler_output, sampled_token_ids, *args, **kwargs)
+    finally:
+        scheduler_output.num_spec_tokens_to_schedule = scheduled
+    if np.any(count) and runner._draft_probs is not None:  # SA drafts are point proposals: so is every row
+        runner._draft_probs = None
+        runner._draft_prob_req_ids = None
+        hybrid.stats["probs_dropped"] += 1
+    neural_rows = neural.tolist() if hasattr(neural, "tolist") else list(neural)
+    return hybrid.merge(batch.req_ids[:b], count, draft, neural_rows)
+
+
+def _as_numpy(sampled: Any, rows: int) -> Any:
+    """The sampled tokens as an int32 numpy array [rows, W], -1 after each row's tokens."""
+    import numpy as np
+
+    if hasattr(sampled, "cpu"):
+        return sampled[:rows].cpu().numpy().astype(np.int32, copy=False)
+    width = max((len(r) for r in sampled[:rows]), default=0)
+    out = np.full((rows, max(width, 1)), -1, np.int32)
+    for i, r in enumerate(sampled[:rows]):
+        out[i, : len(r)] = r
+    return out

@@ -1,0 +1,363 @@
+"""SAProposer: suffix-automaton drafts as vLLM's ``custom_class`` drafter.
+
+::
+
+    from vllm import LLM
+    from saspec.integrations.vllm import proposer_config
+    llm = LLM(model, speculative_config=proposer_config())   # K = 32, minimum match 2
+
+vLLM builds ``SAProposer(vllm_config)`` in each worker, calls ``load_model(model)``
+once, and after every step calls ``propose(sampled_token_ids, num_tokens_no_spec,
+token_ids_cpu, ...)`` with the worker's persistent input batch: row ``b`` of the
+arrays is the request in batch row ``b``, ``token_ids_cpu[b, :num_tokens_no_spec[b]]``
+is its whole text (prompt and output, this step's sampled tokens included), and
+``sampled_token_ids[b]`` are the tokens this step added (the accepted drafts and
+one bonus token; empty for a row still in prefill). Every draft is verified by
+the target model, so a draft only ever costs acceptance, never correctness.
+
+Which request a row holds: with saspec's vLLM plugin (``plugin``; loaded by
+vLLM whenever saspec is installed in its environment) the runner hands the
+proposer its request ids, the scheduler's finished requests and its new ones,
+whose automata are built on a background thread while vLLM prefills them
+(``drafts.RequestDrafts``). Without the plugin, rows are matched to requests
+by fingerprint (``fingerprint.FingerprintRows``), new requests are built at
+their first decode step, and requests that leave their rows are kept for
+``max_detached`` more departures before they are freed.
+
+A row drafts only where the match is long enough to be trusted: match length
+at least ``min_match`` tokens; other rows get an empty draft. A drafting row
+proposes as many tokens as the draft-length rule allows for its match
+(``saspec.lengths.draft_lengths``: by default at most 2 tokens per matched
+token, and never more than K), and no draft runs past ``max_model_len`` (text
+plus draft at most ``max_model_len`` tokens, as vLLM's n-gram drafter; without
+a ``model_config``, the width of ``token_ids_cpu``). With
+``length_rule="gate"`` a single running request's draft lengths come from a
+``saspec.gate.CostGate`` instead, which times vLLM's steps. vLLM builds the
+class itself and sets ``prompt_lookup_min`` to 0 for custom classes, so inside
+vLLM the settings come from the environment (inherited by the spawned
+workers): ``SASPEC_VLLM_MIN_MATCH`` (default :data:`DEFAULT_MIN_MATCH`),
+``SASPEC_VLLM_LENGTH_RULE``, ``SASPEC_VLLM_LENGTH_SCALE`` and
+``SASPEC_VLLM_MAX_DETACHED``.
+
+``import saspec`` never imports this module, and this module never imports
+vLLM: the constructor reads only ``vllm_config.speculative_config`` (and,
+when present, ``model_config.max_model_len`` and
+``scheduler_config.max_num_seqs``), so tests can pass a plain object.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ... import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
+from numba import njit
+
+from ...gate import CostGate
+from ...lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_lengths
+from .config import DEFAULT_MIN_MATCH, GATE
+from .drafts import RequestDrafts
+from .fingerprint import FingerprintRows
+
+
+@njit(nogil=True, cache=True)
+def _gather(token_ids, num_tokens, lens, new):
+    """new[b, :lens[b]] = the last ``lens[b]`` tokens of ``token_ids[b, :num_tokens[b]]``;
+    ``lens[b] = 0`` where they do not fit or one of them is negative (a placeholder)."""
+    width = new.shape[1]
+    for b in range(lens.shape[0]):
+        s, n = lens[b], num_tokens[b]
+        if s <= 0 or s > width or n > token_ids.shape[1] or n - s < 1:
+            lens[b] = 0
+            continue
+        for j in range(s):
+            t = token_ids[b, n - s + j]
+            if t < 0:
+                lens[b] = 0
+                break
+            new[b, j] = t
+
+
+class SAProposer:
+    """Suffix-automaton drafter for vLLM's ``custom_class`` speculative method.
+
+    Args:
+        vllm_config: vLLM's ``VllmConfig`` or any object with
+            ``speculative_config.num_speculative_tokens`` (K); optional:
+            ``speculative_config.prompt_lookup_min`` (minimum match),
+            ``model_config.max_model_len`` and ``scheduler_config.max_num_seqs``.
+        min_match: draft only rows whose match is at least this many tokens.
+            Default: ``$SASPEC_VLLM_MIN_MATCH``, else a nonzero
+            ``prompt_lookup_min``, else :data:`DEFAULT_MIN_MATCH`.
+        length_rule, length_scale: the draft-length rule and its tokens per
+            matched token (``saspec.lengths.draft_lengths``; ``fixed`` drafts
+            K). Default: ``$SASPEC_VLLM_LENGTH_RULE`` / ``$SASPEC_VLLM_LENGTH_SCALE``,
+            else :data:`saspec.lengths.DEFAULT_LENGTH_RULE` / ``DEFAULT_LENGTH_SCALE``.
+            ``per-match-recent`` takes each row's accepted drafts at its
+            previous step from ``sampled_token_ids``. ``"gate"``: while a
+            single request runs (batch 1), a ``saspec.gate.CostGate`` picks
+            each draft's length, or none, for the most tokens per second: it
+            times vLLM's steps (from one ``propose`` return to the next call,
+            the forward that verified the last draft) and scores every step's
+            SA draft against the tokens that followed; a batch of several rows
+            shares each step's cost, so there the default rule applies.
+        max_detached: without the plugin: how many requests that left their
+            rows (finished, preempted or moved) are kept for a possible resume
+            before the oldest is freed. Default: ``$SASPEC_VLLM_MAX_DETACHED``,
+            else ``max_num_seqs`` (256 when unknown).
+        policy: the automaton's occurrence policy (see ``SpecEngine``).
+
+    Raises:
+        ValueError: K below 1, ``min_match`` or ``max_detached`` out of range,
+            an unknown rule or a bad scale (also from the environment).
+
+    Attributes:
+        drafts: the ``RequestDrafts`` holding every tracked request's automaton.
+        stats: counters: ``steps``, ``new`` (requests built), ``continued``,
+            ``reclaimed`` (moved or resumed rows found by fingerprint),
+            ``freed``, ``drafted`` (rows given a draft), ``draft_tokens``,
+            ``by_id`` (steps whose rows vLLM named).
+    """
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        *,
+        min_match: int | None = None,
+        max_detached: int | None = None,
+        policy: str | None = None,
+        length_rule: str | None = None,
+        length_scale: float | None = None,
+    ) -> None:
+        spec = getattr(vllm_config, "speculative_config", None)
+        k = getattr(spec, "num_speculative_tokens", None)
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+            raise ValueError(
+                "SAProposer needs vllm_config.speculative_config.num_speculative_tokens >= 1, "
+                f"got {k!r}"
+            )
+        self.k = int(k)
+        if min_match is None:
+            min_match = _env_int("SASPEC_VLLM_MIN_MATCH")
+        if min_match is None:
+            min_match = getattr(spec, "prompt_lookup_min", None) or DEFAULT_MIN_MATCH
+        self.min_match = int(min_match)
+        if self.min_match < 1:
+            raise ValueError(f"min_match must be >= 1, got {self.min_match}")
+        if length_rule is None:
+            length_rule = os.environ.get("SASPEC_VLLM_LENGTH_RULE", "").strip() or DEFAULT_LENGTH_RULE
+        if length_scale is None:
+            length_scale = _env_float("SASPEC_VLLM_LENGTH_SCALE")
+        self.length_rule = length_rule
+        self.length_scale = DEFAULT_LENGTH_SCALE if length_scale is None else length_scale
+        self._gate = CostGate(self.k) if length_rule == GATE else None
+        check_length_rule(DEFAULT_LENGTH_RULE if self._gate else self.length_rule, self.length_scale)  # now
+        self.length_scale = float(self.length_scale)
+        self._clock = time.perf_counter
+        self._t_return: float | None = None  # when the last propose returned
+        self._gate_last: Hashable | None = None  # the request of the last batch-1 step the gate chose for
+        self._last_count = 0  # draft tokens proposed at the last batch-1 step
+        model_config = getattr(vllm_config, "model_config", None)
+        self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
+        if max_detached is None:
+            max_detached = _env_int("SASPEC_VLLM_MAX_DETACHED")
+        if max_detached is None:
+            max_detached = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None) or 256
+        self.max_detached = int(max_detached)
+        if self.max_detached < 0:
+            raise ValueError(f"max_detached must be >= 0, got {self.max_detached}")
+        # The gate sizes batch-1 drafts itself: the automaton offers all it has ("fixed"), the gate cuts.
+        rule = "fixed" if self._gate is not None else self.length_rule
+        self.drafts = RequestDrafts(self.k, min_match=self.min_match, length_rule=rule,
+                                    length_scale=self.length_scale, policy=policy)
+        self._rows = FingerprintRows(self.max_detached, self.drafts.finish)
+        self._ids: list[Hashable] | None = None  # the next step's request ids, from the plugin
+        self._new = np.zeros((0, self.k + 1), np.int32)
+        self._stats = {"steps": 0, "drafted": 0, "draft_tokens": 0, "by_id": 0}
+
+    # -- what the plugin calls ------------------------------------------------------
+
+    def schedule(self, new_requests: Sequence[tuple[Hashable, Any, int | None]], finished: Sequence[Hashable]) -> None:
+        """The scheduler's news before a step's forward (from the plugin): each
+        ``(request id, prompt ids, max new tokens)`` in ``new_requests`` starts
+        building while vLLM prefills it; ``finished`` ids are freed."""
+        for rid in finished:
+            self.drafts.finish(rid)
+        for rid, prompt, max_new in new_requests:
+            self.drafts.start(rid, prompt, max_new)
+
+    def name_rows(self, req_ids: Sequence[Hashable]) -> None:
+        """The request id of each row for the next ``propose`` (from the plugin)."""
+        self._ids = list(req_ids)
+
+    # -- what vLLM calls --------------------------------------------------------
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to load: the drafter has no weights."""
+
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        *args: Any,
+        **kwargs: Any,
+    ) -> list[list[int]]:
+        """Drafts for this step's batch.
+
+        Args:
+            sampled_token_ids: per batch row, the tokens this step added
+                (accepted drafts plus one bonus token); empty for rows in prefill.
+                ``B = len(sampled_token_ids)`` rows are live.
+            num_tokens_no_spec: int32 [>= B]: each row's text length, this
+                step's tokens included.
+            token_ids_cpu: int32 [>= B, max_model_len]: each row's text in
+                ``[:num_tokens_no_spec[b]]``; read in place, never written.
+            *args, **kwargs: further arguments of the runner (slot mappings
+                etc.), unused.
+
+        Returns:
+            B lists of draft tokens (at most K each; empty where the row has no
+            confident match).
+
+        Raises:
+            ValueError: ``token_ids_cpu`` is not 2-D, or it or
+                ``num_tokens_no_spec`` has fewer than B rows.
+        """
+        now = self._clock()
+        out = self._propose(now, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        self._t_return = self._clock()
+        return out
+
+    def _propose(self, now: float, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
+        ids, self._ids = self._ids, None
+        b_live = len(sampled_token_ids)
+        self._stats["steps"] += 1
+        if b_live == 0:
+            self._gate_last = None
+            return []
+        token_ids = _int32_2d(token_ids_cpu, "token_ids_cpu")
+        num_tokens = num_tokens_no_spec
+        if not isinstance(num_tokens, np.ndarray) or num_tokens.dtype != np.int32:
+            num_tokens = np.asarray(num_tokens, dtype=np.int32)
+        if token_ids.shape[0] < b_live or num_tokens.shape[0] < b_live or (ids is not None and len(ids) < b_live):
+            raise ValueError(
+                f"{b_live} rows sampled but token_ids_cpu has {token_ids.shape[0]} rows and "
+                f"num_tokens_no_spec {num_tokens.shape[0]}"
+            )
+        lens = np.fromiter(map(len, sampled_token_ids), np.int32, b_live)
+        if self._new.shape[0] < b_live:
+            self._new = np.zeros((max(b_live, 2 * self._new.shape[0]), self.k + 1), np.int32)
+        new = self._new[:b_live]
+        if ids is not None:
+            rids = ids[:b_live]
+            self._stats["by_id"] += 1
+        else:
+            rids = self._rows.assign(token_ids, num_tokens, lens)
+        _gather(token_ids, num_tokens, lens, new)
+        text_len = num_tokens[:b_live] - lens
+        width = token_ids.shape[1] if self.max_model_len is None else min(self.max_model_len, token_ids.shape[1])
+        match, draft, count = self.drafts.step(rids, text_len, new, lens, token_ids, width)
+        if self._gate is not None:
+            count = self._gate_counts(now, b_live, rids, lens, new, match, draft, count, width - num_tokens[:b_live])
+        drafted = np.flatnonzero(count)
+        self._stats["drafted"] += int(drafted.shape[0])
+        self._stats["draft_tokens"] += int(count.sum())
+        if drafted.shape[0] == 0:
+            return [[] for _ in range(b_live)]
+        rows = draft.tolist()
+        return [row[:c] for row, c in zip(rows, count.tolist())]
+
+    def _gate_counts(self, now: float, b_live: int, rids: list, lens: np.ndarray, new: np.ndarray,
+                     match: np.ndarray, draft: np.ndarray, offered: np.ndarray, room: np.ndarray) -> np.ndarray:
+        """With ``length_rule="gate"``: the draft length of each row; batch 1 asks
+        the gate, larger batches take the default rule (``offered``: what the automaton has)."""
+        gated = self._gated(now, b_live, rids, lens, new, match, offered, draft)
+        if gated is None:
+            rule = draft_lengths(match, self.k, DEFAULT_LENGTH_RULE, self.length_scale)
+            return np.minimum(offered, rule)
+        count = np.zeros(1, np.int32)
+        count[0] = max(min(gated, int(room[0])), 0)
+        if count[0] and not offered[0]:  # the gate's probe with no SA draft: guess the last token again
+            draft[0, 0] = int(new[0, int(lens[0]) - 1])
+        self._last_count = int(count[0])
+        return count
+
+    def _gated(self, now: float, b_live: int, rids: list, lens: np.ndarray, new: np.ndarray, match: np.ndarray,
+               offered: np.ndarray, draft: np.ndarray) -> int | None:
+        """With one live row: feed the gate what the last step cost and emitted,
+        offer it this step's SA draft, and return its draft length for this
+        step (a probe may exceed ``offered``, the SA tokens on offer); None
+        for a batch of several rows (the default rule applies)."""
+        last, self._gate_last = self._gate_last, None
+        if b_live != 1 or not lens[0]:
+            return None
+        g, rid = self._gate, rids[0]
+        if last is not None and last == rid and self._t_return is not None:
+            g.observe_forward(1 + self._last_count, now - self._t_return)  # the step since the last return
+            g.observe_tokens(new[0, : int(lens[0])].tolist())
+        else:
+            g.withdraw_offer()  # another request: the pending offer's text is not this one
+        self._gate_last = rid
+        g.offer(int(match[0]), draft[0, : int(offered[0])].tolist())
+        source, d = g.choose(int(match[0]), int(offered[0]))
+        if source == "probe":
+            return 1
+        return min(d, int(offered[0])) if source == "sa" else 0
+
+    # -- inspection -----------------------------------------------------------------
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters (see the class docstring)."""
+        d, r = self.drafts.stats, self._rows.stats
+        return {**self._stats, "new": d["built"] + d["built_ahead"] - d["rebuilt"], "continued": r["continued"],
+                "reclaimed": r["reclaimed"], "freed": r["freed"] + d["finished"], "rebuilt": d["rebuilt"],
+                "built_ahead": d["built_ahead"], "waited": d["waited"]}
+
+    @property
+    def tracked(self) -> int:
+        """Requests holding an automaton (built or being built)."""
+        return len(self.drafts)
+
+    @property
+    def pooled(self) -> int:
+        """Without the plugin: requests that left their rows and are kept for a possible resume."""
+        return self._rows.pooled
+
+
+def _env_int(name: str) -> int | None:
+    """An integer setting from the environment; None when unset or empty."""
+    return _env(name, int, "an integer")
+
+
+def _env_float(name: str) -> float | None:
+    """A number setting from the environment; None when unset or empty."""
+    return _env(name, float, "a number")
+
+
+def _env(name: str, parse: Any, what: str) -> Any:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return parse(value)
+    except ValueError:
+        raise ValueError(f"${name} must be {what}, got {value!r}") from None
+
+
+def _int32_2d(x: Any, name: str) -> np.ndarray:
+    """``x`` as a C-contiguous int32 2-D numpy array, without a copy when it already is one
+    (numpy array or CPU torch tensor)."""
+    if not isinstance(x, np.ndarray) and hasattr(x, "numpy"):
+        x = x.numpy()
+    a = np.asarray(x)
+    if a.ndim != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {a.shape}")
+    if a.dtype != np.int32 or not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a, dtype=np.int32)
+    return a

@@ -1,0 +1,215 @@
+"""The vLLM hybrid's parts without vLLM: its configuration and version pin, the
+per-request drafts both vLLM paths share, and the automaton's side of a hybrid
+step (which rows take SA drafts, when the neural drafter may skip its drafting
+forwards). The real engine runs them in ``test_integration_vllm_real.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from saspec import SuffixAutomaton
+from saspec.integrations.vllm import TESTED_VLLM, HybridDrafter, RequestDrafts, hybrid_config, proposer_config
+from saspec.integrations.vllm.config import HYBRID_ENV, hybrid_settings
+from saspec.lengths import draft_lengths
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """A stand-in ``vllm`` module of a tested version; the env variable is restored afterwards."""
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__=TESTED_VLLM[0]))
+    monkeypatch.delenv(HYBRID_ENV, raising=False)
+    return sys.modules["vllm"]
+
+
+def test_hybrid_config_returns_vllms_config_and_leaves_the_settings_for_the_workers(fake_vllm):
+    spec = hybrid_config("draft_model", model="/m/draft", num_speculative_tokens=4, sa_tokens=32, threshold=4,
+                         draft_tensor_parallel_size=1)
+    assert spec == {"method": "draft_model", "num_speculative_tokens": 32, "model": "/m/draft",
+                    "draft_tensor_parallel_size": 1}
+    s = hybrid_settings(SimpleNamespace(method="draft_model", num_speculative_tokens=32))
+    assert (s.k, s.sa_tokens, s.threshold) == (4, 32, 4)
+    # another configuration in the same process is not the hybrid
+    assert hybrid_settings(SimpleNamespace(method="draft_model", num_speculative_tokens=4)) is None
+    assert hybrid_settings(SimpleNamespace(method="ngram", num_speculative_tokens=32)) is None
+    assert json.loads(__import__("os").environ[HYBRID_ENV])["k"] == 4
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"method": "ngram"}, "method must be one of"),
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens must be an int >= 1"),
+    ({"sa_tokens": 2, "num_speculative_tokens": 4}, "sa_tokens (2) must be at least"),
+    ({"threshold": 1.5}, "threshold must be an int"),
+    ({"method": "draft_model", "num_speculative_tokens": True}, "num_speculative_tokens must be an int"),
+])
+def test_hybrid_config_rejects_bad_settings_and_sets_nothing(fake_vllm, kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        hybrid_config(**kwargs)
+    assert HYBRID_ENV not in __import__("os").environ
+
+
+def test_hybrid_config_refuses_untested_vllm_versions(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.31.1"))
+    monkeypatch.delenv(HYBRID_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=r"tested with vLLM 0\.32\.0, not 0\.31\.1"):
+        hybrid_config(model="/m/draft")
+    assert HYBRID_ENV not in __import__("os").environ
+
+
+def test_a_corrupt_setting_in_the_environment_is_named(monkeypatch):
+    monkeypatch.setenv(HYBRID_ENV, "{not json")
+    with pytest.raises(ValueError, match=HYBRID_ENV):
+        hybrid_settings(SimpleNamespace(method="draft_model", num_speculative_tokens=32))
+
+
+def test_proposer_config_defaults_to_the_measured_k():
+    assert proposer_config() == {"method": "custom_class", "model": "saspec.integrations.vllm.SAProposer",
+                                 "num_speculative_tokens": 32}
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an int >= 1"):
+        proposer_config(0)
+
+
+# -- RequestDrafts -----------------------------------------------------------------------------------------
+
+
+def rows_of(texts: list[list[int]], width: int = 256) -> np.ndarray:
+    out = np.zeros((len(texts), width), np.int32)
+    for b, t in enumerate(texts):
+        out[b, : len(t)] = t
+    return out
+
+
+def reference(text: list[int], k: int, min_match: int, width: int) -> list[int]:
+    sa = SuffixAutomaton(text)
+    m = sa.match()[0]
+    if m < min_match:
+        return []
+    n = int(draft_lengths(np.array([m]), k)[0])
+    return sa.draft(k).tolist()[: min(n, width - len(text))]
+
+
+def step(d: RequestDrafts, rids, texts, new, width=256):
+    """One step: ``texts`` before, ``new`` tokens per row; returns each row's proposed draft."""
+    new_arr = np.full((len(rids), d.k + 1), -1, np.int32)
+    for b, t in enumerate(new):
+        new_arr[b, : len(t)] = t
+    lens = np.array([len(t) for t in new], np.int32)
+    text_len = np.array([len(t) for t in texts], np.int32)
+    match, draft, count = d.step(rids, text_len, new_arr, lens, rows_of(texts), width)
+    return [draft[b, : count[b]].tolist() for b in range(len(rids))]
+
+
+def test_request_drafts_follow_each_request_through_moves_gaps_and_finishes():
+    rng = np.random.default_rng(0)
+    d = RequestDrafts(8, min_match=2, length_rule="per-match", length_scale=2.0)
+    base = rng.integers(10, 60, 40).tolist()
+    texts = {r: base + rng.integers(10, 60, 5).tolist() for r in "abcd"}
+    order = list("abc")
+    for t in range(60):
+        if t == 20:
+            order = ["c", "a", "d", "b"]  # moved rows and an unannounced arrival
+        if t == 40:
+            d.finish("a")
+            order = ["d", "b", "c"]
+        new = [base[(t + i) % 40 : (t + i) % 40 + 1 + (t % 3)] for i in range(len(order))]
+        if t == 30:
+            texts["b"] = texts["b"] + [7, 7]  # a gap: tokens the drafter never saw
+        before = [texts[r] for r in order]
+        got = step(d, order, before, new)
+        for r, nw in zip(order, new):
+            texts[r] = texts[r] + nw
+        assert got == [reference(texts[r], 8, 2, 256) for r in order], t
+    assert "a" not in d and len(d) == 3
+    assert d.stats["rebuilt"] == 1 and d.stats["built"] == 5  # a, b, c, d once; b again after its gap
+
+
+def test_builds_started_ahead_are_used_and_a_finish_during_a_build_frees_it():
+    d = RequestDrafts(4, min_match=1, length_rule="per-match", length_scale=2.0)
+    prompt = list(range(100, 140)) * 3
+    d.start("x", prompt, expected_new_tokens=50)
+    d.start("x", [1, 2, 3])  # known: left as it is
+    assert step(d, ["x"], [prompt], [[100]]) == [reference(prompt + [100], 4, 1, 256)]
+    assert d.stats["built_ahead"] == 1 and d.stats["built"] == 0
+    gate = threading.Event()
+    real = d.engine.add_request
+
+    def slow_add(*args, **kwargs):
+        gate.wait(5)
+        return real(*args, **kwargs)
+
+    d.engine.add_request = slow_add
+    d.start("y", prompt)
+    d.finish("y")  # still building (or queued): freed when the build ends
+    gate.set()
+    d._builder.shutdown(wait=True)
+    assert "y" not in d.engine and "y" not in d and len(d) == 1
+
+
+def test_request_drafts_reject_bad_steps_without_changing_state():
+    d = RequestDrafts(4, min_match=1, length_rule="per-match", length_scale=2.0)
+    text = list(range(10, 30)) * 2
+    step(d, ["a"], [text], [[10]])
+    before = (list(d._rows), d._row_end.copy(), len(d))
+    new = np.zeros((2, 5), np.int32)
+    with pytest.raises(ValueError, match="appears twice"):
+        d.step(["a", "a"], np.array([41, 41], np.int32), new, np.ones(2, np.int32), rows_of([text, text]), 256)
+    with pytest.raises(ValueError, match="new_lens <= k \\+ 1"):
+        d.step(["a"], np.array([41], np.int32), new[:1], np.array([6], np.int32), rows_of([text]), 256)
+    with pytest.raises(ValueError, match="2 rows need"):
+        d.step(["a", "b"], np.array([41], np.int32), new, np.ones(2, np.int32), rows_of([text, text]), 256)
+    assert (list(d._rows), d._row_end.tolist(), len(d)) == (before[0], before[1].tolist(), before[2])
+    with pytest.raises(ValueError, match="k and min_match must be >= 1"):
+        RequestDrafts(0, min_match=1, length_rule="per-match", length_scale=2.0)
+
+
+# -- HybridDrafter -----------------------------------------------------------------------------------------
+
+
+def hybrid(k=4, sa_tokens=16, threshold=4) -> HybridDrafter:
+    from saspec.integrations.vllm.config import HybridSettings
+
+    return HybridDrafter(HybridSettings("draft_model", k, sa_tokens, threshold, sa_tokens), max_model_len=256)
+
+
+def sampled(rows: list[list[int]], width: int) -> np.ndarray:
+    out = np.full((len(rows), width), -1, np.int64)
+    for b, r in enumerate(rows):
+        out[b, : len(r)] = r
+    return out
+
+
+def test_long_matches_take_sa_drafts_and_the_rest_the_neural_ones():
+    h = hybrid()
+    copy = list(range(100, 140)) * 2  # the suffix has a long earlier occurrence
+    fresh = list(range(500, 580))  # no repeats
+    ids = rows_of([copy, fresh, fresh])
+    discard = np.array([False, False, True])  # row 2: a prefill chunk
+    count, draft, k = h.sa_step(["c", "f", "p"], sampled([[100], [900], [5]], 5), discard,
+                                np.array([80, 80, 80], np.int32), ids)
+    assert count[0] > 4 and count[1] == 0 and count[2] == 0
+    assert k == 4  # row 1 needs the neural drafter
+    out = h.merge(["c", "f", "p"], count, draft, [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]])
+    assert out[0] == reference(copy + [100], 16, 4, 256) and len(out[0]) > 4  # longer than the neural K
+    assert out[1] == [5, 6, 7, 8] and out[2] == [9, 9, 9, 9]
+    assert h.stats["sa_rows"] == 1 and h.stats["neural_rows"] == 2 and h.stats["mixed_steps"] == 1
+
+
+def test_a_step_of_sa_rows_only_skips_the_neural_drafting_and_acceptance_is_counted_by_source():
+    h = hybrid()
+    copy = list(range(100, 140)) * 2
+    ids = rows_of([copy, copy])
+    count, draft, k = h.sa_step(["a", "b"], sampled([[100], [100]], 2), np.zeros(2, bool),
+                                np.array([80, 80], np.int32), ids)
+    assert k == 0 and (count > 0).all()
+    out = h.merge(["a", "b"], count, draft, [])
+    # next step: row a accepted 3 of its draft (+ bonus), row b none
+    texts = [copy + [100], copy + [100]]
+    ids = rows_of(texts)
+    h.sa_step(["a", "b"], sampled([out[0][:3] + [7], [7]], 5), np.zeros(2, bool), np.array([81, 81], np.int32), ids)
+    assert h.stats["sa_accepted"] == 3 and h.stats["neural_accepted"] == 0 and h.stats["neural_skipped"] == 1

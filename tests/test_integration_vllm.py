@@ -225,6 +225,7 @@ def test_drafts_equal_a_fresh_automaton_per_request(seed):
     s = proposer.stats
     assert s["reclaimed"] > 10, "moved and resumed rows should be found by fingerprint"
     assert s["freed"] > 0
+    assert s["built_ahead"] > 10, "requests seen in a prefill chunk are built during it"
 
 
 @pytest.mark.parametrize("seed", [0, 5])

@@ -22,7 +22,11 @@ and ``n`` tokens of text:
   else, kept in a bounded pool) and confirmed by the tail and the whole-text
   hash; the request takes the row;
 * **new**: anything unexplained is a new request (its automaton is built from
-  the row's text).
+  the row's text);
+* **prefill**: a row with no tokens added is a prefill chunk, and vLLM has
+  already written the whole prompt into it: a row that holds no tracked
+  request of that text gets one, whose automaton is built on a background
+  thread while the prefill runs. Its first decode step finds it continuing.
 
 Two texts with one length, head, tail and spread positions (a long shared
 system prompt, the same closing tokens, differences only between the sampled
@@ -55,6 +59,8 @@ TAIL = 16
 SKIP = 0  # no sampled tokens (prefill, or a row vLLM discarded this step), or a negative id: no draft
 CONTINUE = 1  # the request tracked at this row, extended by the sampled tokens
 UNMATCHED = 2  # needs a fingerprint lookup (moved, resumed or new)
+PREFILL = 3  # no sampled tokens yet: a prefill chunk of the request (being) built from the row's text
+NEW_PREFILL = 4  # a prefill row that holds no tracked request: start building one
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -86,7 +92,8 @@ def _whole_hash(row, n):
 @njit(nogil=True, cache=True)
 def _classify(token_ids, num_tokens, lens, row_rid, row_len, row_hash, row_tail, row_whole, audit, status,
               hash_old, hash_new):
-    """Classify rows ``b < lens.shape[0]``.
+    """Classify rows ``b < lens.shape[0]`` (rows without tokens: PREFILL when
+    the row's request is already tracked at the row's text, else NEW_PREFILL).
 
     token_ids: int32 [R, width] (vLLM's ``token_ids_cpu``, read in place);
     num_tokens: int32 [>= B]; lens: int32 [B] tokens added per row; row_*: the
@@ -101,9 +108,21 @@ def _classify(token_ids, num_tokens, lens, row_rid, row_len, row_hash, row_tail,
         n = num_tokens[b]
         n_old = n - s
         status[b] = SKIP
-        if s <= 0 or n_old < 1 or n > token_ids.shape[1]:
+        if s < 0 or n_old < 1 or n > token_ids.shape[1]:
             continue
         row = token_ids[b]
+        if s == 0:  # a prefill chunk: the row already holds the whole prompt
+            for j in range(n):
+                if row[j] < 0:
+                    break
+            else:
+                h = _fingerprint_hash(row, n)
+                hash_old[b] = h
+                hash_new[b] = h
+                status[b] = NEW_PREFILL
+                if b < row_rid.shape[0] and row_rid[b] >= 0 and row_len[b] == n and row_hash[b] == h:
+                    status[b] = PREFILL
+            continue
         bad = False
         for j in range(n_old, n):
             if row[j] < 0:  # not a token (a placeholder): no draft for this row this step
@@ -178,6 +197,7 @@ class FingerprintRows:
         self._row_tail = np.zeros((0, TAIL), np.int32)
         self._row_whole = np.zeros(0, np.uint64)
         self._audit = 0  # the row whose whole text the next step checks
+        self.started: list[tuple[int, int, int]] = []  # prefill rows of the last assign: (rid, row, tokens)
         self._pool: OrderedDict[int, _Detached] = OrderedDict()  # rid -> fingerprint, oldest first
         self._by_key: dict[tuple[int, int], list[int]] = {}  # (length, fingerprint hash) -> rids in the pool
         self.stats = {"continued": 0, "reclaimed": 0, "new": 0, "freed": 0}
@@ -188,9 +208,13 @@ class FingerprintRows:
         return len(self._pool)
 
     def assign(self, token_ids: np.ndarray, num_tokens: np.ndarray, lens: np.ndarray) -> list[int | None]:
-        """The request id of each of the ``B = lens.shape[0]`` rows, None for a
-        row to skip (no tokens, or placeholders); sets ``lens[b] = 0`` for those.
-        A new request gets a fresh int id: its automaton is the caller's to build."""
+        """The request id of each of the ``B = lens.shape[0]`` rows with tokens,
+        None for a row to skip (prefill, or placeholders; ``lens[b]`` is set to
+        0 for those). A new request gets a fresh int id: its automaton is the
+        caller's to build. A prefill row (no tokens: vLLM has written the whole
+        prompt) that holds no tracked request gets one too, listed in
+        ``self.started`` as ``(rid, row, tokens)``: the caller starts building
+        it from ``token_ids[row, :tokens]``, so it is ready at its first decode step."""
         b_live = lens.shape[0]
         self._grow(b_live)
         status = np.empty(b_live, np.int8)
@@ -200,7 +224,7 @@ class FingerprintRows:
         _classify(token_ids, num_tokens, lens, self._row_rid, self._row_len, self._row_hash, self._row_tail,
                   self._row_whole, self._audit, status, hash_old, hash_new)
         cont = np.zeros(self._row_rid.shape[0], bool)
-        cont[:b_live] = status == CONTINUE
+        cont[:b_live] = (status == CONTINUE) | (status == PREFILL)
         self.stats["continued"] += int(cont[:b_live].sum())
         for r in np.flatnonzero((self._row_rid >= 0) & ~cont):  # left its row: finished, moved or preempted
             self._detach(int(r))
@@ -220,13 +244,26 @@ class FingerprintRows:
                 status[b] = SKIP
                 continue
             self._row_rid[b] = rid
+        self.started = []
+        for b in np.flatnonzero(status == NEW_PREFILL).tolist():
+            n = int(num_tokens[b])
+            rid = self._reclaim(token_ids[b], n, int(hash_old[b]))  # a resumed request: its automaton is kept
+            if rid is not None:
+                self.stats["reclaimed"] += 1
+            else:  # build it while vLLM prefills it
+                rid = self._next_rid
+                self._next_rid += 1
+                self.started.append((rid, b, n))
+                self.stats["new"] += 1
+            self._row_rid[b] = rid
+            self._row_whole[b] = _whole_hash(token_ids[b], n)
         self._evict()
         lens[status == SKIP] = 0
-        active = np.flatnonzero(status != SKIP).astype(np.int64)
+        active = np.flatnonzero((status != SKIP) & (status != PREFILL)).astype(np.int64)
         _commit(token_ids, num_tokens, lens, active, hash_new, self._row_len, self._row_hash, self._row_tail,
                 self._row_whole)
         rids = self._row_rid[:b_live].tolist()
-        return [None if st == SKIP else r for st, r in zip(status.tolist(), rids)]
+        return [r if st == CONTINUE or st == UNMATCHED else None for st, r in zip(status.tolist(), rids)]
 
     def _grow(self, rows: int) -> None:
         more = rows - self._row_rid.shape[0]

@@ -20,8 +20,9 @@ vLLM whenever saspec is installed in its environment) the runner hands the
 proposer its request ids, the scheduler's finished requests and its new ones,
 whose automata are built on a background thread while vLLM prefills them
 (``drafts.RequestDrafts``). Without the plugin, rows are matched to requests
-by fingerprint (``fingerprint.FingerprintRows``), new requests are built at
-their first decode step, and requests that leave their rows are kept for
+by fingerprint (``fingerprint.FingerprintRows``), new requests start building
+at their first prefill chunk that the drafter sees (a step where their row
+sampled nothing), and requests that leave their rows are kept for
 ``max_detached`` more departures before they are freed.
 
 A row drafts only where the match is long enough to be trusted: match length
@@ -258,6 +259,8 @@ class SAProposer:
             self._stats["by_id"] += 1
         else:
             rids = self._rows.assign(token_ids, num_tokens, lens)
+            for rid, b, n in self._rows.started:  # prefill chunks: build while vLLM prefills
+                self.drafts.start(rid, token_ids[b, :n])
         _gather(token_ids, num_tokens, lens, new)
         text_len = num_tokens[:b_live] - lens
         width = token_ids.shape[1] if self.max_model_len is None else min(self.max_model_len, token_ids.shape[1])

@@ -155,15 +155,15 @@ def test_request_drafts_reject_bad_steps_without_changing_state():
     d = RequestDrafts(4, min_match=1, length_rule="per-match", length_scale=2.0)
     text = list(range(10, 30)) * 2
     step(d, ["a"], [text], [[10]])
-    before = (list(d._rows), d._row_end.copy(), len(d))
+    before = (list(d._rows), d._ends[: len(d._rows)].copy(), len(d))
     new = np.zeros((2, 5), np.int32)
     with pytest.raises(ValueError, match="appears twice"):
         d.step(["a", "a"], np.array([41, 41], np.int32), new, np.ones(2, np.int32), rows_of([text, text]), 256)
-    with pytest.raises(ValueError, match="new_lens <= k \\+ 1"):
+    with pytest.raises(ValueError, match=r"new_lens must be in \[0, k \+ 1 = 5\]"):
         d.step(["a"], np.array([41], np.int32), new[:1], np.array([6], np.int32), rows_of([text]), 256)
     with pytest.raises(ValueError, match="2 rows need"):
         d.step(["a", "b"], np.array([41], np.int32), new, np.ones(2, np.int32), rows_of([text, text]), 256)
-    assert (list(d._rows), d._row_end.tolist(), len(d)) == (before[0], before[1].tolist(), before[2])
+    assert (list(d._rows), d._ends[: len(d._rows)].tolist(), len(d)) == (before[0], before[1].tolist(), before[2])
     with pytest.raises(ValueError, match="k and min_match must be >= 1"):
         RequestDrafts(0, min_match=1, length_rule="per-match", length_scale=2.0)
 

@@ -99,6 +99,18 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=positive_int, default=None, help="vLLM CPU threads (default: vLLM's)")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="workload builders' seed")
     p.add_argument("--out", default="benchmarks/vllm", help="output directory")
+    cost = p.add_argument_group("proposer cost (--proposer-cost: no model; see saspec.evidence.proposer_cost)")
+    cost.add_argument("--proposer-cost", action="store_true",
+                      help="time saspec's and vLLM's proposers per step on B x C batches instead of running models")
+    cost.add_argument("--batches", default="1,8,64,256", help="batch sizes B")
+    cost.add_argument("--contexts", default="2048,8192,32768", help="prompt lengths C (tokens)")
+    cost.add_argument("--steps", type=positive_int, default=30, help="steady steps per round")
+    cost.add_argument("--rounds", type=positive_int, default=3, help="rounds (fresh proposers each); the best counts")
+    cost.add_argument("--arrival-prefill-s", type=float, default=None,
+                      help="also: 16 requests of 32k tokens join a 64 x 8k batch, builds overlapping an emulated "
+                           "prefill of this many seconds")
+    cost.add_argument("--peer-arctic", default=os.environ.get("SASPEC_PEER_ARCTIC"),
+                      help="a directory holding an arctic_inference build (vLLM's suffix method), put on PYTHONPATH")
     p.set_defaults(func=main)
 
 
@@ -106,6 +118,10 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.proposer_cost:
+        from . import proposer_cost
+
+        return proposer_cost.main(args)
     from . import models
     from .e2e import FREE_FORM_PROMPTS, bench_prompts
     from .options import CliError

@@ -38,20 +38,53 @@ from ...lengths import check_length_rule, draft_length
 
 
 @njit(nogil=True, cache=True)
-def _draft_counts(match, draft, min_match, rule, scale, last, room, count):
-    """count[b]: how many of ``draft[b]`` row ``b`` proposes: 0 below
-    ``min_match``, else the draft-length rule's length (``lengths.draft_length``
-    with ``last[b]``), at most the real draft tokens (>= 0) and ``room[b]``."""
+def _live_rows(text_len, new, new_lens, k1, row_end, n_last, rows, before, lens, acc):
+    """Gather the rows with new tokens (``new_lens[b] > 0``) into ``rows``,
+    ``before`` (text lengths), ``lens`` and ``acc`` (their tokens). Returns
+    ``(n, same)``: how many, and whether their text lengths equal
+    ``row_end[:n_last]`` (each continues where the last step left it); ``n = -1``
+    when a length is outside ``[0, k1]``."""
+    n = 0
+    for b in range(new_lens.shape[0]):
+        s = new_lens[b]
+        if s < 0 or s > k1 or s > new.shape[1]:
+            return -1, False
+        if s == 0:
+            continue
+        rows[n] = b
+        before[n] = text_len[b]
+        lens[n] = s
+        for j in range(s):
+            acc[n, j] = new[b, j]
+        n += 1
+    same = n == n_last
+    for i in range(n if same else 0):
+        if before[i] != row_end[i]:
+            same = False
+            break
+    return n, same
+
+
+@njit(nogil=True, cache=True)
+def _draft_counts(match, draft, min_match, rule, scale, lens, before, width, drafted, count, ends):
+    """count[i]: how many of ``draft[i]`` row ``i`` proposes: 0 below ``min_match``,
+    else the draft-length rule's length (``lengths.draft_length``; the row's
+    accepted drafts at its last step are ``lens[i] - 1`` where ``drafted[i] > 0``),
+    at most the real draft tokens (>= 0) and the room left below ``width``.
+    Then ``ends[i] = before[i] + lens[i]`` and ``drafted[i] = count[i]``: the state the next step checks."""
     k = draft.shape[1]
-    for b in range(match.shape[0]):
+    for i in range(match.shape[0]):
         n = 0
-        if match[b] >= min_match:
-            n = min(draft_length(match[b], k, rule, scale, last[b]), room[b])
+        if match[i] >= min_match:
+            last = lens[i] - 1 if drafted[i] > 0 else -1
+            n = min(draft_length(match[i], k, rule, scale, last), width - before[i] - lens[i])
             real = 0
-            while real < n and draft[b, real] >= 0:
+            while real < n and draft[i, real] >= 0:
                 real += 1
             n = real
-        count[b] = n
+        count[i] = n
+        ends[i] = before[i] + lens[i]
+        drafted[i] = n
 
 
 class RequestDrafts:
@@ -83,9 +116,7 @@ class RequestDrafts:
         self._lock = threading.Lock()
         self._builder: ThreadPoolExecutor | None = None
         self._rows: list[Hashable] = []  # the batch of the last step, in row order
-        self._row_end = np.zeros(0, np.int32)  # each of those rows' text length after that step
-        self._row_drafted = np.zeros(0, np.int32)  # draft tokens each of those rows proposed
-        self._grow(0)
+        self._grow(0)  # _ends / _drafted: each of those rows' text length after that step, and its draft tokens
         self.stats = {"built": 0, "built_ahead": 0, "rebuilt": 0, "waited": 0, "finished": 0}
 
     # -- lifecycle --------------------------------------------------------------
@@ -160,84 +191,82 @@ class RequestDrafts:
         """
         b_all = len(rids)
         self._grow(b_all)
-        if new_lens.shape[0] != b_all or text_len.shape[0] != b_all or new_lens.max(initial=0) > self.k + 1:
-            raise ValueError(f"{b_all} rows need text_len and new_lens of {b_all} entries, new_lens <= k + 1")
-        live = new_lens > 0
-        if live.all():
-            active, act_rids = None, rids
-        else:
-            active = np.flatnonzero(live)
-            act_rids = [rids[i] for i in active]
-        lens = new_lens if active is None else new_lens[active]
-        before = text_len if active is None else text_len[active]
-        n = len(act_rids)
-        acc, match, draft, count = self._acc[:n], self._match[:n], self._draft[:n], self._count[:n]
-        if act_rids == self._rows and np.array_equal(before, self._row_end):
-            drafted_before = self._row_drafted > 0  # the hot path: the same requests, each where it stopped
-        else:
-            drafted_before = self._catch_up(act_rids, before, active, texts)
-        last = np.where(drafted_before, lens - 1, -1).astype(np.int32)
-        w = min(new.shape[1], self.k + 1)
-        acc[:, :w] = new[:, :w] if active is None else new[active, :w]
+        if new_lens.shape[0] != b_all or text_len.shape[0] != b_all:
+            raise ValueError(f"{b_all} rows need text_len and new_lens of {b_all} entries")
+        n, same = _live_rows(text_len, new, new_lens, self.k + 1, self._ends, len(self._rows), self._live,
+                             self._before, self._lens, self._acc)
+        if n < 0:
+            raise ValueError(f"new_lens must be in [0, k + 1 = {self.k + 1}] and fit new's {new.shape[1]} columns")
+        rows = self._live[:n]
+        act_rids = rids if n == b_all else [rids[i] for i in rows.tolist()]
+        before, lens = self._before[:n], self._lens[:n]
+        match, draft, count, drafted = self._match[:n], self._draft[:n], self._count[:n], self._drafted[:n]
+        if not (same and act_rids == self._rows):  # else the hot path: the same requests, each where it stopped
+            drafted[:] = self._catch_up(act_rids, before, rows, texts)
         if n:
-            self.engine.extend(acc, lens.astype(np.int32, copy=False), match, draft)
-        room = (width - before - lens).astype(np.int32)
-        _draft_counts(match, draft, self.min_match, self._rule, self.length_scale, last, room, count)
-        self._row_end = (before + lens).astype(np.int32)
-        self._row_drafted = count.copy()
-        if active is None:
+            self.engine.extend(self._acc[:n], lens, match, draft)
+        _draft_counts(match, draft, self.min_match, self._rule, self.length_scale, lens, before, width, drafted,
+                      count, self._ends)
+        if n == b_all:
             return match, draft, count
         m_out, d_out, c_out = self._out_match[:b_all], self._out_draft[:b_all], self._out_count[:b_all]
         m_out[:], c_out[:], d_out[:] = 0, 0, -1
-        m_out[active], d_out[active], c_out[active] = match, draft, count
+        m_out[rows], d_out[rows], c_out[rows] = match, draft, count
         return m_out, d_out, c_out
 
     def _flush(self) -> None:
-        """Record the last batch's lengths in ``_len`` (the hot path keeps them only in ``_row_end``)."""
-        for rid, end in zip(self._rows, self._row_end.tolist()):
-            self._len[rid] = end
+        """Record the last batch's lengths in ``_len`` (the hot path keeps them only in ``_ends``)."""
+        self._len.update(zip(self._rows, self._ends[: len(self._rows)].tolist()))
 
-    def _catch_up(self, rids: list[Hashable], before: np.ndarray, active: np.ndarray | None,
-                  texts: np.ndarray) -> np.ndarray:
-        """Make every row's automaton hold exactly its text before this step and
-        prepare the batch. Returns bool [rows]: the row continues a request that
-        proposed a draft at the previous step."""
+    def _catch_up(self, rids: list[Hashable], before: np.ndarray, rows: np.ndarray, texts: np.ndarray) -> np.ndarray:
+        """Make every live row's automaton (rows ``rows`` of ``texts``) hold exactly
+        its text before this step and prepare the batch. Returns int32 [rows]:
+        the draft tokens each proposed at the last step, 0 where it was not in
+        that batch or its automaton was (re)built now."""
         if len(set(rids)) != len(rids):
             dup = next(r for i, r in enumerate(rids) if r in rids[:i])
             raise ValueError(f"request {dup!r} appears twice in the batch")
         self._flush()
-        prev = dict(zip(self._rows, self._row_drafted.tolist()))
-        drafted_before = np.zeros(len(rids), bool)
-        for i, rid in enumerate(rids):
-            want = int(before[i])
-            fut = self._pending.pop(rid, None)
-            if fut is not None:
+        if self._pending:  # builds started ahead: wait for those still running (usually none)
+            for rid in [r for r in rids if r in self._pending]:
+                fut = self._pending.pop(rid)
                 if not fut.done():
                     self.stats["waited"] += 1
                 self._len[rid] = fut.result()
                 self.stats["built_ahead"] += 1
-            have = self._len.get(rid)
-            if have == want:
-                drafted_before[i] = prev.get(rid, 0) > 0
-                continue
-            if have is not None:  # a gap (a step vLLM did not show us) or another text: build it again
+        have = np.fromiter((self._len.get(r, -1) for r in rids), np.int64, len(rids))
+        for i in np.flatnonzero(have != before).tolist():  # unknown, or a gap (a step vLLM did not show us)
+            rid, want = rids[i], int(before[i])
+            if have[i] >= 0:
                 self.engine.remove_request(rid)
                 self.stats["rebuilt"] += 1
-            row = i if active is None else int(active[i])
-            self.engine.add_request(rid, texts[row, :want])
+            self.engine.add_request(rid, texts[int(rows[i]), :want])
             self._len[rid] = want
             self.stats["built"] += 1
+        prev = dict(zip(self._rows, self._drafted[: len(self._rows)].tolist()))
+        drafted_before = np.fromiter((prev.get(r, 0) for r in rids), np.int32, len(rids))
+        drafted_before[have != before] = 0
         self.engine.prepare(rids)
         self._rows = list(rids)
         return drafted_before
 
     def _grow(self, rows: int) -> None:
-        have = getattr(self, "_acc", np.zeros((0, 0))).shape[0]
+        """Buffers for at least ``rows`` rows (kept across steps: ``_ends`` and
+        ``_drafted`` hold the last step's state in their first ``len(_rows)`` entries)."""
+        have = self._acc.shape[0] if hasattr(self, "_acc") else 0
         if rows <= have and have:
             return
         cap = max(rows, 2 * have, 8)
         k = self.k
+        old_ends, old_drafted = getattr(self, "_ends", np.zeros(0, np.int32)), getattr(self, "_drafted", np.zeros(0, np.int32))
+        self._ends = np.zeros(cap, np.int32)
+        self._ends[: old_ends.shape[0]] = old_ends
+        self._drafted = np.zeros(cap, np.int32)
+        self._drafted[: old_drafted.shape[0]] = old_drafted
         self._acc = np.zeros((cap, k + 1), np.int32)
+        self._live = np.zeros(cap, np.int64)
+        self._before = np.zeros(cap, np.int32)
+        self._lens = np.zeros(cap, np.int32)
         self._match = np.zeros(cap, np.int32)
         self._draft = np.zeros((cap, k), np.int32)
         self._count = np.zeros(cap, np.int32)

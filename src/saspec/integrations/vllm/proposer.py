@@ -66,12 +66,14 @@ from .fingerprint import FingerprintRows
 
 
 @njit(nogil=True, cache=True)
-def _gather(token_ids, num_tokens, lens, new):
-    """new[b, :lens[b]] = the last ``lens[b]`` tokens of ``token_ids[b, :num_tokens[b]]``;
-    ``lens[b] = 0`` where they do not fit or one of them is negative (a placeholder)."""
+def _gather(token_ids, num_tokens, lens, new, text_len):
+    """new[b, :lens[b]] = the last ``lens[b]`` tokens of ``token_ids[b, :num_tokens[b]]``
+    and ``text_len[b]`` the text before them; ``lens[b] = 0`` where they do not fit
+    or one of them is negative (a placeholder)."""
     width = new.shape[1]
     for b in range(lens.shape[0]):
         s, n = lens[b], num_tokens[b]
+        text_len[b] = n - s
         if s <= 0 or s > width or n > token_ids.shape[1] or n - s < 1:
             lens[b] = 0
             continue
@@ -177,7 +179,8 @@ class SAProposer:
                                     length_scale=self.length_scale, policy=policy)
         self._rows = FingerprintRows(self.max_detached, self.drafts.finish)
         self._ids: list[Hashable] | None = None  # the next step's request ids, from the plugin
-        self._new = np.zeros((0, self.k + 1), np.int32)
+        self._new = np.zeros((0, self.k + 1), np.int32)  # this step's new tokens per row
+        self._text_len = np.zeros(0, np.int32)  # and each row's text length before them
         self._stats = {"steps": 0, "drafted": 0, "draft_tokens": 0, "by_id": 0}
 
     # -- what the plugin calls ------------------------------------------------------
@@ -253,7 +256,8 @@ class SAProposer:
         lens = np.fromiter(map(len, sampled_token_ids), np.int32, b_live)
         if self._new.shape[0] < b_live:
             self._new = np.zeros((max(b_live, 2 * self._new.shape[0]), self.k + 1), np.int32)
-        new = self._new[:b_live]
+            self._text_len = np.zeros(self._new.shape[0], np.int32)
+        new, text_len = self._new[:b_live], self._text_len[:b_live]
         if ids is not None:
             rids = ids[:b_live]
             self._stats["by_id"] += 1
@@ -261,19 +265,17 @@ class SAProposer:
             rids = self._rows.assign(token_ids, num_tokens, lens)
             for rid, b, n in self._rows.started:  # prefill chunks: build while vLLM prefills
                 self.drafts.start(rid, token_ids[b, :n])
-        _gather(token_ids, num_tokens, lens, new)
-        text_len = num_tokens[:b_live] - lens
+        _gather(token_ids, num_tokens, lens, new, text_len)
         width = token_ids.shape[1] if self.max_model_len is None else min(self.max_model_len, token_ids.shape[1])
         match, draft, count = self.drafts.step(rids, text_len, new, lens, token_ids, width)
         if self._gate is not None:
             count = self._gate_counts(now, b_live, rids, lens, new, match, draft, count, width - num_tokens[:b_live])
-        drafted = np.flatnonzero(count)
-        self._stats["drafted"] += int(drafted.shape[0])
-        self._stats["draft_tokens"] += int(count.sum())
-        if drafted.shape[0] == 0:
+        tokens = int(count.sum())
+        if not tokens:
             return [[] for _ in range(b_live)]
-        rows = draft.tolist()
-        return [row[:c] for row, c in zip(rows, count.tolist())]
+        self._stats["drafted"] += int(np.count_nonzero(count))
+        self._stats["draft_tokens"] += tokens
+        return [row[:c] for row, c in zip(draft.tolist(), count.tolist())]
 
     def _gate_counts(self, now: float, b_live: int, rids: list, lens: np.ndarray, new: np.ndarray,
                      match: np.ndarray, draft: np.ndarray, offered: np.ndarray, room: np.ndarray) -> np.ndarray:

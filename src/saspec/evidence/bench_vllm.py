@@ -51,17 +51,35 @@ from typing import Any
 # Imports from saspec stay inside the parent's functions: the vLLM child runs this file as a
 # script, outside the package, and must not load numba before vLLM starts (see child).
 
-METHODS = ("plain", "ngram", "ngram-2-5", "saspec", "ngram-2-5-long", "saspec-long", "saspec-gate-long")
+METHODS = ("plain", "ngram", "ngram-2-5", "saspec", "ngram-2-5-long", "saspec-long", "saspec-gate-long", "suffix",
+           "draft-model", "hybrid")
+#: Methods that need the draft model (the 0.5B beside the 1.5B target).
+NEURAL_METHODS = ("draft-model", "hybrid")
 MODEL_SIZES = ("0.5b", "1.5b")
 SASPEC_CLASS = "saspec.integrations.vllm.SAProposer"
 DEFAULT_VLLM_PYTHON = "/work/venvs/vllm/bin/python"
 
 
-def speculative_config(method: str, k: int, long_k: int = 32) -> dict[str, Any] | None:
+def speculative_config(method: str, k: int, long_k: int = 32, draft: str | None = None,
+                       neural_k: int = 4, threshold: int = 4) -> dict[str, Any] | None:
     """vLLM's ``speculative_config`` for a bench method (None: no speculation); ``*-long``
-    methods draft up to ``long_k`` tokens, the others ``k``."""
+    methods draft up to ``long_k`` tokens, the others ``k``; ``suffix`` (vLLM's suffix
+    decoding) up to ``long_k``; ``draft-model`` is vLLM's ``draft_model`` with ``draft``
+    drafting ``neural_k`` tokens, ``hybrid`` the same beside saspec (``hybrid_config``: SA
+    rows from a match of ``threshold`` tokens draft up to ``long_k``)."""
     if method == "plain":
         return None
+    if method in NEURAL_METHODS and not draft:
+        raise ValueError(f"{method} needs a draft model")
+    if method == "draft-model":
+        return {"method": "draft_model", "model": draft, "num_speculative_tokens": neural_k}
+    if method == "hybrid":
+        from saspec.integrations.vllm.config import hybrid_config
+
+        return hybrid_config("draft_model", model=draft, num_speculative_tokens=neural_k, sa_tokens=long_k,
+                             threshold=threshold)
+    if method == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": long_k}
     if method.endswith("-long"):
         method, k = method[: -len("-long")], long_k
     if method == "ngram":
@@ -96,6 +114,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-match", type=positive_int, default=None, help="saspec: minimum match length (default: the proposer's)")
     p.add_argument("--long-min-match", type=positive_int, default=2,
                    help="saspec-long and saspec-gate-long: minimum match length (their length rules keep short matches' drafts short)")
+    p.add_argument("--neural-k", type=positive_int, default=4, help="draft-model and hybrid: the draft model's tokens per step")
+    p.add_argument("--threshold", type=positive_int, default=4, help="hybrid: the minimum match for an SA row")
     p.add_argument("--threads", type=positive_int, default=None, help="vLLM CPU threads (default: vLLM's)")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="workload builders' seed")
     p.add_argument("--out", default="benchmarks/vllm", help="output directory")
@@ -145,6 +165,11 @@ def main(args: argparse.Namespace) -> int:
             raise CliError(f"unknown model size {s!r} in --models; expected some of {', '.join(MODEL_SIZES)}")
         if not models.is_converted(by_size[s]):
             raise CliError(f"{by_size[s].name} is not installed; run `saspec models install qwen2.5-coder`")
+    if any(m in NEURAL_METHODS for m in methods) and not models.is_converted(draft):
+        raise CliError(f"draft-model and hybrid need {draft.name}; run `saspec models install qwen2.5-coder`")
+    if "suffix" in methods and not args.peer_arctic:
+        raise CliError("suffix needs ArcticInference's suffix_decoding built outside the repository: pass "
+                       "--peer-arctic DIR (see BENCHMARKS.md, vLLM)")
     if not Path(args.vllm_python).is_file():
         raise CliError(f"no vLLM python at {args.vllm_python}; see README, Integrations (or pass --vllm-python)")
 
@@ -162,6 +187,8 @@ def main(args: argparse.Namespace) -> int:
     for size in sizes:
         for method in methods:
             job = {"model": str(models.converted_dir(by_size[size])), "model_name": by_size[size].name,
+                   "draft": str(models.converted_dir(draft)) if method in NEURAL_METHODS else None,
+                   "neural_k": args.neural_k, "threshold": args.threshold, "peer_arctic": args.peer_arctic,
                    "method": method, "k": args.k, "long_k": args.long_k, "threads": args.threads,
                    "min_match": args.long_min_match if method.startswith("saspec") and method.endswith("-long")
                    else args.min_match,
@@ -170,6 +197,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"[bench-vllm] {by_size[size].name} / {method}: {len(prompts)} prompts", file=sys.stderr)
             res = _run_child(args.vllm_python, job, out / f".job-{size}-{method}")
             info.setdefault("vllm", res.get("vllm"))
+            if res.get("drafter"):
+                info.setdefault("drafter_stats", {})[f"{size}/{method}"] = res["drafter"]
             for r in res["runs"]:
                 runs.append({"model": by_size[size].name, "size": size, "method": method, **r})
             (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
@@ -190,8 +219,10 @@ def main(args: argparse.Namespace) -> int:
 def _run_child(python: str, job: dict[str, Any], stem: Path) -> dict[str, Any]:
     job_path, out_path, log_path = stem.with_suffix(".json"), stem.with_suffix(".out.json"), stem.with_suffix(".log")
     job_path.write_text(json.dumps(job))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    if job.get("peer_arctic"):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (job["peer_arctic"], env.get("PYTHONPATH")) if p)
     if job["threads"]:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         env["OMP_NUM_THREADS"] = str(job["threads"])
@@ -270,6 +301,32 @@ def target_checks(summary: dict[tuple[str, str, str], dict[str, float]]) -> list
                 r = f[sa]["tok_per_s"] / f["plain"]["tok_per_s"]
                 lines.append(f"- {size} free-form: {sa} / plain = {r:.2f}x tok/s (target >= 0.97x): "
                              f"{'met' if r >= 0.97 else 'MISSED'}")
+    lines += hybrid_checks(summary)
+    return lines
+
+
+def hybrid_checks(summary: dict[tuple[str, str, str], dict[str, float]]) -> list[str]:
+    """The hybrid's targets, per model: code edits hybrid >= 1.5x draft-model and >= 0.95x saspec-long
+    (saspec alone, long drafts) in tok/s; free-form >= 0.97x draft-model; multi-turn edits >= the better
+    of the two."""
+    lines = []
+    for size in sorted({k[0] for k in summary}):
+        for kind, label in (("code-edit", "code edits"), ("multi-turn-edit", "multi-turn code edits"),
+                            ("free-form", "free-form")):
+            s = {k[2]: v["tok_per_s"] for k, v in summary.items() if k[0] == size and k[1] == kind}
+            if "hybrid" not in s or "draft-model" not in s:
+                continue
+            h, d, sa = s["hybrid"], s["draft-model"], s.get("saspec-long")
+            if kind == "code-edit":
+                checks = [(h / d, 1.5, "draft-model")] + ([(h / sa, 0.95, "saspec-long")] if sa else [])
+            elif kind == "free-form":
+                checks = [(h / d, 0.97, "draft-model")]
+            else:
+                best = max(d, sa or 0.0)
+                checks = [(h / best, 1.0, "the better of draft-model and saspec-long")]
+            for r, target, what in checks:
+                lines.append(f"- {size} {label}: hybrid / {what} = {r:.2f}x tok/s (target >= {target}x): "
+                             f"{'met' if r >= target else 'MISSED'}")
     return lines
 
 
@@ -362,7 +419,8 @@ def child(job_path: str, out_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     llm = LLM(model=job["model"], dtype="float32", enforce_eager=True, max_model_len=4096, max_num_seqs=1,
               enable_prefix_caching=False, disable_log_stats=False, seed=0,
-              speculative_config=speculative_config(job["method"], job["k"], job.get("long_k", 32)))
+              speculative_config=speculative_config(job["method"], job["k"], job.get("long_k", 32), job.get("draft"),
+                                                    job.get("neural_k", 4), job.get("threshold", 4)))
     meter = _process_tree_meter()
     runs = []
     warm = TokensPrompt(prompt_token_ids=job["prompts"][0]["prompt_ids"])
@@ -384,7 +442,14 @@ def child(job_path: str, out_path: str) -> None:
                      **{k: after[k] - before[k] for k in after}})
         print(f"{job['model_name']} {job['method']} {p['id']}: {len(runs[-1]['tokens'])} tokens in {wall:.1f} s",
               file=sys.stderr, flush=True)
-    Path(out_path).write_text(json.dumps({"vllm": f"vllm {vllm.__version__}", "runs": runs}))
+    drafter = llm.collective_rpc(_hybrid_stats)[0] if job["method"] == "hybrid" else None
+    Path(out_path).write_text(json.dumps({"vllm": f"vllm {vllm.__version__}", "runs": runs, "drafter": drafter}))
+
+
+def _hybrid_stats(worker: Any) -> dict[str, int] | None:
+    """Runs in vLLM's worker: the hybrid's counters (SA and neural rows, drafts and acceptance by source)."""
+    hybrid = worker.model_runner.__dict__.get("_saspec_drafter")
+    return None if hybrid is None else dict(hybrid.stats)
 
 
 if __name__ == "__main__":

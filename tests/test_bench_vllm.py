@@ -49,3 +49,31 @@ def test_targets_compare_each_saspec_method_with_the_best_ngram_row():
         "acceptance length 12.50 vs 4.50: met"]
     report = bv.format_report({"date": "d", "k": 8, "long_k": 32, "cpus": 2, "cpu": "x", "argv": []}, runs)
     assert "K = 8 (*-long: 32)" in report and "| 0.5b | code-edit | saspec-long | 1 | 100 | 16.67 |" in report
+
+
+def test_proposer_cost_cells_time_saspec_without_vllm():
+    from saspec.evidence import proposer_cost as pc
+
+    assert pc.available(["saspec", "suffix"]) in (["saspec"], ["saspec", "suffix"])
+    res = pc.cell(["saspec", "saspec-noplugin"], rows=3, context=600, steps=4, rounds=1)
+    for name in ("saspec", "saspec-noplugin"):
+        assert 0 < res[name]["steady_ms"] < 1e3 and 0 < res[name]["first_ms"] < 1e4
+    a = pc.arrival(rows=2, context=500, arriving=2, arriving_context=900, prefill_s=0.05, steps=3)
+    assert a["waited"] == 0 and a["arriving"] == 2 and a["after_prefill_ms"] > 0
+    report = pc.format_report({"date": "d", "vllm": None, "cpu": "x", "cpus": 2, "k": pc.K, "step_tokens": 3,
+                               "steps": 4, "rounds": 1},
+                              {"proposers": ["saspec"], "cells": [{"rows": 3, "context": 2048, "saspec": res["saspec"]}],
+                               "arrival": [{**a, "rows": 2, "context": 500, "arriving_context": 900, "prefill_s": 0.05}]})
+    assert "| 3 x 2k |" in report and "Builds during prefill" in report
+
+
+def test_proposer_cost_rejects_bad_lists():
+    from saspec.evidence import proposer_cost as pc
+    from saspec.evidence.options import CliError
+
+    with pytest.raises(CliError, match="--batches must list integers >= 1"):
+        pc._ints("0,8", "--batches")
+    with pytest.raises(CliError, match="--contexts must be comma-separated integers"):
+        pc._ints("2k", "--contexts")
+    with pytest.raises(CliError, match="--arrival-prefill-s must list seconds"):
+        pc._seconds("-1")

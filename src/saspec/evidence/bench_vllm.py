@@ -126,9 +126,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     cost.add_argument("--contexts", default="2048,8192,32768", help="prompt lengths C (tokens)")
     cost.add_argument("--steps", type=positive_int, default=30, help="steady steps per round")
     cost.add_argument("--rounds", type=positive_int, default=3, help="rounds (fresh proposers each); the best counts")
-    cost.add_argument("--arrival-prefill-s", type=float, default=None,
-                      help="also: 16 requests of 32k tokens join a 64 x 8k batch, builds overlapping an emulated "
-                           "prefill of this many seconds")
+    cost.add_argument("--arrival-prefill-s", default="",
+                      help="also: 16 requests of 32k tokens join a 64 x 8k batch, their builds overlapping an "
+                           "emulated prefill of these many seconds (comma-separated; 0: no overlap)")
     cost.add_argument("--peer-arctic", default=os.environ.get("SASPEC_PEER_ARCTIC"),
                       help="a directory holding an arctic_inference build (vLLM's suffix method), put on PYTHONPATH")
     p.set_defaults(func=main)

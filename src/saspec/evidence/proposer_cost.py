@@ -19,7 +19,7 @@ in turn at every step (interleaved):
 Per cell and proposer: the median steady-step cost (ms per call; best of
 ``rounds`` rounds) and the first step's, which builds every request (for
 ``saspec`` the first step after arrival with no prefill in between: the build
-has nothing to hide behind). ``--arrival`` adds the scenario of builds during
+has nothing to hide behind). ``--arrival-prefill-s`` adds the scenario of builds during
 prefill: ``A`` requests of ``C_a`` tokens arrive at once into a running batch,
 the emulated prefill (a sleep of the given seconds, standing for the
 accelerator's forward: the host is free) runs, and the next step's cost is
@@ -224,10 +224,8 @@ def child(job_path: str, out_path: str) -> None:
             print(f"[proposer-cost] B={rows} C={context}: "
                   + ", ".join(f"{n} {res[n]['steady_ms']:.3f} ms" for n in names), file=sys.stderr, flush=True)
             Path(out_path).write_text(json.dumps(out))
-    if job.get("arrival"):
-        a = job["arrival"]
-        out["arrival"] = {**a, **arrival(a["rows"], a["context"], a["arriving"], a["arriving_context"],
-                                          a["prefill_s"], job["steps"])}
+    out["arrival"] = [{**a, **arrival(a["rows"], a["context"], a["arriving"], a["arriving_context"], a["prefill_s"],
+                                      job["steps"])} for a in job.get("arrival") or []]
     Path(out_path).write_text(json.dumps(out))
 
 
@@ -246,6 +244,18 @@ def _ints(text: str, name: str) -> list[int]:
     return values
 
 
+def _seconds(text: str) -> list[float]:
+    from .options import CliError
+
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"--arrival-prefill-s must be comma-separated seconds, got {text!r}") from None
+    if any(not (v >= 0) or v > 600 for v in values):
+        raise CliError(f"--arrival-prefill-s must list seconds in [0, 600], got {text!r}")
+    return values
+
+
 def main(args: argparse.Namespace) -> int:
     from .options import CliError
 
@@ -253,8 +263,8 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(f"no vLLM python at {args.vllm_python}; see README, Integrations (or pass --vllm-python)")
     job = {"batches": _ints(args.batches, "--batches"), "contexts": _ints(args.contexts, "--contexts"),
            "steps": args.steps, "rounds": args.rounds, "proposers": list(PROPOSERS),
-           "arrival": {"rows": 64, "context": 8192, "arriving": 16, "arriving_context": 32768,
-                       "prefill_s": args.arrival_prefill_s} if args.arrival_prefill_s is not None else None}
+           "arrival": [{"rows": 64, "context": 8192, "arriving": 16, "arriving_context": 32768, "prefill_s": x}
+                       for x in _seconds(args.arrival_prefill_s or "")]}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     job_path, res_path = out / ".job.json", out / ".out.json"
@@ -292,8 +302,7 @@ def format_report(info: dict[str, Any], res: dict[str, Any]) -> str:
         lines.append(f"| {c['rows']} x {c['context'] // 1024}k | "
                      + " | ".join(f"{c[n]['steady_ms']:.3f}" for n in names) + " | " + " | ".join(vs) + " | "
                      + " | ".join(f"{c[n]['first_ms']:.1f}" for n in names) + " |")
-    a = res.get("arrival")
-    if a:
+    for a in res.get("arrival") or []:
         lines += ["", f"Builds during prefill: {a['arriving']} requests of {a['arriving_context']} tokens join a "
                   f"running batch of {a['rows']} x {a['context']}; after an emulated prefill of {a['prefill_s']} s "
                   f"the next step costs {a['after_prefill_ms']:.3f} ms, {a['after_prefill_ms'] / a['later_ms']:.1f}x a "

@@ -58,7 +58,10 @@ class HybridDrafter:
             ``neural_accepted`` (draft tokens accepted, from the next step's
             tokens, counted where the batch kept its rows), ``mixed_steps``
             (steps with rows of both sources), ``probs_dropped`` (steps whose
-            neural draft probabilities the plugin dropped, see above).
+            neural draft probabilities the plugin dropped, see above),
+            ``neural_calls`` / ``neural_s`` and ``catch_up_calls`` / ``catch_up_s``
+            (the neural drafter's calls with its K and with K = 0, and their
+            seconds).
     """
 
     def __init__(self, settings: HybridSettings, max_model_len: int) -> None:
@@ -71,7 +74,8 @@ class HybridDrafter:
         self._last_sa = np.zeros(0, bool)  # which of them took an SA draft
         self._last_drafted = np.zeros(0, np.int32)  # and how many draft tokens each proposed
         self.stats = {"steps": 0, "sa_rows": 0, "neural_rows": 0, "sa_tokens": 0, "neural_tokens": 0,
-                      "sa_accepted": 0, "neural_accepted": 0, "neural_skipped": 0, "mixed_steps": 0, "probs_dropped": 0}
+                      "sa_accepted": 0, "neural_accepted": 0, "neural_skipped": 0, "mixed_steps": 0, "probs_dropped": 0,
+                      "neural_calls": 0, "neural_s": 0.0, "catch_up_calls": 0, "catch_up_s": 0.0}
 
     def schedule(self, new_requests: Sequence[tuple[Hashable, Any, int | None]], finished: Sequence[Hashable]) -> None:
         """Before a step's forward: start building each new ``(id, prompt, max new tokens)``
@@ -121,6 +125,13 @@ class HybridDrafter:
         accepted = np.where((lens > 0) & (self._last_drafted > 0), np.maximum(lens - 1, 0), 0)
         self.stats["sa_accepted"] += int(accepted[self._last_sa].sum())
         self.stats["neural_accepted"] += int(accepted[~self._last_sa].sum())
+
+    def time_neural(self, k: int, seconds: float) -> None:
+        """Count one neural drafter call of this step: with its K, or the catch-up alone (``k == 0``).
+        Host seconds: on a CPU the whole call; on a GPU what the host waited for."""
+        kind = "neural" if k else "catch_up"
+        self.stats[f"{kind}_calls"] += 1
+        self.stats[f"{kind}_s"] += seconds
 
     def merge(self, req_ids: Sequence[Hashable], count: np.ndarray, draft: np.ndarray,
               neural: list[list[int]]) -> list[list[int]]:

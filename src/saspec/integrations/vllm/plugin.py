@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from typing import Any
 
 from .config import HYBRID_ENV, check_vllm_version, hybrid_settings
@@ -132,10 +133,12 @@ def _propose_hybrid(runner: Any, hybrid: Any, propose: Any, scheduler_output: An
                                      batch.token_ids_cpu)
     scheduled = scheduler_output.num_spec_tokens_to_schedule
     scheduler_output.num_spec_tokens_to_schedule = min(scheduled, k)  # the neural drafter's K, or 0
+    t0 = time.perf_counter()
     try:
         neural = propose(runner, scheduler_output, sampled_token_ids, *args, **kwargs)
     finally:
         scheduler_output.num_spec_tokens_to_schedule = scheduled
+    hybrid.time_neural(k, time.perf_counter() - t0)
     if np.any(count) and runner._draft_probs is not None:  # SA drafts are point proposals: so is every row
         runner._draft_probs = None
         runner._draft_prob_req_ids = None

@@ -277,6 +277,8 @@ def main(args: argparse.Namespace) -> int:
     if proc.returncode != 0:
         raise CliError(f"the proposer-cost child failed (exit {proc.returncode})")
     res = json.loads(res_path.read_text())
+    job_path.unlink()
+    res_path.unlink()
     info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
             "cpu": platform.processor() or platform.machine(), "vllm": res.get("vllm"), "argv": sys.argv[1:],
             "k": K, "step_tokens": STEP_TOKENS, "steps": args.steps, "rounds": args.rounds}

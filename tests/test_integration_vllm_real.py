@@ -179,7 +179,7 @@ def test_the_hybrid_on_two_tensor_parallel_ranks_drafts_the_same_on_each(tiny):
     tmp, model, plain = tiny
     hy = _child(tmp, model, "hybrid-tp2", N_PROMPTS)
     assert hy["outputs"] == plain["outputs"]
-    a, b = hy["stats"]
+    a, b = ({k: v for k, v in s.items() if not k.endswith("_s")} for s in hy["stats"])  # timings differ per rank
     assert a == b and a["sa_accepted"] > 0, (a, b)
 
 

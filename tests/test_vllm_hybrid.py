@@ -213,3 +213,36 @@ def test_a_step_of_sa_rows_only_skips_the_neural_drafting_and_acceptance_is_coun
     ids = rows_of(texts)
     h.sa_step(["a", "b"], sampled([out[0][:3] + [7], [7]], 5), np.zeros(2, bool), np.array([81, 81], np.int32), ids)
     assert h.stats["sa_accepted"] == 3 and h.stats["neural_accepted"] == 0 and h.stats["neural_skipped"] == 1
+
+
+# -- the plugin's pieces that run without vLLM -------------------------------------------------------------
+
+
+def test_the_plugin_turns_async_scheduling_off_for_the_hybrid_only(fake_vllm):
+    from saspec.integrations.vllm import plugin
+
+    hybrid_config(model="/m/draft", num_speculative_tokens=4, sa_tokens=32)
+    seen = []
+    post_init = plugin._wrap_post_init(lambda cfg: seen.append(cfg.scheduler_config.async_scheduling))
+
+    def config(method, tokens, async_scheduling):
+        return SimpleNamespace(speculative_config=SimpleNamespace(method=method, num_speculative_tokens=tokens),
+                               scheduler_config=SimpleNamespace(async_scheduling=async_scheduling))
+
+    post_init(config("draft_model", 32, None))
+    post_init(config("draft_model", 4, None))  # not the hybrid: vLLM decides
+    assert seen == [False, None]
+    with pytest.raises(ValueError, match="needs async scheduling off"):
+        post_init(config("draft_model", 32, True))
+    assert len(seen) == 2
+
+
+def test_the_plugin_stays_out_of_untested_vllm_versions_unless_the_hybrid_was_asked_for(monkeypatch):
+    from saspec.integrations.vllm import plugin
+
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.40.0"))
+    monkeypatch.delenv(HYBRID_ENV, raising=False)
+    plugin.register()  # patches nothing (it would import vllm.config and fail on the stand-in otherwise)
+    monkeypatch.setenv(HYBRID_ENV, "{}")
+    with pytest.raises(RuntimeError, match="tested with vLLM 0.32.0, not 0.40.0"):
+        plugin.register()

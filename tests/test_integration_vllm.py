@@ -483,8 +483,8 @@ def test_gate_leaves_batches_to_the_length_rule():
 
 def test_a_sibling_with_the_same_fingerprint_is_found_out_within_as_many_steps_as_rows():
     # Without ids: a finished request's row refilled in one step by a text with its length, head, tail and
-    # spread positions (one middle token differs) passes the continuing check. The whole-text audit (one
-    # row per step, round robin) finds it within B steps; from then on its drafts are its own.
+    # spread positions (one middle token differs) passes the continuing check. The whole-text audit (round
+    # robin; texts this short are audited one row per step) finds it within B steps; then its drafts are its own.
     system, closing = list(range(1000, 1040)), list(range(2000, 2016))
     a = system + list(range(300, 340)) + closing + [2100]  # 97 tokens
     spread = {len(a) * i // 17 for i in range(1, 17)}

@@ -31,11 +31,12 @@ and ``n`` tokens of text:
 Two texts with one length, head, tail and spread positions (a long shared
 system prompt, the same closing tokens, differences only between the sampled
 positions) pass the continuing check for each other, e.g. when a finished
-request's row is refilled by such a sibling. So each step also hashes one
-row's whole text (round robin, O(its length)) and compares it with its
-request's running hash: a mix-up lasts at most as many steps as there are
-rows, costs only drafts (vLLM verifies every one), and is then resolved
-exactly, since a reclaim always checks the whole text.
+request's row is refilled by such a sibling. So the rows' whole texts are
+audited in turn against their requests' running hashes, one row at a time,
+at ``AUDIT_TOKENS`` tokens of hashing per step on average: a mix-up lasts at
+most about ``B * ceil(L / AUDIT_TOKENS)`` steps for B rows of L tokens (B steps
+for texts up to 4,096 tokens), costs only drafts (vLLM verifies every one),
+and is then resolved exactly, since a reclaim always checks the whole text.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ HEAD = 32
 SPREAD = 16
 #: Tokens at the end of a request's text compared exactly before appending.
 TAIL = 16
+#: Tokens of whole-text audit hashing earned per step: a row of L tokens is audited once ``ceil(L / AUDIT_TOKENS)``
+#: steps have passed since the last audit, so the audit costs O(AUDIT_TOKENS) per step on average.
+AUDIT_TOKENS = 4096
 
 # Row states written by ``_classify``.
 SKIP = 0  # no sampled tokens (prefill, or a row vLLM discarded this step), or a negative id: no draft
@@ -145,15 +149,37 @@ def _classify(token_ids, num_tokens, lens, row_rid, row_len, row_hash, row_tail,
             same = False
         if same:
             status[b] = CONTINUE
+    for b in range(lens.shape[0]):
+        if status[b] == SKIP:
+            lens[b] = 0
 
 
 @njit(nogil=True, cache=True)
-def _commit(token_ids, num_tokens, lens, rows, hash_new, row_len, row_hash, row_tail, row_whole):
-    """Record the fingerprints of rows ``rows`` after this step: lengths
-    ``num_tokens[b]``, hashes ``hash_new[b]``, tails, and the whole-text hashes
-    advanced over the row's ``lens[b]`` new tokens."""
-    for i in range(rows.shape[0]):
-        b = rows[i]
+def _tally(status, row_rid):
+    """``(slow, named)``: rows needing Python this step (unmatched or new prefill
+    rows, and tracked requests no row continued), and rows that get an id back."""
+    slow = named = 0
+    b_live = status.shape[0]
+    for b in range(row_rid.shape[0]):
+        st = status[b] if b < b_live else SKIP
+        if st == UNMATCHED or st == NEW_PREFILL:
+            slow += 1
+        elif row_rid[b] >= 0 and st != CONTINUE and st != PREFILL:
+            slow += 1
+        if st == CONTINUE or st == UNMATCHED:
+            named += 1
+    return slow, named
+
+
+@njit(nogil=True, cache=True)
+def _commit(token_ids, num_tokens, lens, status, hash_new, row_len, row_hash, row_tail, row_whole):
+    """Record the fingerprints of the rows that hold a request after this step
+    (status CONTINUE, UNMATCHED or NEW_PREFILL): lengths ``num_tokens[b]``,
+    hashes ``hash_new[b]``, tails, and the whole-text hashes advanced over the
+    row's ``lens[b]`` new tokens."""
+    for b in range(status.shape[0]):
+        if status[b] == SKIP or status[b] == PREFILL:
+            continue
         n = num_tokens[b]
         row = token_ids[b]
         row_len[b] = n
@@ -196,7 +222,8 @@ class FingerprintRows:
         self._row_hash = np.zeros(0, np.uint64)
         self._row_tail = np.zeros((0, TAIL), np.int32)
         self._row_whole = np.zeros(0, np.uint64)
-        self._audit = 0  # the row whose whole text the next step checks
+        self._audit = 0  # the row whose whole text the next audit checks
+        self._audit_credit = 0  # audit tokens earned since the last audit
         self.started: list[tuple[int, int, int]] = []  # prefill rows of the last assign: (rid, row, tokens)
         self._pool: OrderedDict[int, _Detached] = OrderedDict()  # rid -> fingerprint, oldest first
         self._by_key: dict[tuple[int, int], list[int]] = {}  # (length, fingerprint hash) -> rids in the pool
@@ -217,15 +244,40 @@ class FingerprintRows:
         it from ``token_ids[row, :tokens]``, so it is ready at its first decode step."""
         b_live = lens.shape[0]
         self._grow(b_live)
-        status = np.empty(b_live, np.int8)
-        hash_old = np.zeros(b_live, np.uint64)
-        hash_new = np.zeros(b_live, np.uint64)
-        self._audit = (self._audit + 1) % b_live
+        status, hash_old, hash_new = self._status[:b_live], self._hash_old[:b_live], self._hash_new[:b_live]
+        audit = self._next_audit(b_live)
         _classify(token_ids, num_tokens, lens, self._row_rid, self._row_len, self._row_hash, self._row_tail,
-                  self._row_whole, self._audit, status, hash_old, hash_new)
+                  self._row_whole, audit, status, hash_old, hash_new)
+        slow, named = _tally(status, self._row_rid)
+        self.started = []
+        if slow:
+            self._settle(token_ids, num_tokens, lens, status, hash_old)
+        self.stats["continued"] += int(np.count_nonzero(status == CONTINUE))
+        _commit(token_ids, num_tokens, lens, status, hash_new, self._row_len, self._row_hash, self._row_tail,
+                self._row_whole)
+        rids = self._row_rid[:b_live].tolist()
+        if named == b_live and not slow:
+            return rids
+        return [r if st == CONTINUE or st == UNMATCHED else None for st, r in zip(status.tolist(), rids)]
+
+    def _next_audit(self, b_live: int) -> int:
+        """The row whose whole text this step checks (round robin), or -1 while the
+        credit of ``AUDIT_TOKENS`` per step has not yet paid for its length."""
+        self._audit_credit += AUDIT_TOKENS
+        row = self._audit % b_live
+        if self._audit_credit < int(self._row_len[row]):
+            return -1
+        self._audit_credit = 0
+        self._audit = row + 1
+        return row
+
+    def _settle(self, token_ids: np.ndarray, num_tokens: np.ndarray, lens: np.ndarray, status: np.ndarray,
+                hash_old: np.ndarray) -> None:
+        """The rows one jitted pass could not explain: departures to the pool,
+        moved or resumed requests taken back, new requests (and prefill rows) given ids."""
+        b_live = lens.shape[0]
         cont = np.zeros(self._row_rid.shape[0], bool)
         cont[:b_live] = (status == CONTINUE) | (status == PREFILL)
-        self.stats["continued"] += int(cont[:b_live].sum())
         for r in np.flatnonzero((self._row_rid >= 0) & ~cont):  # left its row: finished, moved or preempted
             self._detach(int(r))
         for b in np.flatnonzero(status == UNMATCHED).tolist():
@@ -242,9 +294,9 @@ class FingerprintRows:
                 self.stats["new"] += 1
             else:  # placeholders in the text: leave the row untracked
                 status[b] = SKIP
+                lens[b] = 0
                 continue
             self._row_rid[b] = rid
-        self.started = []
         for b in np.flatnonzero(status == NEW_PREFILL).tolist():
             n = int(num_tokens[b])
             rid = self._reclaim(token_ids[b], n, int(hash_old[b]))  # a resumed request: its automaton is kept
@@ -258,12 +310,6 @@ class FingerprintRows:
             self._row_rid[b] = rid
             self._row_whole[b] = _whole_hash(token_ids[b], n)
         self._evict()
-        lens[status == SKIP] = 0
-        active = np.flatnonzero((status != SKIP) & (status != PREFILL)).astype(np.int64)
-        _commit(token_ids, num_tokens, lens, active, hash_new, self._row_len, self._row_hash, self._row_tail,
-                self._row_whole)
-        rids = self._row_rid[:b_live].tolist()
-        return [r if st == CONTINUE or st == UNMATCHED else None for st, r in zip(status.tolist(), rids)]
 
     def _grow(self, rows: int) -> None:
         more = rows - self._row_rid.shape[0]
@@ -274,6 +320,9 @@ class FingerprintRows:
         self._row_hash = np.concatenate([self._row_hash, np.zeros(more, np.uint64)])
         self._row_tail = np.concatenate([self._row_tail, np.zeros((more, TAIL), np.int32)])
         self._row_whole = np.concatenate([self._row_whole, np.zeros(more, np.uint64)])
+        self._status = np.zeros(self._row_rid.shape[0], np.int8)  # this step's, per row (scratch)
+        self._hash_old = np.zeros(self._row_rid.shape[0], np.uint64)
+        self._hash_new = np.zeros(self._row_rid.shape[0], np.uint64)
 
     def _detach(self, row: int) -> None:
         """Move row ``row``'s request into the pool (newest last)."""

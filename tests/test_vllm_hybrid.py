@@ -246,3 +246,12 @@ def test_the_plugin_stays_out_of_untested_vllm_versions_unless_the_hybrid_was_as
     monkeypatch.setenv(HYBRID_ENV, "{}")
     with pytest.raises(RuntimeError, match="tested with vLLM 0.32.0, not 0.40.0"):
         plugin.register()
+
+
+def test_a_finish_after_a_build_ended_but_before_a_step_took_it_frees_it():
+    d = RequestDrafts(4, min_match=1, length_rule="per-match", length_scale=2.0)
+    d.start("z", list(range(100, 200)))
+    d._builder.shutdown(wait=True)  # built, not yet taken by a step
+    assert "z" in d.engine
+    d.finish("z")
+    assert "z" not in d.engine and "z" not in d and len(d) == 0

@@ -113,6 +113,7 @@ class RequestDrafts:
         self._len: dict[Hashable, int] = {}  # tokens in each built request's automaton
         self._pending: dict[Hashable, Future] = {}  # builds started by start(), not yet waited for
         self._dropped: set[Hashable] = set()  # finished while their build ran: freed when it ends
+        self._built: set[Hashable] = set()  # built ahead, not yet taken by a step
         self._lock = threading.Lock()
         self._builder: ThreadPoolExecutor | None = None
         self._rows: list[Hashable] = []  # the batch of the last step, in row order
@@ -133,18 +134,23 @@ class RequestDrafts:
 
     def _build(self, rid: Hashable, tokens: np.ndarray, expected_new_tokens: int | None) -> int:
         added = self.engine.add_request(rid, tokens, expected_new_tokens)
-        with self._lock:
+        with self._lock:  # finish() decides under this lock too, so a build is freed exactly once
             if rid in self._dropped:  # finished while we built
                 self._dropped.discard(rid)
                 if added:
                     self.engine.remove_request(rid)
+            elif added:
+                self._built.add(rid)
         return tokens.shape[0]
 
     def finish(self, rid: Hashable) -> None:
         """Free ``rid``'s automaton (the request finished, or was aborted); unknown ids are ignored."""
         with self._lock:
             fut = self._pending.pop(rid, None)
-            if fut is not None and not fut.cancel():
+            if rid in self._built:  # built, not yet taken by a step
+                self._built.discard(rid)
+                self.engine.remove_request(rid)
+            elif fut is not None and not fut.cancel():
                 self._dropped.add(rid)  # being built: _build frees it
         if rid in self._rows:
             self._flush()
@@ -233,6 +239,8 @@ class RequestDrafts:
                 if not fut.done():
                     self.stats["waited"] += 1
                 self._len[rid] = fut.result()
+                with self._lock:
+                    self._built.discard(rid)
                 self.stats["built_ahead"] += 1
         have = np.fromiter((self._len.get(r, -1) for r in rids), np.int64, len(rids))
         for i in np.flatnonzero(have != before).tolist():  # unknown, or a gap (a step vLLM did not show us)

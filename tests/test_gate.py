@@ -314,3 +314,16 @@ def test_a_gate_that_drafts_where_verifying_turned_dear_recovers():
         if len(steps) >= 30:
             per_token.append(sum(s for s, _ in steps) / sum(n for _, n in steps))
     assert len(per_token) >= 20 and np.mean(per_token) <= 1.03 and max(per_token) <= 1.15, per_token
+
+
+def test_a_draft_call_times_its_draft_tokens_in_step_and_its_reading_in_a_catch_up():
+    g = CostGate(8)
+    g.observe_forward(1, 0.3)
+    for _ in range(4):
+        g.observe_draft_call(0.4, read=1, drafted=4)  # in step with the text: 0.1 s per draft token
+    assert g._draft_seconds() == pytest.approx(0.1)
+    g.observe_draft_call(1.3, read=100, drafted=4)  # a catch-up: 0.013 s per token read, its drafts included
+    assert g._catchup_seconds() == pytest.approx(0.013)
+    assert g._draft_seconds() == pytest.approx(0.1)  # the catch-up does not move the draft-token cost
+    with pytest.raises(ValueError, match="drafted"):
+        g.observe_draft_call(0.1, read=1, drafted=0)

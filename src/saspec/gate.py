@@ -16,8 +16,8 @@ It learns both sides from the running sequence:
   (:meth:`CostGate.observe_forward`), bucketed by the forward's size (1, 2,
   3-4, 5-8, ... tokens; a bucket costs the same over its span, as rows padded
   to a power of two make it on CPUs), and every draft-model forward
-  (:meth:`CostGate.observe_draft_forward`: one draft token, or a catch-up over
-  the tokens the draft model has not read, which choosing it again pays for).
+  (:meth:`CostGate.observe_draft_call`: draft tokens, or a catch-up over the
+  tokens the draft model has not read, which choosing it again pays for).
   Timing noise only ever adds time, so a bucket costs the second fastest of
   its last ``window`` timings once it has four (one outlier, slow or fast,
   moves nothing), the faster of its last two before that; a plain step, timed
@@ -201,8 +201,8 @@ class CostGate:
 
     1. offers the SA's draft, if any (:meth:`offer`);
     2. asks :meth:`choose` what to verify;
-    3. times the step (:meth:`observe_forward`, the draft model's forwards
-       apart with :meth:`observe_draft_forward`), reports the draft model's
+    3. times the step (:meth:`observe_forward`, the draft model's calls
+       apart with :meth:`observe_draft_call`), reports the draft model's
        outcome (:meth:`observe`) and the tokens the step emitted
        (:meth:`observe_tokens`).
 
@@ -319,17 +319,31 @@ class CostGate:
 
     def observe_draft_forward(self, seconds: float, read: int = 1) -> None:
         """One draft-model forward, which made one draft token, took
-        ``seconds``; it read ``read`` tokens it had not seen: 1 (or 2) in step
-        with the text, more for the prompt or a catch-up after steps it did
-        not draft. Those set the cost of a catch-up per token read.
+        ``seconds``; it read ``read`` tokens it had not seen (see
+        :meth:`observe_draft_call`, of which this is the one-token case).
 
         Raises:
             ValueError: ``seconds`` is not finite and > 0, or ``read`` < 1.
         """
+        self.observe_draft_call(seconds, read, 1)
+
+    def observe_draft_call(self, seconds: float, read: int = 1, drafted: int = 1) -> None:
+        """One call of the draft model took ``seconds``: it read ``read`` tokens
+        it had not seen (1, or 2, in step with the text; more for the prompt or
+        a catch-up after steps it did not draft) and made ``drafted`` draft
+        tokens, its first from the forward that read them. In step, each draft
+        token costs ``seconds / drafted``; a catch-up costs ``seconds / read``
+        per token read, its draft tokens included (they are few against the
+        tokens read, so the cost errs high by their share).
+
+        Raises:
+            ValueError: ``seconds`` is not finite and > 0, or ``read`` or ``drafted`` < 1.
+        """
         seconds = check_seconds(seconds, "seconds")
         read = check_int(read, "read", 1)
+        drafted = check_int(drafted, "drafted", 1)
         if read <= 2:
-            self._draft.add(seconds, self._step)
+            self._draft.add(seconds / drafted, self._step)
         else:
             self._catchup.add(seconds / read, self._step)
 

@@ -327,10 +327,7 @@ class SACandidateGenerator:
             self._assist_s = clock() - t0
             self._source, self._drafted = "assistant", int(ids.shape[1] - input_ids.shape[1])
             if self.gate is not None and self._drafted and self._assist_s > 0:
-                if behind <= 2:  # in step with the text: the time per draft token
-                    self.gate.observe_draft_forward(self._assist_s / self._drafted)
-                else:  # mostly the catch-up over the tokens it had not read (the prompt, or SA steps)
-                    self.gate.observe_draft_forward(self._assist_s, read=behind)
+                self.gate.observe_draft_call(self._assist_s, read=max(behind, 1), drafted=self._drafted)
             return ids, logits
         self._source, self._drafted = "none", 0
         return input_ids, None

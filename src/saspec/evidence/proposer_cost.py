@@ -128,14 +128,13 @@ def _proposers(names: list[str], rows: int, width: int) -> dict[str, Any]:
 
 def _plugin_step(p: Any) -> Any:
     """What the plugin does around ``SAProposer.propose``: news first (once per request), then row ids."""
-    announced: set[str] = set()
+    announced: list[int] = [0]  # rows announced so far: a batch only grows at its end
 
     def step(b: Batch, announce_only: bool = False) -> Any:
-        new = [(r, b.token_ids_cpu[i, : b.num_prompt_tokens[i]], None) for i, r in enumerate(b.req_ids)
-               if r not in announced]
-        if new:
-            p.schedule(new, [])
-            announced.update(r for r, _, _ in new)
+        if len(b.req_ids) > announced[0]:  # as the plugin: the scheduler's new requests only
+            p.schedule([(b.req_ids[i], b.token_ids_cpu[i, : b.num_prompt_tokens[i]], None)
+                        for i in range(announced[0], len(b.req_ids))], [])
+            announced[0] = len(b.req_ids)
         if announce_only:
             return None
         p.name_rows(b.req_ids)

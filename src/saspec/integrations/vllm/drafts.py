@@ -18,7 +18,7 @@ there from ``texts``: exact, only slower.
 
 The hot path, a batch of the same requests in the same rows as at the last
 step each continuing where it stopped, is checked with one list comparison and
-one array comparison; no Python loop runs over the rows.
+one jitted pass that also gathers the new tokens; no Python loop runs over the rows.
 """
 
 from __future__ import annotations

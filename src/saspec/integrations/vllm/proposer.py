@@ -61,6 +61,7 @@ from numba import njit
 from ...gate import CostGate
 from ...lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_lengths
 from .config import DEFAULT_MIN_MATCH, GATE
+from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
 from .fingerprint import FingerprintRows
 
@@ -182,6 +183,7 @@ class SAProposer:
         self._new = np.zeros((0, self.k + 1), np.int32)  # this step's new tokens per row
         self._text_len = np.zeros(0, np.int32)  # and each row's text length before them
         self._stats = {"steps": 0, "drafted": 0, "draft_tokens": 0, "by_id": 0}
+        fix_sampled_verification()  # point proposals need exact sampled verification, with or without the plugin
 
     # -- what the plugin calls ------------------------------------------------------
 

@@ -73,3 +73,33 @@ def draft(text, n, start, k):
         return [-1] * k
     period = n - start
     return [text[start + j % period] for j in range(k)]
+
+
+def pool_match(text, docs):
+    """The longest suffix of ``text`` that occurs inside one of ``docs`` (the pooled
+    texts), and every (doc index, end position) of such an occurrence."""
+    best, ends = 0, []
+    for d, doc in enumerate(docs):
+        for e in range(len(doc)):
+            m = 0
+            while m < len(text) and m <= e and doc[e - m] == text[len(text) - 1 - m]:
+                m += 1
+            if m > best:
+                best, ends = m, []
+            if m == best and m > 0:
+                ends.append((d, e))
+    return best, ends
+
+
+def pool_draft_ok(text, docs, m, draft, k):
+    """Whether ``draft`` (-1 padded) is the continuation, within its doc and at most ``k``
+    long, of some occurrence in ``docs`` of ``text``'s last ``m`` tokens."""
+    real = [t for t in draft if t >= 0]
+    if m < 1 or not real or len(real) != len(draft[: len(real)]) or any(t >= 0 for t in draft[len(real):]):
+        return False
+    suffix = list(text[len(text) - m:])
+    for doc in docs:
+        for e in range(m - 1, len(doc) - 1):
+            if list(doc[e - m + 1: e + 1]) == suffix and list(doc[e + 1: e + 1 + k]) == real:
+                return True
+    return False

@@ -152,6 +152,19 @@ def test_simulate_command_end_to_end(tmp_path, capsys):
     assert (tmp_path / "accepted_distribution.png").stat().st_size > 1000
 
 
+def test_the_pool_comparison_replays_each_workload_in_arrival_order(tmp_path):
+    from saspec.evidence.cli import main
+
+    assert main(["simulate", "--workloads", "humaneval", "--size", "12", "--no-plots", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    pool = res["pool"]["humaneval"]
+    rows = {r["drafter"]: r["AL"] for r in res["workloads"]["humaneval"]["rows"]}
+    assert pool["off"]["al"] == pytest.approx(rows["sa:near-first"], abs=1e-9), "no pool: the simulator's own SA"
+    assert pool["outputs"]["pool"]["added"] == 12 and pool["outputs"]["pool"]["texts"] == 12
+    assert pool["outputs"]["al"] > pool["off"]["al"], "HumanEval completions repeat each other's code"
+    assert "## Memory across requests" in (tmp_path / "tables.md").read_text()
+
+
 # -- the first screen is a summary; every table is written to the output folder ---------------
 
 

@@ -5,8 +5,8 @@ The package is laid out by what each part is for:
 * the library an inference engine imports: ``core`` (the automaton, written once
   as numba ``register_jitable`` functions), ``build`` (host automata),
   ``engine`` (``SpecEngine``: add / prepare / extend / remove), ``extend`` (the
-  host batch kernels), ``select`` (the hybrid choice) and ``ngram`` (the n-gram
-  baseline);
+  host batch kernels), ``pool`` (``RequestPool``: memory across requests),
+  ``select`` (the hybrid choice) and ``ngram`` (the n-gram baseline);
 * ``saspec.device``: the CUDA backend (device slot pool, uploads, kernels);
 * ``saspec.integrations``: one thin adapter per inference engine;
 * ``saspec.evidence``: workloads, simulator, benchmarks, model set-up and the
@@ -22,7 +22,7 @@ from typing import Any
 #: Public names and the modules that define them. They load on first use, so ``import saspec``
 #: (and an engine plugin importing ``saspec.integrations``) loads no numba until a kernel is needed.
 _EXPORTS = {"POLICIES": "build", "SuffixAutomaton": "build", "SpecEngine": "engine", "NgramDrafter": "ngram",
-            "select_drafts": "select"}
+            "RequestPool": "pool", "select_drafts": "select"}
 
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

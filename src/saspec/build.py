@@ -133,6 +133,16 @@ def reserve(buf: np.ndarray, more_tokens: int, alloc: Allocator = empty_blob) ->
     return _copied(buf, cap_tok, cap_st, ht, alloc)
 
 
+def copy_with_room(buf: np.ndarray, more_tokens: int, alloc: Allocator = empty_blob) -> np.ndarray:
+    """Always a new copy of ``buf`` (``reserve``'s capacities), for a writer that must
+    leave ``buf`` as it is for its readers (``pool``): state numbers are kept."""
+    more = int(more_tokens)
+    (n, ns, used), (cap_tok0, cap_st0, ht0) = _fill(buf)
+    need_edges = used + int(_EDGES_PER_TOKEN * more)
+    ht = ht0 if core.max_used(ht0) >= need_edges else _table_size(need_edges)
+    return _copied(buf, max(cap_tok0, n + more), max(cap_st0, ns + 2 * more), ht, alloc)
+
+
 def _fill(buf: np.ndarray) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """((tokens, states, table edges) held, (their capacities: tokens, states, table slots)) of a blob."""
     h = buf[: core.HEADER].tolist()  # one read: a decode step pays for this Python when a blob is full

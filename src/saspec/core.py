@@ -49,6 +49,11 @@ another end position). ``extend`` records that length and the position where
 the chosen earlier occurrence's continuation starts in the header, so ``match``
 and ``draft`` are O(1) and O(k).
 
+Following another text. ``follow`` matches a text that is not appended to the
+blob (a batch row's text against the shared pool of earlier requests, see
+``pool``) one token at a time; ``continuation`` and ``draft_from`` then copy
+what followed the chosen occurrence, up to a stop token.
+
 Occurrence policies (``policy`` argument):
 
 * ``FIRST_OCC``: the earliest occurrence (POS is the first end position, fixed
@@ -624,6 +629,62 @@ def draft(buf, out, k):
         if i == end:  # wrap: the period is end - start (no division)
             i = start
     return k
+
+
+@register_jitable
+def follow(buf, s, m, token):
+    """Match a text that is *not* appended to ``buf`` one token further.
+
+    ``(s, m)``: a state of ``buf`` and a length such that the text's last ``m``
+    tokens occur in ``buf``'s text ending where ``s``'s strings end (``(0, 0)``:
+    nothing matched). Returns the pair for the text plus ``token``: the state
+    after ``token``'s edge, else down the suffix links until one has it, as in
+    matching a text against an automaton; O(1) amortized per token. ``m`` may
+    be shorter than ``s``'s strings (a match found before ``buf`` grew, or one
+    found from the text's last tokens only), so the length taken at a link is
+    the smaller of the two: the pair always names a real occurrence, though
+    after ``buf`` grew not necessarily the longest.
+    """
+    while True:
+        t = transition(buf, s, token)
+        if t > 0:
+            return t, m + 1
+        if s <= 0:
+            return 0, 0
+        s = buf[_ix(state(buf, s) + LINK)]
+        m = min(m, buf[_ix(state(buf, s) + LEN)])
+
+
+@register_jitable
+def continuation(buf, s, stop):
+    """Where the text continues after state ``s``'s chosen occurrence (its POS + 1),
+    or -1 if the text ends there or continues with ``stop``."""
+    if s <= 0:
+        return -1
+    i = buf[_ix(aux(buf, s) + POS)] + 1
+    if i >= buf[H_N] or buf[_ix(buf[H_O_TEXT] + i)] == stop:
+        return -1
+    return i
+
+
+@register_jitable
+def draft_from(buf, start, out, k, stop):
+    """Write ``buf``'s text from ``start`` into ``out[:k]``, ending at the text's end or
+    before a ``stop`` token (no wrap, unlike ``draft``); -1 after. Returns the count."""
+    text = buf[H_O_TEXT]
+    n = buf[H_N]
+    j = 0
+    i = start
+    while j < k and i < n:
+        t = buf[_ix(text + i)]
+        if t == stop:
+            break
+        out[j] = t
+        j += 1
+        i += 1
+    for r in range(j, k):
+        out[r] = -1
+    return j
 
 
 @register_jitable

@@ -36,6 +36,7 @@ from numba import int32, int64, njit
 from . import build, core
 from . import extend as kx
 from .arena import BlobArena, address, blob_bytes
+from .pool import RequestPool, pool_rows
 from .validate import as_int32_array, as_tokens, check_int, is_torch, optional_int
 
 _EMPTY_BLOB = build.new_blob(0)
@@ -122,6 +123,14 @@ class SpecEngine:
             (prompt plus generated); a slot takes at most
             ``73.4 * max_seq_len + 99`` bytes. A request that grows past it stops drafting (match 0).
         device: ``"cuda"`` only: the torch CUDA device; default the current one.
+        pool_tokens: opt in to cross-request memory: a new ``RequestPool`` of
+            at most this many tokens (see ``pool``). Removed requests join it,
+            and each row drafts from it where its match there is strictly
+            longer than in its own automaton (``extend``'s ``source_out`` says
+            which). Off (None) by default: BENCHMARKS.md, "Cross-request pool".
+        pool: a ``RequestPool`` to use instead (shared by several engines, or
+            kept across them, e.g. across ``generate`` calls). Not with
+            ``pool_tokens``.
 
     Threads: every method may be called from any thread; one engine
     serialises its calls with a lock, except that ``add_request`` builds
@@ -147,7 +156,16 @@ class SpecEngine:
         max_slots: int | None = None,
         max_seq_len: int | None = None,
         device: Any = None,
+        pool_tokens: int | None = None,
+        pool: RequestPool | None = None,
     ) -> None:
+        if pool is not None and pool_tokens is not None:
+            raise ValueError("give pool_tokens or pool, not both")
+        if pool is not None and not isinstance(pool, RequestPool):
+            raise TypeError(f"pool must be a saspec.RequestPool, got {type(pool).__name__}")
+        if pool_tokens is not None:
+            pool = RequestPool(pool_tokens)
+        self.request_pool = pool
         self.policy = policy
         self._policy = build.policy_code(policy)
         self._depth = build.check_recent_depth(recent_depth)
@@ -174,6 +192,11 @@ class SpecEngine:
         self._ctl[kx.C_DEPTH] = self._depth
         self._ctl[kx.C_LOOKAHEAD] = kx.LOOKAHEAD_MIN_BYTES
         self._warned_overflow: set[Hashable] = set()
+        # Per slot: its request's prompt length, and its match in the pool (state, length,
+        # the pool epoch they belong to: -1 until its first step; see ``pool.pool_rows``).
+        self._prompt_len = np.zeros(16, dtype=np.int64)
+        self._pool_state = np.full((3, 16), -1, dtype=np.int32)
+        self._source = np.zeros(0, dtype=np.int32)  # source_out when the caller gives none
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -235,6 +258,8 @@ class SpecEngine:
                 slot = len(self._blobs)
                 self._blobs.append(_EMPTY_BLOB)
             self._install(slot, blob)
+            self._prompt_len[slot] = tokens.shape[0]
+            self._pool_state[:, slot] = (0, 0, -1)
             self._slot[request_id] = slot
         return True
 
@@ -246,6 +271,12 @@ class SpecEngine:
             self._table = np.zeros((2, max(2 * table.shape[1], slot + 1)), dtype=np.int64)
             self._table[:, : table.shape[1]] = table
             table = self._table
+            grown = np.zeros(self._table.shape[1], dtype=np.int64)
+            grown[: self._prompt_len.shape[0]] = self._prompt_len
+            self._prompt_len = grown
+            state = np.full((3, self._table.shape[1]), -1, dtype=np.int32)
+            state[:, : self._pool_state.shape[1]] = self._pool_state
+            self._pool_state = state
         self._blobs[slot] = blob
         table[0, slot] = address(blob)
         table[1, slot] = blob.shape[0]
@@ -253,6 +284,7 @@ class SpecEngine:
     def remove_request(self, request_id: Hashable) -> None:
         """Free a request's automaton. An id whose ``add_request`` is still
         building is cancelled: that call returns ``False`` and adds nothing.
+        With a pool, the request's text joins it (built in the background).
         Raises ``KeyError`` for an id neither added nor being added."""
         with self._lock:
             slot = self._slot.pop(request_id, None)
@@ -260,6 +292,8 @@ class SpecEngine:
                 if self._building.pop(request_id, None) is None:
                     raise KeyError(f"unknown request {request_id!r}")
                 return
+            if self.request_pool is not None:
+                self.request_pool.add(self._text_of(request_id, slot), int(self._prompt_len[slot]))
             self._install(slot, _EMPTY_BLOB)
             self._free.append(slot)
             self._warned_overflow.discard(request_id)
@@ -296,7 +330,8 @@ class SpecEngine:
                 self._parallel = len(ids) >= self._parallel_from
             self._batch = ids
 
-    def extend(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any) -> None:
+    def extend(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any,
+               source_out: Any = None) -> None:
         """Append accepted tokens, then write match lengths and drafts.
 
         Args:
@@ -308,6 +343,10 @@ class SpecEngine:
                 longest suffix of each row's text that also occurred earlier.
             draft_out: int32 [B, K], written: each row's next K draft tokens,
                 -1 where it has none.
+            source_out: int32 [B], written (optional, with a pool only): 1
+                where the row's match and draft are the pool's, 0 where they
+                are its own automaton's. Pool drafts end where the pooled text
+                did (-1 after).
 
         Numpy arrays or CPU torch tensors; outputs are written in place. B must
         equal the batch given to ``prepare``. Raises ``TypeError`` or
@@ -334,12 +373,17 @@ class SpecEngine:
         """
         if self._pool is not None:
             return self._extend_device(accepted, accepted_lens, match_len_out, draft_out)
+        if source_out is not None and self.request_pool is None:
+            raise ValueError("source_out needs a pool (SpecEngine(pool_tokens=...) or pool=...)")
         nd = np.ndarray
         with self._lock:
             if self._batch is None:
                 raise RuntimeError("no batch is prepared (or a request in it was removed): call prepare() first")
             rp = self._rp
             parallel = self._parallel
+            src = None
+            if self.request_pool is not None:  # before anything runs: a rejected call changes nothing
+                src = self._check_source(source_out, rp.shape[1], (accepted, accepted_lens, match_len_out, draft_out))
             code = None
             if (
                 self._FUSED
@@ -375,6 +419,30 @@ class SpecEngine:
                     slot = int(rows[r])
                     self._install(slot, self._grow_blob(self._blobs[slot], int(lens[r] - progress[r])))
                 code = self._step(parallel, acc, lens, mout, dout)
+            if self.request_pool is not None:
+                self._draft_from_pool(rp, acc, lens, mout, dout, src)
+
+    def _draft_from_pool(self, rp, acc, lens, mout, dout, src) -> None:
+        """The pool's side of a step (under the lock): see ``pool.pool_rows``."""
+        blob, epoch = self.request_pool.current  # one read: the builder swaps the pair whole
+        pool_rows(self._table, rp, acc, lens, mout, dout, src, blob, self._pool_state, epoch,
+                  self.request_pool.sync_tokens)
+
+    def _check_source(self, source_out: Any, b: int, others: tuple) -> np.ndarray:
+        """``source_out`` as int32 [B] (a scratch array if None), checked before the step."""
+        if source_out is None:
+            if self._source.shape[0] != b:
+                self._source = np.zeros(b, dtype=np.int32)
+            return self._source
+        src = as_int32_array(source_out, "source_out", 1, writable=True)
+        if src.shape != (b,):
+            raise ValueError(f"source_out must have shape {(b,)} for batch {b}, got {src.shape}")
+        a = _span(src)
+        for name, x in zip(kx.ARG_NAMES, others):
+            o = _span(x)
+            if a is not None and o is not None and a[0] < o[1] and o[0] < a[1]:
+                raise ValueError(f"source_out and {name} share memory: the outputs must not overlap an input or each other")
+        return src
 
     def _step(self, parallel: bool, acc, lens, mout, dout) -> int:
         if not parallel:
@@ -424,6 +492,14 @@ class SpecEngine:
 
     def _blob_tokens(self, blob: np.ndarray) -> int:
         return int(blob[core.H_N])
+
+    def _text_of(self, request_id: Hashable, slot: int) -> np.ndarray:
+        """A copy of a request's whole text (under the lock)."""
+        if self._pool is not None and request_id in self._pool.slot_of:
+            raise NotImplementedError("the request pool is not available on the CUDA backend yet")
+        blob = self._blobs[slot]
+        o = int(blob[core.H_O_TEXT])
+        return blob[o : o + int(blob[core.H_N])].copy()
 
     def _run_step(self, parallel, acc, lens, mout, dout) -> int:
         """Run the step's kernel over the address table; return how many rows

@@ -316,17 +316,24 @@ def _is_trace_file(name: str) -> bool:
 
 
 REAL = "real"  # the recorded real outputs (evidence/data/real_outputs.jsonl.gz, `saspec record-traces`)
+CROSS = "cross"  # recorded workloads that repeat across requests (`saspec record-traces --cross-requests`)
+DEFAULT_POOL_TOKENS = 1 << 20
+
+
+def _recorded() -> dict[str, Path]:
+    from .cross_requests import CROSS_REQUESTS_PATH
+    from .record import REAL_OUTPUTS_PATH
+
+    return {REAL: REAL_OUTPUTS_PATH, CROSS: CROSS_REQUESTS_PATH}
 
 
 def default_workloads() -> tuple[str, ...]:
-    """The built-in workloads, and ``real`` when its data file exists."""
-    from .record import REAL_OUTPUTS_PATH
-
-    return tuple(DEFAULT_SIZES) + ((REAL,) if REAL_OUTPUTS_PATH.is_file() else ())
+    """The built-in workloads, and ``real`` and ``cross`` when their data files exist."""
+    return tuple(DEFAULT_SIZES) + tuple(name for name, path in _recorded().items() if path.is_file())
 
 
 def _workload_name(text: str) -> str:
-    if text in DEFAULT_SIZES or text == REAL:
+    if text in DEFAULT_SIZES or text in (REAL, CROSS):
         return text
     if not _is_trace_file(text):
         raise argparse.ArgumentTypeError(f"unknown workload {text!r}; choose from {', '.join(DEFAULT_SIZES)} "
@@ -356,6 +363,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=tuple(POLICIES), help="SA occurrence policies to compare")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the workload builders and neural draws")
     p.add_argument("--no-ngram", action="store_true", help="skip the n-gram baseline")
+    p.add_argument("--pool-tokens", type=nonnegative_int, default=DEFAULT_POOL_TOKENS,
+                   help="also replay each workload in arrival order with a cross-request pool of this many tokens "
+                        "(outputs, and prompts + outputs) against none; 0 skips it")
     p.add_argument("--out", default="saspec-out", help="directory for plots and results.json")
     p.add_argument("--json", metavar="PATH", type=output_file,
                    help="write the results JSON here (default: OUT/results.json)")
@@ -389,13 +399,15 @@ def load_workloads(names: list[str], size: int | None, seed: int) -> dict[str, F
                 raise CliError(f"two workloads would be named {key!r} ({name} and another); rename the trace file")
             out[key] = Flat.of(w.traces)
             continue
-        if name == REAL:
-            from .record import REAL_OUTPUTS_PATH, split_workloads
+        if name in (REAL, CROSS):
+            from .record import split_workloads
 
-            if not REAL_OUTPUTS_PATH.is_file():
-                print(f"skipping workload {name!r}: no recorded data ({REAL_OUTPUTS_PATH}; run `saspec record-traces`)")
+            path = _recorded()[name]
+            if not path.is_file():
+                how = "saspec record-traces" + (" --cross-requests" if name == CROSS else "")
+                print(f"skipping workload {name!r}: no recorded data ({path}; run `{how}`)")
                 continue
-            for sub, w in split_workloads(REAL_OUTPUTS_PATH).items():
+            for sub, w in split_workloads(path).items():
                 out[sub] = Flat.of(w.traces)
             continue
         tok = tok or get_tokenizer()
@@ -496,16 +508,17 @@ def format_first_screen(results: dict[str, dict], speed: dict, k: int, threshold
 TABLES_FILE = "tables.md"
 
 
-def format_tables(first_screen: str, results: dict[str, dict], threshold: int, speed_text: str, timing: str) -> str:
+def format_tables(first_screen: str, results: dict[str, dict], threshold: int, speed_text: str, timing: str,
+                  pool_text: str = "") -> str:
     """``OUT/tables.md``: the first screen, then every table (each drafter and policy's AL,
-    the ratios, the cost model's studies and speed table), then the run's timings."""
+    the ratios, the cost model's studies and speed table, the pool's table), then the run's timings."""
     return "\n\n".join([
         "# saspec simulate", first_screen,
         "## Every drafter and policy: tokens per target forward", format_results(results),
         "## Ratios: hybrid, adaptive and tree over the modeled neural drafter; the best SA policy over first",
         format_summary(results, threshold),
-        "## The cost model: draft-length rules, the hybrid's threshold, modeled tokens/s", speed_text,
-        timing]) + "\n"
+        "## The cost model: draft-length rules, the hybrid's threshold, modeled tokens/s", speed_text]
+        + (["## Memory across requests", pool_text] if pool_text else []) + [timing]) + "\n"
 
 
 # (marker, linestyle, marker size) per SA policy in the threshold plot: the
@@ -676,22 +689,34 @@ def main(args: argparse.Namespace) -> int:
     policy = default_hybrid_policy(policies)
     speed_text, speed = speed_section(flats, args.k, p, args.threshold, args.seed, policy=policy)
     cost_s = time.perf_counter() - t1
+    pool, pool_text = None, ""
+    if args.pool_tokens:
+        from .pool_sim import format_pool_table, pool_comparison
+
+        pool_policy = DEFAULT_POLICY if DEFAULT_POLICY in policies else policies[0]
+        pool = pool_comparison(flats, args.k, args.pool_tokens, pool_policy)
+        pool_text = format_pool_table(pool, args.k, args.pool_tokens, pool_policy)
     sa_tokens = sum(r["tokens"] for r in results.values()) * len(policies)
     sa_seconds = sum(v for r in results.values() for key, v in r["seconds"].items() if key.startswith("sa:"))
     first = format_first_screen(results, speed, args.k, args.threshold, policy)
     timing = (f"workloads built in {build_s:.1f} s; simulated in {sim_s:.1f} s; cost model in {cost_s:.1f} s; "
               f"SA passes: {sa_tokens / max(sa_seconds, 1e-9) / 1e6:.2f} M output tokens/s")
     tables_path = out / TABLES_FILE
-    tables_path.write_text(format_tables(first, results, args.threshold, speed_text, timing))
+    tables_path.write_text(format_tables(first, results, args.threshold, speed_text, timing, pool_text))
     summary = {"args": {k: v for k, v in vars(args).items() if not callable(v)}, "neural_p": list(p),
                "build_seconds": build_s, "simulate_seconds": sim_s,
                "sa_tokens_per_second": sa_tokens / max(sa_seconds, 1e-9), "workloads": results,
-               "cost_model": speed}
+               "cost_model": speed, "pool": pool}
     json_path = Path(args.json) if args.json else out / "results.json"
     json_path.write_text(json.dumps(summary, indent=1))
     plots = plot(results, out, args.k, args.threshold) if not args.no_plots else []
     print()
     print(first)
+    if pool:
+        print()
+        print(f"Memory across requests (arrival order, SA only, a pool of {args.pool_tokens} tokens of outputs), AL "
+              "with / without: " + ", ".join(f"{_short(n)} {r['outputs']['al'] / r['off']['al']:.3f}x"
+                                              for n, r in pool.items()))
     print()
     print(f"full tables: {tables_path}; results: {json_path}"
           + (f"; plots: {', '.join(p.name for p in plots)} in {out}" if plots else ""))

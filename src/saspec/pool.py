@@ -1,0 +1,244 @@
+"""RequestPool: one shared automaton over the texts of finished requests.
+
+A request's own automaton knows only its prompt and output. Traffic also
+repeats *across* requests (one instruction over many inputs, agent loops,
+structured output), so a ``SpecEngine`` can be given a pool: when a request is
+removed its text joins one shared automaton of at most ``max_tokens`` tokens,
+and every batch row follows its text in the pool as well as in its own
+automaton. A row drafts from the pool only where the pool's match is strictly
+longer than its own: an own match of the same length is usually the better
+copy source (the study in BENCHMARKS.md, "Cross-request pool", found that rule
+never lost on any workload; prepending the pool to each request did).
+
+How a row follows the pool: its match state ``(s, m)`` advances with each
+accepted token by ``core.follow`` (matching a text against an automaton, O(1)
+amortized), and the draft is the pool text after ``s``'s occurrence, up to the
+separator that ends each pooled text (``core.continuation``, ``core.draft_from``).
+The per-row state lives in the engine (``pool_rows`` updates it each step).
+
+Building never blocks a step. ``add`` queues a text; one background thread
+per pool builds it in with the GIL released into a *copy* of the current
+automaton, then swaps the copy in. Copying keeps every state's number, so the
+rows' match states stay valid across the swap (an appended text can only add
+occurrences: ``core.follow`` keeps a match real though perhaps not the longest
+until it is next broken). When the texts would exceed ``max_tokens`` the oldest
+are dropped, down to 3/4 of it (so this happens once per quarter of the pool),
+and the automaton is rebuilt from the texts kept; that changes the state
+numbers, so it bumps ``epoch``, and each row re-finds its match from its own
+last ``sync_tokens`` tokens at its next step (O(sync_tokens) once per
+rebuild). Memory: the automaton (about 60-75 bytes per token), the texts (4
+bytes per token), and during a build one more copy of the automaton.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
+from numba import njit
+
+from . import build, core
+from .arena import blob_bytes
+from .extend import row_len
+from .intrinsics import blob_at
+from .validate import as_tokens, check_int
+
+SEPARATOR = 2**31 - 1  # ends each pooled text: drafts stop there (token ids are below 2**31)
+DEFAULT_SYNC_TOKENS = 256
+POOL_POLICY = "recent"  # of several earlier requests, copy from the latest (arrival order: the most alike)
+
+
+class RequestPool:
+    """A bounded automaton over finished requests' texts, shared by the rows of one or more engines.
+
+    Args:
+        max_tokens: most tokens the pool holds (separators included); the
+            oldest texts are dropped first. An int >= 1.
+        prompts: pool each request's prompt with its output (default: the
+            output only; BENCHMARKS.md, "Cross-request pool", has both).
+        sync_tokens: how many of a row's last tokens it re-matches after a
+            rebuild or when it first meets the pool; pool matches found that
+            way are at most this long until they grow. An int >= 1.
+
+    Raises:
+        TypeError, ValueError: an argument is not an int in range.
+    """
+
+    def __init__(self, max_tokens: int, *, prompts: bool = False, sync_tokens: int = DEFAULT_SYNC_TOKENS) -> None:
+        self.max_tokens = check_int(max_tokens, "max_tokens", 2)
+        self.sync_tokens = check_int(sync_tokens, "sync_tokens", 1)
+        self.prompts = bool(prompts)
+        self._policy = build.policy_code(POOL_POLICY)
+        self._depth = build.DEFAULT_RECENT_DEPTH
+        self._cond = threading.Condition()
+        self._pending: list[np.ndarray] = []
+        self._building = False
+        self._texts: deque[np.ndarray] = deque()  # the pooled texts, oldest first
+        self._held = 0  # their tokens, one separator each included
+        # (blob, epoch): read once per step by the engines; replaced whole by the builder
+        self.current: tuple[np.ndarray, int] = (build.new_blob(0), 0)
+        self._stats = {"added": 0, "builds": 0, "rebuilds": 0, "evicted": 0}
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    # -- what an engine calls ----------------------------------------------------
+
+    def add(self, tokens: Any, prompt_len: int = 0) -> None:
+        """Queue a finished request's text (1-D token ids; its first ``prompt_len`` are its
+        prompt, pooled only with ``prompts=True``). Returns at once: a background thread
+        builds it in. Raises ``TypeError``/``ValueError`` for bad ids or ``prompt_len``,
+        and re-raises a failure of an earlier build."""
+        ids = as_tokens(tokens, "tokens")
+        check_int(prompt_len, "prompt_len", 0)
+        if prompt_len > ids.shape[0]:
+            raise ValueError(f"prompt_len={prompt_len} is more than the text's {ids.shape[0]} tokens")
+        text = ids if self.prompts else ids[prompt_len:]
+        with self._cond:
+            self._raise_failure()
+            self._stats["added"] += 1
+            if text.shape[0] == 0:
+                return
+            self._pending.append(np.array(text, np.int32))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="saspec-pool", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued text is built in; False if ``timeout`` (s) passed first."""
+        with self._cond:
+            done = self._cond.wait_for(lambda: not self._pending and not self._building or self._error, timeout)
+            self._raise_failure()
+            return bool(done)
+
+    # -- inspection ----------------------------------------------------------------
+
+    def texts(self) -> list[np.ndarray]:
+        """Copies of the texts built into the pool, oldest first (for tests and inspection)."""
+        with self._cond:
+            return [t.copy() for t in self._texts]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in the built pool (separators included)."""
+        return int(self.current[0][core.H_N])
+
+    def stats(self) -> dict[str, int]:
+        """``texts`` and ``tokens`` pooled, ``bytes`` (automaton + texts), ``pending`` texts,
+        and counters: ``added``, ``builds``, ``rebuilds`` (evictions), ``evicted`` texts."""
+        with self._cond:
+            blob, epoch = self.current
+            return {"texts": len(self._texts), "tokens": int(blob[core.H_N]),
+                    "bytes": blob_bytes(blob) + 4 * sum(t.shape[0] for t in self._texts),
+                    "pending": len(self._pending), "epoch": epoch, **self._stats}
+
+    # -- the builder thread ----------------------------------------------------------
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("saspec: building the request pool failed") from self._error
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending)
+                batch, self._pending = self._pending, []
+                self._building = True
+            try:
+                self._build(batch)
+            except BaseException as exc:  # surfaced by the next add() or flush()
+                with self._cond:
+                    self._error = exc
+                    self._building = False
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._building = False
+                self._cond.notify_all()
+
+    def _build(self, batch: list[np.ndarray]) -> None:
+        cap = self.max_tokens
+        batch = [t[-(cap - 1):] for t in batch]  # a text longer than the pool keeps its end
+        new = sum(t.shape[0] + 1 for t in batch)
+        blob, epoch = self.current
+        if self._held + new <= cap:
+            seq = _joined(batch)
+            blob = build.ingest(build.copy_with_room(blob, seq.shape[0]), seq, self._policy, self._depth)
+        else:  # drop the oldest texts, to 3/4 of the pool with the new ones, and rebuild
+            texts = list(self._texts) + batch
+            keep, held = [], 0
+            for t in reversed(texts):
+                if held + t.shape[0] + 1 > (3 * cap) // 4 and keep:
+                    break
+                keep.append(t)
+                held += t.shape[0] + 1
+            keep.reverse()
+            dropped = len(texts) - len(keep)
+            seq = _joined(keep)
+            blob = build.ingest(build.new_blob(seq.shape[0], 0), seq, self._policy, self._depth)
+            with self._cond:
+                self._texts = deque()
+                self._held = 0
+                self._stats["rebuilds"] += 1
+                self._stats["evicted"] += dropped
+            batch = keep
+            epoch += 1
+        with self._cond:
+            self._texts.extend(batch)
+            self._held += sum(t.shape[0] + 1 for t in batch)
+            self.current = (blob, epoch)
+            self._stats["builds"] += 1
+
+
+def _joined(texts: list[np.ndarray]) -> np.ndarray:
+    """The texts, each followed by ``SEPARATOR``, as one int32 array."""
+    out = np.empty(sum(t.shape[0] + 1 for t in texts), np.int32)
+    i = 0
+    for t in texts:
+        out[i: i + t.shape[0]] = t
+        i += t.shape[0]
+        out[i] = SEPARATOR
+        i += 1
+    return out
+
+
+@njit(nogil=True, cache=True, **core.NO_NRT)
+def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, pool, state, epoch, sync_tokens):
+    """After a step's own extend: follow each row's accepted tokens in the pool and
+    draft from it where its match is strictly longer than the row's own.
+
+    pool: the pool's blob; state: int32 [3, slots], per slot its pool state,
+    match length and the pool epoch they belong to (another epoch: re-match from
+    the row's last ``sync_tokens`` tokens, which include this step's). Writes
+    ``source_out[b]`` (1: row b's draft and match are the pool's, 0: its own) and,
+    for pool rows, ``match_out[b]`` and ``draft_out[b]``.
+    """
+    rows = rp[0]
+    k = draft_out.shape[1]
+    for b in range(rows.shape[0]):
+        slot = rows[b]
+        if state[2, slot] != epoch:
+            buf = blob_at(table, slot)
+            text = buf[core.H_O_TEXT]
+            n = buf[core.H_N]
+            s, m = 0, 0
+            for i in range(max(0, n - sync_tokens), n):
+                s, m = core.follow(pool, s, m, buf[text + i])
+            state[2, slot] = epoch
+        else:
+            s, m = state[0, slot], state[1, slot]
+            for j in range(row_len(lens, accepted, b)):
+                s, m = core.follow(pool, s, m, accepted[b, j])
+        state[0, slot] = s
+        state[1, slot] = m
+        source_out[b] = 0
+        if m > match_out[b]:
+            start = core.continuation(pool, s, SEPARATOR)
+            if start >= 0:
+                core.draft_from(pool, start, draft_out[b], k, SEPARATOR)
+                match_out[b] = m
+                source_out[b] = 1

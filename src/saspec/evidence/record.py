@@ -216,7 +216,9 @@ def split_workloads(path: str | Path) -> dict[str, Any]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``saspec record-traces``' options."""
-    p.add_argument("--out", default=str(REAL_OUTPUTS_PATH), type=output_file, help="the data file to write (.jsonl.gz)")
+    p.add_argument("--out", default=None, type=output_file,
+                   help=f"the data file to write (.jsonl.gz; default {REAL_OUTPUTS_PATH.name}, or "
+                        "cross_requests.jsonl.gz with --cross-requests)")
     add_model_arguments(p)
     p.add_argument("--prompts", default=None,
                    help="JSONL prompts file ({id, workload, prompt_ids, max_new_tokens, meta} per line) instead of "
@@ -224,6 +226,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for name, n in DEFAULT_COUNTS.items():
         p.add_argument(f"--{name}", type=nonnegative_int, default=n, dest=name.replace("-", "_"),
                        help=f"built-in {name} prompts")
+    p.add_argument("--cross-requests", action="store_true",
+                   help="record the workloads that repeat across requests (tests-for, json-extract, agent-edit; "
+                        "see evidence/cross_requests.py) instead of the built-in ones")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="workload builders' seed")
     p.add_argument("--eos", type=comma_list(nonnegative_int, what="token id"), default=None,
                    help="end-of-sequence ids (default: the Qwen ids <|im_end|>, <|endoftext|>)")
@@ -233,11 +238,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from .cross_requests import CROSS_REQUESTS_PATH, cross_request_prompts
+
+    if args.out is None:
+        args.out = str(CROSS_REQUESTS_PATH if args.cross_requests else REAL_OUTPUTS_PATH)
     if args.max_run > 255:
         raise CliError(f"--max-run must be <= 255, got {args.max_run}")
     if not str(args.out).endswith(".jsonl.gz"):
         raise CliError(f"--out must end in .jsonl.gz, got {args.out}")
-    if args.prompts is not None:
+    if args.prompts is not None and args.cross_requests:
+        raise CliError("--prompts and --cross-requests exclude each other")
+    if args.cross_requests:
+        from .tokenizers import get_tokenizer
+
+        prompts = cross_request_prompts(get_tokenizer(), seed=args.seed)
+    elif args.prompts is not None:
         try:
             prompts = read_prompts(args.prompts)
         except ValueError as exc:

@@ -123,6 +123,15 @@ def test_eviction_keeps_the_newest_texts_within_the_bound():
     assert run_requests(3, RequestPool(120, prompts=True), n_requests=30, batch=2, steps=5, check=True) >= 0
 
 
+def test_texts_queued_faster_than_they_build_stay_within_the_bound():
+    pool = RequestPool(1000, prompts=True)
+    for i in range(2000):
+        pool.add([i % 50] * 30)
+    pool.flush()
+    st = pool.stats()
+    assert st["tokens"] <= 1000 and st["added"] == 2000 and st["evicted"] > 1900, st
+
+
 def test_a_text_longer_than_the_pool_keeps_its_end():
     pool = RequestPool(50, prompts=True)
     pool.add(list(range(1000, 1200)))
@@ -150,8 +159,11 @@ def test_builds_run_beside_steps_and_drafts_stay_real():
     stop = threading.Event()
 
     def feed():
-        while not stop.is_set():
+        for _ in range(400):  # 80k tokens: no eviction
+            if stop.is_set():
+                return
             pool.add(phrase_text(rng, phrases, 200))
+            stop.wait(0.001)
 
     eng = SpecEngine(pool=pool)
     eng.add_request("r", phrase_text(random.Random(1), phrases, 5))
@@ -173,7 +185,7 @@ def test_builds_run_beside_steps_and_drafts_stay_real():
         feeder.join()
     pool.flush()
     docs = [t.tolist() for t in pool.texts()]
-    assert pool.stats()["builds"] > 1
+    assert pool.stats()["builds"] > 1 and pool.stats()["rebuilds"] == 0
     pooled = [s for s in seen if s[3]]
     assert pooled
     for t, mm, dd, _ in pooled:

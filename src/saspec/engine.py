@@ -425,7 +425,7 @@ class SpecEngine:
     def _draft_from_pool(self, rp, acc, lens, mout, dout, src) -> None:
         """The pool's side of a step (under the lock): see ``pool.pool_rows``."""
         blob, epoch = self.request_pool.current  # one read: the builder swaps the pair whole
-        pool_rows(self._table, rp, acc, lens, mout, dout, src, blob, self._pool_state, epoch,
+        pool_rows(self._table, rp, acc, lens, mout, dout, src, blob, address(blob), self._pool_state, epoch,
                   self.request_pool.sync_tokens)
 
     def _check_source(self, source_out: Any, b: int, others: tuple) -> np.ndarray:

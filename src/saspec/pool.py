@@ -42,9 +42,9 @@ from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator f
 from numba import njit
 
 from . import build, core
-from .arena import blob_bytes
+from .arena import address, blob_bytes
 from .extend import row_len
-from .intrinsics import blob_at
+from .intrinsics import blob_at, prefetch
 from .validate import as_tokens, check_int
 
 SEPARATOR = 2**31 - 1  # ends each pooled text: drafts stop there (token ids are below 2**31)
@@ -76,6 +76,7 @@ class RequestPool:
         self._depth = build.DEFAULT_RECENT_DEPTH
         self._cond = threading.Condition()
         self._pending: list[np.ndarray] = []
+        self._pending_tokens = 0  # with their separators: kept <= max_tokens (add drops the oldest)
         self._building = False
         self._texts: deque[np.ndarray] = deque()  # the pooled texts, oldest first
         self._held = 0  # their tokens, one separator each included
@@ -103,6 +104,10 @@ class RequestPool:
             if text.shape[0] == 0:
                 return
             self._pending.append(np.array(text, np.int32))
+            self._pending_tokens += text.shape[0] + 1
+            while self._pending_tokens > self.max_tokens and len(self._pending) > 1:  # would be evicted unbuilt
+                self._pending_tokens -= self._pending.pop(0).shape[0] + 1
+                self._stats["evicted"] += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="saspec-pool", daemon=True)
                 self._thread.start()
@@ -146,7 +151,7 @@ class RequestPool:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending)
-                batch, self._pending = self._pending, []
+                batch, self._pending, self._pending_tokens = self._pending, [], 0
                 self._building = True
             try:
                 self._build(batch)
@@ -206,20 +211,56 @@ def _joined(texts: list[np.ndarray]) -> np.ndarray:
     return out
 
 
+LOOKAHEAD = 3  # rows ahead whose pool walk pool_rows prefetches (see _look_ahead)
+
+
+@njit(inline="always")
+def _look_ahead(pool, base, state, slot, accepted, lens, b, hops, epoch):
+    """Prefetch the pool record row ``b``'s walk will miss on after ``hops`` tokens.
+
+    The pool is one large automaton that the rows' walks cross at random, so each
+    token that continues a match is a cache miss on the next state's record. As in
+    ``extend.extend_rows``, rows ahead are walked along records already cached (by
+    earlier visits) and the next one is prefetched; this reads and writes nothing else.
+    """
+    if state[2, slot] != epoch:
+        return
+    s = state[0, slot]
+    n = row_len(lens, accepted, b)
+    i = 0
+    while i < min(n, hops) and s >= 0:
+        r = core.state(pool, s)
+        d = pool[r + core.DST]
+        if d <= 0 or pool[r + core.TOK] != accepted[b, i]:
+            return  # a branching state or a mismatch: the walk probes the table, not worth guessing
+        s = d
+        i += 1
+    prefetch(base + 4 * core.state(pool, s))
+    prefetch(base + 4 * core.aux(pool, s))
+
+
 @njit(nogil=True, cache=True, **core.NO_NRT)
-def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, pool, state, epoch, sync_tokens):
+def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, pool, base, state, epoch, sync_tokens):
     """After a step's own extend: follow each row's accepted tokens in the pool and
     draft from it where its match is strictly longer than the row's own.
 
-    pool: the pool's blob; state: int32 [3, slots], per slot its pool state,
-    match length and the pool epoch they belong to (another epoch: re-match from
-    the row's last ``sync_tokens`` tokens, which include this step's). Writes
-    ``source_out[b]`` (1: row b's draft and match are the pool's, 0: its own) and,
-    for pool rows, ``match_out[b]`` and ``draft_out[b]``.
+    pool: the pool's blob, at address ``base``; state: int32 [3, slots], per slot
+    its pool state, match length and the pool epoch they belong to (another epoch:
+    re-match from the row's last ``sync_tokens`` tokens, which include this
+    step's). Writes ``source_out[b]`` (1: row b's draft and match are the pool's,
+    0: its own) and, for pool rows, ``match_out[b]`` and ``draft_out[b]``.
     """
     rows = rp[0]
+    nb = rows.shape[0]
     k = draft_out.shape[1]
-    for b in range(rows.shape[0]):
+    # Pass 1: each row's walk; rows that may draft from the pool are marked in
+    # source_out (1), and their state's occurrence record is prefetched. The
+    # later passes then take the two dependent misses of a pool draft (the
+    # occurrence's position, then the text there) for all rows at once.
+    for b in range(nb):
+        for j in range(1, LOOKAHEAD + 1):
+            if b + j < nb:
+                _look_ahead(pool, base, state, rows[b + j], accepted, lens, b + j, LOOKAHEAD + 1 - j, epoch)
         slot = rows[b]
         if state[2, slot] != epoch:
             buf = blob_at(table, slot)
@@ -236,9 +277,24 @@ def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, pool,
         state[0, slot] = s
         state[1, slot] = m
         source_out[b] = 0
-        if m > match_out[b]:
-            start = core.continuation(pool, s, SEPARATOR)
+        if m > match_out[b] and s > 0:
+            source_out[b] = 1
+            prefetch(base + 4 * (core.aux(pool, s) + core.POS))
+    # Pass 2: where each marked row's continuation starts; prefetch the text there.
+    text = pool[core.H_O_TEXT]
+    for b in range(nb):
+        if source_out[b]:
+            start = pool[core.aux(pool, state[0, rows[b]]) + core.POS] + 1
+            state_start = start if start < pool[core.H_N] else -1
+            source_out[b] = 1 + state_start  # 0: nothing to draft; else the start + 1
+            if state_start >= 0:
+                prefetch(base + 4 * (text + state_start))
+    # Pass 3: the drafts.
+    for b in range(nb):
+        if source_out[b]:
+            start = core.continuation(pool, state[0, rows[b]], SEPARATOR)
+            source_out[b] = 0
             if start >= 0:
                 core.draft_from(pool, start, draft_out[b], k, SEPARATOR)
-                match_out[b] = m
+                match_out[b] = state[1, rows[b]]
                 source_out[b] = 1

@@ -199,6 +199,56 @@ def bench_step(
     return rows
 
 
+def _pool_texts(prompts: list[np.ndarray], tokens: int, seed: int = 1) -> list[np.ndarray]:
+    """Finished requests' texts for a pool of about ``tokens`` tokens: half are edited copies
+    of the batch's prompts (so rows find long matches there), half unrelated code-like text."""
+    rng = np.random.default_rng(seed)
+    out, n, i = [], 0, 0
+    while n < tokens:
+        if i % 2 == 0:
+            t = prompts[(i // 2) % len(prompts)].copy()
+            idx = rng.integers(0, t.size, max(1, t.size // 20))
+            t[idx] = rng.integers(0, VOCAB, idx.size)
+        else:
+            t = code_like_prompt(prompts[0].size, seed=10_000 + i)
+        out.append(t)
+        n += t.size + 1
+        i += 1
+    return out
+
+
+def bench_pool(batches: tuple[int, ...] = (1, 64), context: int = 8000, pool_tokens: int = 1 << 20,
+               steps: int = 100, repeat: int = 3) -> list[dict]:
+    """The cross-request pool's cost: microseconds per ``extend`` (the whole batch) without
+    and with a full pool of ``pool_tokens`` tokens, interleaved, best of ``repeat``, rows
+    copying their own prompts (3 tokens a step); and the pool's bytes per token and build rate."""
+    from ..pool import RequestPool
+
+    rows = []
+    for b in batches:
+        prompts = [code_like_prompt(context, seed=i) for i in range(b)]
+        acc = _accepted_stream(prompts, 8, ACCEPTED, steps, "copy")
+        texts = _pool_texts(prompts, pool_tokens)
+        pool = RequestPool(pool_tokens, prompts=True)
+        t0 = time.perf_counter()
+        for t in texts:
+            pool.add(t)
+        pool.flush()
+        build_s = time.perf_counter() - t0
+        st = pool.stats()
+        off = on = float("inf")
+        for _ in range(repeat):
+            off = min(off, _step_loop(SpecEngine(parallel_threshold=SERIAL), prompts, acc))
+            on = min(on, _step_loop(SpecEngine(parallel_threshold=SERIAL, pool=pool), prompts, acc))
+        progress(f"pool B={b} x {context:,}, pool {st['tokens']:,} tokens: {off * 1e6:.1f} us/step without, "
+                 f"{on * 1e6:.1f} with ({on / off:.2f}x); {st['bytes'] / st['tokens']:.1f} B/token")
+        rows.append({"batch": b, "context": context, "pool_tokens": st["tokens"], "us_per_step": off * 1e6,
+                     "us_per_step_pool": on * 1e6, "pool_over_none": on / off,
+                     "pool_bytes_per_token": st["bytes"] / st["tokens"], "pool_texts": st["texts"],
+                     "pool_build_Mtok_per_s": st["tokens"] / build_s / 1e6})
+    return rows
+
+
 def bench_memory(n: int = 200_000) -> list[dict]:
     """Host bytes per token after ``add_request``, from ``stats()`` (which
     counts a mid-size blob's arena block, ``build.BlobArena``) and from the
@@ -456,15 +506,17 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(quick: bool = False, peer_sa_spec: str | None = None) -> dict[str, list[dict]]:
+def run(quick: bool = False, peer_sa_spec: str | None = None, only: str | None = None) -> dict[str, list[dict]]:
     """All benchmarks; ``quick`` shrinks them to a smoke run. With
     ``peer_sa_spec`` (the harness binary's path) also the side-by-side
-    comparison with sa_spec's host logic."""
+    comparison with sa_spec's host logic. ``only="pool"``: the pool benchmark alone."""
     from ..build import DEFAULT_POLICY
 
     peer = PeerSaSpec(peer_sa_spec) if peer_sa_spec else None
     progress("compiling / loading kernels")
     warm_up()
+    if only == "pool":
+        return {"pool": bench_pool((8,), 1000, 20_000, steps=20, repeat=1) if quick else bench_pool()}
     try:
         if quick:
             out = {
@@ -472,6 +524,7 @@ def run(quick: bool = False, peer_sa_spec: str | None = None) -> dict[str, list[
                 "step": bench_step([1, 8], [1000], steps=20),
                 "memory": bench_memory(20_000),
                 "grow": bench_grow((1000,), repeat=1),
+                "pool": bench_pool((8,), 1000, 20_000, steps=20, repeat=1),
             }
             if peer:
                 out["peer_ingest"] = bench_peer_ingest(peer, repeat=1, cases=(("code-like", 20_000), ("random", 2000)))
@@ -485,6 +538,7 @@ def run(quick: bool = False, peer_sa_spec: str | None = None) -> dict[str, list[
         out["step"] = bench_step([1, 8, 64, 256], [1000, 8000, 32000])
         out["memory"] = bench_memory(500) + bench_memory(8000) + bench_memory(200_000)
         out["grow"] = bench_grow()
+        out["pool"] = bench_pool()
         return out
     finally:
         if peer:

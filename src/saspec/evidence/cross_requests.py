@@ -34,8 +34,8 @@ from .workloads import chat_prompt
 
 CROSS_REQUESTS_PATH = DATA_DIR / "cross_requests.jsonl.gz"
 WORKLOADS = ("json-extract", "agent-edit", "tests-for")  # in recording order
-TESTS_MAX_NEW = 160  # tests are not copies: each output token costs about one 1.5B forward to record
-TESTS_COUNT = 24
+TESTS_MAX_NEW = 128  # tests are not copies: each output token costs about one 1.5B forward to record
+TESTS_COUNT = 20
 JSON_COUNT = 40
 EDIT_TURNS = 6
 JSON_MAX_NEW = 160

@@ -552,3 +552,18 @@ def test_bench_e2e_fixed_methods_run_the_fixed_rules_beside_the_gate(models):
     plain_rules = speculative_generate(models[target_name], prompt, make_drafter("sa", k=8, per_match=2.0), 40)
     assert fixed.tokens == plain_rules.tokens and fixed.stats.target_forwards == plain_rules.stats.target_forwards
     assert fixed.stats.steps == plain_rules.stats.steps
+
+
+def test_a_pool_across_generations_drafts_from_the_earlier_outputs(models):
+    from saspec import RequestPool
+
+    target_name, prompt = PROMPTS["count"]
+    expected = greedy(models[target_name], prompt, 60)  # 1, 2, 3, ...: nothing to copy from its own text
+    pool = RequestPool(10_000)
+    first = run(models, "count", "sa", k=8, pool=pool)
+    pool.flush()
+    second = run(models, "count", "sa", k=8, pool=pool)
+    pool.flush()
+    assert first.tokens == second.tokens == expected
+    assert first.stats.target_forwards == 60 and second.stats.target_forwards < 15, "the second copies the first"
+    assert pool.stats()["texts"] == 2 and pool.stats()["tokens"] == 2 * 61, "whole outputs, the last step's too"

@@ -560,3 +560,21 @@ def gate_probe_wait() -> int:
     from saspec.gate import PROBE_WAIT
 
     return PROBE_WAIT
+
+
+def test_a_pool_kept_across_calls_drafts_from_the_earlier_outputs(models):
+    from saspec import RequestPool
+
+    target = models["qwen2", "cycle"]
+    prompt = PROMPTS["enter-loop"][1]  # its first lap of the cycle has nothing to copy from in its own text
+    expected = plain(target, prompt, max_new_tokens=60)
+    pool = RequestPool(10_000)
+    with Forwards(target) as first:
+        assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_gate=False, saspec_pool=pool), expected)
+    pool.flush()
+    assert pool.stats()["texts"] == 1 and pool.tokens == 61, pool.stats()  # the whole output and a separator
+    with Forwards(target) as second:
+        assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_gate=False, saspec_pool=pool), expected)
+    assert second.n < first.n, "the second call copies the first one's lap of the cycle from the pool"
+    with pytest.raises(ValueError, match="saspec_pool"):
+        spec(target, prompt, max_new_tokens=5, saspec_pool=object())

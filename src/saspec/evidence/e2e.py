@@ -114,6 +114,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="retry a run when other processes used more than this fraction of the CPUs")
     p.add_argument("--retries", type=nonnegative_int, default=2, help="retries of a contended run")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="workload builders' seed")
+    p.add_argument("--pool-tokens", type=nonnegative_int, default=0,
+                   help="give the SA methods a cross-request pool of this many tokens, kept across the prompts "
+                        "(which run in order); 0: none")
     p.add_argument("--out", default="e2e-out", help="output directory")
     _model_arguments(p, families)
     p.set_defaults(func=_bench)
@@ -277,8 +280,9 @@ def bench_prompts(tok, n_code: int, n_free: int, seed: int, n_multi: int = 0) ->
     return out
 
 
-def run_method(method: str, target, draft, ids: list[int], max_new: int, args: argparse.Namespace):
-    """One generation of ``ids`` by bench-e2e's ``method`` (``ALL_METHODS``) with ``args``' drafter settings."""
+def run_method(method: str, target, draft, ids: list[int], max_new: int, args: argparse.Namespace, pool=None):
+    """One generation of ``ids`` by bench-e2e's ``method`` (``ALL_METHODS``) with ``args``' drafter settings
+    (and, for the SA methods, a cross-request ``pool``)."""
     from .generate import hf_generate, make_drafter, speculative_generate
 
     if method == "hf-plain":
@@ -291,8 +295,11 @@ def run_method(method: str, target, draft, ids: list[int], max_new: int, args: a
     kind, fixed = method.removesuffix("-fixed"), method.endswith("-fixed")
     drafter = make_drafter(kind, draft_model=draft, k=args.k, draft_k=args.draft_k,
                            threshold=args.threshold, stop_below=args.stop_below, per_match=args.per_match,
-                           patience=args.patience, gate=args.gate and not fixed)
-    return speculative_generate(target, ids, drafter, max_new)
+                           patience=args.patience, gate=args.gate and not fixed, pool=pool)
+    res = speculative_generate(target, ids, drafter, max_new)
+    if pool is not None:
+        pool.flush()  # prompts run one after another: the next one sees this one
+    return res
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -326,6 +333,11 @@ def _bench(args: argparse.Namespace) -> int:
     for m in methods:
         run_method(m, target, draft, prompts[0]["prompt_ids"][:64], 4, args)
 
+    from ..pool import RequestPool
+
+    # one pool per SA method, kept across the prompts; a retry would meet its own first try there, so none
+    pools = {m: RequestPool(args.pool_tokens) for m in methods
+             if args.pool_tokens and m.removesuffix("-fixed") in ("sa", "hybrid")}
     runs: list[dict[str, Any]] = []
     outputs: dict[tuple[str, str], list[int]] = {}
     t_bench = time.perf_counter()
@@ -334,11 +346,11 @@ def _bench(args: argparse.Namespace) -> int:
         order = methods[i % len(methods):] + methods[: i % len(methods)]  # rotate: no method always first
         for m in order:
             res, contention, tries = None, None, 0
-            while tries < 1 + args.retries:
+            while tries < 1 + (0 if m in pools else args.retries):
                 tries += 1
                 meter.wait_quiet(args.max_contention / 2)
                 meter.start()
-                r = run_method(m, target, draft, p["prompt_ids"], max_new, args)
+                r = run_method(m, target, draft, p["prompt_ids"], max_new, args, pools.get(m))
                 c = meter.stop()
                 if res is None or (c is not None and contention is not None and c < contention):
                     res, contention = r, c

@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from ..engine import SpecEngine
+from ..pool import RequestPool
 from ..gate import CostGate
 from ..integrations.hf import SMALL_ROWS, fast_small_linears  # noqa: F401  (re-exported for the loop's users)
 from ..lengths import DRAFT_LENGTH_RULES, draft_length
@@ -387,6 +388,8 @@ class SADrafter:
 
     def end(self) -> None:
         if self._seq is not None:
+            if self._pending and self.engine.request_pool is not None:
+                self._seq.extend(self._pending)  # the pool gets the whole text
             self._seq.close()
             self._seq = None
 
@@ -479,14 +482,16 @@ class HybridDrafter:
 def make_drafter(kind: str, *, draft_model: torch.nn.Module | None = None, k: int = 8,
                  draft_k: int | None = None, threshold: int = HYBRID_THRESHOLD,
                  stop_below: float = 0.0, per_match: float = 0.0, patience: int = 0,
-                 gate: bool = False) -> Drafter:
+                 gate: bool = False, pool: RequestPool | None = None) -> Drafter:
     """A drafter by name (one of :data:`DRAFTERS`). ``k``: SA draft tokens
     (at most ``per_match`` per matched token when > 0); ``draft_k``: small-LM
     draft tokens (default ``k``), ``stop_below``: its confidence stop;
     ``threshold``, ``patience``: the hybrid's rule (see :class:`HybridDrafter`).
     ``gate``: draft only where it pays, at the length that pays most, under
     costs timed while it runs (a fresh :class:`~saspec.select.CostGate`;
-    ``per_match``, ``threshold`` and ``patience`` are then unused)."""
+    ``per_match``, ``threshold`` and ``patience`` are then unused). ``pool``:
+    the SA's engine drafts from this cross-request pool too, and each finished
+    sequence joins it."""
     if kind not in DRAFTERS:
         raise ValueError(f"unknown drafter {kind!r}; choose from {', '.join(DRAFTERS)}")
     if kind in ("draft", "hybrid") and draft_model is None:
@@ -496,12 +501,13 @@ def make_drafter(kind: str, *, draft_model: torch.nn.Module | None = None, k: in
     cost_gate = CostGate(max(k, draft_k or k)) if gate else None
     if kind == "none":
         return NoDrafter()
+    engine = SpecEngine(pool=pool) if pool is not None else None
     if kind == "sa":
-        return SADrafter(k, per_match=per_match, gate=cost_gate)
+        return SADrafter(k, engine=engine, per_match=per_match, gate=cost_gate)
     if kind == "draft":
         return ModelDrafter(draft_model, draft_k or k, stop_below, gate=cost_gate)
-    return HybridDrafter(SADrafter(k, per_match=per_match), ModelDrafter(draft_model, draft_k or k, stop_below),
-                         threshold, patience, gate=cost_gate)
+    return HybridDrafter(SADrafter(k, engine=engine, per_match=per_match),
+                         ModelDrafter(draft_model, draft_k or k, stop_below), threshold, patience, gate=cost_gate)
 
 
 # -- the loop --------------------------------------------------------------------
@@ -567,9 +573,9 @@ def speculative_generate(
                 stats.prefill_s = time.perf_counter() - t0
                 stats.prefill_tokens = len(new)
             stats.target_forwards += 1
+            drafter.update(seq, len(new))  # the last step's too: a pooled drafter keeps the whole text
             if len(seq) - len(prompt) >= max_new_tokens or new[-1] in stop:
                 break
-            drafter.update(seq, len(new))
             step_s = clock() - t_step - drafting_s
             if gate is not None and stats.target_forwards > 1 and step_s > 0:  # the first step is the prefill
                 gate.observe_forward(len(feed), step_s)

@@ -42,6 +42,10 @@ Options (keyword arguments of ``model.generate``):
   ``saspec_fast_verify``) it drafts nearly always; where each verified token
   costs a forward it decodes plainly. The length rule and the threshold then
   only apply with ``saspec_gate=False``.
+* ``saspec_pool`` (a :class:`saspec.RequestPool`, default None): memory
+  across calls: pass the same pool to every ``generate`` call, and each call
+  drafts from the earlier calls' outputs too (where the match there is longer
+  than in its own text), then adds its own when it ends.
 * ``saspec_fast_verify`` (bool, default True): for the duration of the
   call, route the target's float32 ``nn.Linear`` layers through
   :func:`fast_small_linears` (restored afterwards; layers already routed
@@ -99,6 +103,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..engine import SpecEngine
+from ..pool import RequestPool
 from ..gate import CostGate
 from ..lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_length
 from ..select import HYBRID_THRESHOLD
@@ -227,7 +232,8 @@ class SACandidateGenerator:
             outcome and the tokens each step emitted.
 
     ``stats`` counts steps, drafted and accepted tokens per draft source
-    (``"sa"``, ``"assistant"``, ``"none"``).
+    (``"sa"``, ``"pool"``: the automaton's draft from ``engine``'s pool,
+    ``"assistant"``, ``"none"``).
     """
 
     requires_model_outputs = False
@@ -270,7 +276,7 @@ class SACandidateGenerator:
         self._source = "none"
         self._drafted = 0
         self.stats: dict[str, dict[str, int]] = {
-            s: {"steps": 0, "drafted": 0, "accepted": 0} for s in ("sa", "assistant", "none")
+            s: {"steps": 0, "drafted": 0, "accepted": 0} for s in ("sa", "pool", "assistant", "none")
         }
 
     def lookup(self, input_ids: torch.Tensor, capped: bool = True) -> tuple[int, list[int]]:
@@ -314,7 +320,7 @@ class SACandidateGenerator:
             if use_fallback and hasattr(self.fallback, "num_assistant_tokens"):
                 self.fallback.num_assistant_tokens = n  # the gate's length (transformers' schedule adapts it after)
         if use_sa:
-            self._source, self._drafted = "sa", len(draft)
+            self._source, self._drafted = "pool" if self._seq.from_pool else "sa", len(draft)
             tail = torch.tensor([draft], dtype=input_ids.dtype, device=input_ids.device)
             return torch.cat([input_ids, tail], dim=1), None
         if use_fallback:
@@ -347,7 +353,7 @@ class SACandidateGenerator:
         st["steps"] += 1
         st["drafted"] += self._drafted
         st["accepted"] += int(num_matches)
-        self._last_sa = int(num_matches) if self._source == "sa" else -1
+        self._last_sa = int(num_matches) if self._source in ("sa", "pool") else -1
         if self._source == "assistant":
             self.fallback.update_candidate_strategy(input_ids, scores, num_matches)
 
@@ -447,6 +453,7 @@ def generate(
     saspec_length_scale: float = DEFAULT_LENGTH_SCALE,
     saspec_gate: bool | CostGate = True,
     saspec_fast_verify: bool = True,
+    saspec_pool: RequestPool | None = None,
     **model_kwargs: Any,
 ) -> Any:
     """Speculative ``generate`` with suffix-automaton drafts (see the module doc).
@@ -497,13 +504,15 @@ def generate(
 
     if not isinstance(saspec_gate, (bool, CostGate)):
         raise ValueError(f"saspec_gate must be a bool or a saspec.select.CostGate, got {type(saspec_gate).__name__}")
+    if saspec_pool is not None and not isinstance(saspec_pool, RequestPool):
+        raise ValueError(f"saspec_pool must be a saspec.RequestPool, got {type(saspec_pool).__name__}")
     made: list[SACandidateGenerator] = []
     original = model._get_candidate_generator  # bound method (or an instance override)
 
     def candidate_generator(**kwargs: Any) -> SACandidateGenerator:
         fallback = original(**kwargs) if kwargs.get("assistant_model") is not None else None
         gate = saspec_gate if isinstance(saspec_gate, CostGate) else CostGate(max(int(saspec_k), 1)) if saspec_gate else None
-        gen = SACandidateGenerator(kwargs["input_ids"], engine=SpecEngine(), k=saspec_k, threshold=threshold,
+        gen = SACandidateGenerator(kwargs["input_ids"], engine=SpecEngine(pool=saspec_pool), k=saspec_k, threshold=threshold,
                                    max_length=generation_config.max_length, eos_token_ids=eos_ids, fallback=fallback,
                                    length_rule=saspec_length_rule, length_scale=saspec_length_scale, gate=gate)
         made.append(gen)
@@ -528,6 +537,9 @@ def generate(
             assistant_model=assistant_model,
             **model_kwargs,
         )
+        out = _cut(out, stop.stop_at, stop.prompt_len)
+        if saspec_pool is not None and made:  # the pool gets the whole output, its last step's tokens too
+            made[-1].lookup(getattr(out, "sequences", out))
     finally:
         if had_override:
             model._get_candidate_generator = original
@@ -539,7 +551,7 @@ def generate(
             del mod.forward, mod._saspec_small_rows
     if streamer is not None:
         streamer.end()
-    return _cut(out, stop.stop_at, stop.prompt_len)
+    return out
 
 
 def _cut(out: Any, stop_at: int | None, prompt_len: int) -> Any:

@@ -248,7 +248,8 @@ def test_slot_size_and_stats(cuda_backend):
     stats = eng.stats()
     slot_bytes = 4 * core.layout_words(100, 201, 134)  # 100 tokens, 201 states, ceil(400 / 3) table slots
     assert stats["device_bytes_per_slot"] == slot_bytes <= 100 * 100 + 80
-    assert stats["device_bytes"] == 3 * slot_bytes + 4 * (1 + 3)
+    no_pool = 4 * (core.HEADER + 3 * 3 + 3)  # without a pool: its stand-in automaton, slot states and control words
+    assert stats["device_bytes"] == 3 * slot_bytes + 4 * (1 + 3) + no_pool
     assert (stats["max_slots"], stats["free_slots"], stats["max_seq_len"]) == (3, 3, 100)
     eng.add_request("a", [1, 2, 3, 4])
     assert eng.stats()["bytes"] > 0 and eng.stats()["tokens"] == 4  # on the host until prepared
@@ -548,3 +549,56 @@ def test_select_drafts_rejects_bad_shapes():
         select_drafts(*t, torch.ones((4, 1)))
     with pytest.raises(ValueError, match="2-D"):
         select_drafts(t[0][0], t[1][0], t[2], 1)
+
+
+def test_the_pool_drafts_alike_on_both_backends(cuda_backend):
+    """A cross-request pool on the device: the same adds, removes and steps give the CUDA
+    engine the matches, drafts and sources the CPU engine gives (the device sees a grown
+    pool from the next prepare, so the CPU engine's pool is published at the same calls)."""
+    from saspec import RequestPool
+
+    bk = cuda_backend
+    rng = np.random.default_rng(3)
+    phrases = [rng.integers(0, 30, int(rng.integers(3, 8))).tolist() for _ in range(10)]
+
+    def text(n):
+        out = []
+        while len(out) < n:
+            out += phrases[int(rng.integers(len(phrases)))] if rng.random() < 0.7 else [int(rng.integers(30))]
+        return out[:n]
+
+    gpool, cpool = RequestPool(3000, prompts=True, manual=True), RequestPool(3000, prompts=True, manual=True)
+    gpu = bk.engine(max_slots=4, max_seq_len=256, pool=gpool)
+    cpu = SpecEngine(pool=cpool)
+    live, next_id, pooled = [], 0, 0
+    for step in range(80):
+        if len(live) < 3:
+            prompt = text(int(rng.integers(1, 30)))
+            for e in (gpu, cpu):
+                e.add_request(next_id, prompt)
+            live.append(next_id)
+            next_id += 1
+        if rng.random() < 0.15 and len(live) > 1:
+            rid = live.pop(0)
+            for e in (gpu, cpu):
+                e.remove_request(rid)
+        if step % 5 == 0:  # both pools change here; the device takes it at this prepare
+            for p in (gpool, cpool):
+                p.publish()
+                p.flush()
+            for p in (gpool, cpool):
+                p.publish()
+        for e in (gpu, cpu):
+            e.prepare(live)
+        acc, lens, mout, dout = step_arrays(len(live))
+        for b in range(len(live)):
+            new = text(int(rng.integers(0, K + 2)))[: K + 1]
+            acc[b, : len(new)], lens[b] = new, len(new)
+        src = np.zeros(len(live), np.int32)
+        bk.extend(gpu, acc, lens, mout, dout, src)
+        cacc, clens, cm, cd = acc.copy(), lens.copy(), np.zeros_like(mout), np.zeros_like(dout)
+        csrc = np.zeros_like(src)
+        cpu.extend(cacc, clens, cm, cd, csrc)
+        assert (mout.tolist(), dout.tolist(), src.tolist()) == (cm.tolist(), cd.tolist(), csrc.tolist()), step
+        pooled += int(src.sum())
+    assert pooled > 0 and gpu.stats()["device_bytes"] > 0

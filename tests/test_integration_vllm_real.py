@@ -100,6 +100,8 @@ def run(model: str, mode: str, n_prompts: int, out_path: str) -> None:
         # sampled modes draft with another random model (the target as its own draft skews vLLM's sampling)
         draft = os.environ["SASPEC_TEST_DRAFT"] if mode.endswith("sampled") else model
         extra = {"draft_sample_method": "probabilistic"} if mode == "hybrid-prob-sampled" else {}
+        if mode == "hybrid-tp2":  # and a cross-request pool: the ranks must still draft alike
+            extra["pool_tokens"] = 100_000
         spec = hybrid_config("draft_model", model=draft, num_speculative_tokens=K, sa_tokens=16, threshold=3,
                              **extra)
         tp = 2 if mode == "hybrid-tp2" else 1
@@ -203,12 +205,12 @@ def test_the_hybrid_is_exact_and_both_sources_are_accepted(tiny):
     assert s["built_ahead"] == N_PROMPTS and s["built"] == 0, s
 
 
-def test_the_hybrid_on_two_tensor_parallel_ranks_drafts_the_same_on_each(tiny):
+def test_the_hybrid_with_a_pool_on_two_tensor_parallel_ranks_drafts_the_same_on_each(tiny):
     tmp, model, plain = tiny
     hy = _child(tmp, model, "hybrid-tp2", N_PROMPTS)
     assert hy["outputs"] == plain["outputs"]
     a, b = ({k: v for k, v in s.items() if not k.endswith("_s")} for s in hy["stats"])  # timings differ per rank
-    assert a == b and a["sa_accepted"] > 0, (a, b)
+    assert a == b and a["sa_accepted"] > 0 and a["pool_rows"] > 0, (a, b)
 
 
 def copy_rate(run: dict) -> float:

@@ -7,6 +7,7 @@ forwards). The real engine runs them in ``test_integration_vllm_real.py``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from types import SimpleNamespace
@@ -295,3 +296,42 @@ def test_the_sampled_verification_fix_expands_like_vllms_contract():
         return x.new_empty(n)
 
     assert expansion_is_broken(writes_nothing)
+
+
+def test_finished_requests_feed_the_pool_and_later_rows_draft_from_it():
+    from saspec.integrations.vllm.drafts import POOL_PUBLISH_STEPS, RequestDrafts
+
+    d = RequestDrafts(8, min_match=2, length_rule="fixed", length_scale=1.0, pool_tokens=10_000)
+    seen = list(range(200, 240))
+    d.start("a", [1, 2, 3])
+    texts = np.zeros((1, 100), np.int32)
+    texts[0, :3] = [1, 2, 3]
+    n = 3
+    for t in seen:  # request a decodes 40 tokens nobody has seen
+        new = np.array([[t]], np.int32)
+        d.step(["a"], np.array([n], np.int32), new, np.array([1], np.int32), texts, 100)
+        texts[0, n] = t
+        n += 1
+    d.finish("a")
+    d.start("b", [9, 9] + seen[:5])
+    texts = np.zeros((1, 100), np.int32)
+    texts[0, :7] = [9, 9] + seen[:5]
+    counts = []
+    for i in range(2 * POOL_PUBLISH_STEPS + 1):  # the pool changes at publishes: a's text is in it by then
+        t = seen[5 + i]
+        _, draft, count = d.step(["b"], np.array([7 + i], np.int32), np.array([[t]], np.int32),
+                                 np.array([1], np.int32), texts, 100)
+        texts[0, 7 + i] = t
+        counts.append(int(count[0]))
+    assert d.stats["pool_rows"] > 0 and draft[0, : count[0]].tolist() == seen[6 + i: 6 + i + count[0]]
+
+
+def test_hybrid_config_passes_the_pool_to_the_workers(monkeypatch):
+    from saspec.integrations.vllm import config as cfg
+
+    with pytest.raises(ValueError, match="pool_tokens"):
+        cfg.proposer_config(8, pool_tokens=1)
+    monkeypatch.delenv(cfg.POOL_ENV, raising=False)
+    cfg.proposer_config(8, pool_tokens=4096)
+    assert os.environ[cfg.POOL_ENV] == "4096"
+    assert cfg.HybridSettings(method="draft_model", k=4, sa_tokens=32, threshold=4, vllm_tokens=32).pool_tokens == 0

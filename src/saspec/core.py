@@ -156,6 +156,10 @@ NEAR_RECENT = 3
 NEAR_WINDOW = 8  # NEAR_*: how far from the anchor, in tokens, to look for the suffix
 NEAR_MAX_CHECK = 32  # NEAR_*: longest match verified token by token near the anchor
 
+# Ends each text in a pool automaton (``pool``): ``continuation`` and ``draft_from`` stop there.
+# Token ids are below 2**31, so only a caller's id 2**31 - 1 could equal it (and would still draft real text).
+SEPARATOR = 2**31 - 1
+
 # extend() results.
 NO_ROOM = 0
 APPENDED = 1

@@ -88,6 +88,15 @@ def _check_no_overlap(args: Sequence[Any]) -> None:
             raise ValueError(_overlap_message(i, j))
 
 
+def _check_source_overlap(source_out: Any, others: Sequence[Any]) -> None:
+    """Raise ``ValueError`` if ``source_out`` shares memory with another of ``extend``'s arrays."""
+    a = _span(source_out)
+    for name, x in zip(kx.ARG_NAMES, others):
+        o = _span(x)
+        if a is not None and o is not None and a[0] < o[1] and o[0] < a[1]:
+            raise ValueError(f"source_out and {name} share memory: the outputs must not overlap an input or each other")
+
+
 def _overlap_message(i: int, j: int) -> str:
     return (
         f"{kx.ARG_NAMES[i]} and {kx.ARG_NAMES[j]} share memory: "
@@ -172,7 +181,8 @@ class SpecEngine:
         self.parallel_threshold = optional_int(parallel_threshold, "parallel_threshold", 1)
         self._parallel_from = _NEVER if self.parallel_threshold is None else self.parallel_threshold
         self.backend = backend
-        self._pool = _device_pool(backend, max_slots, max_seq_len, device, self._policy, self._depth)
+        pool_words = build.worst_case_words(pool.max_tokens) if pool is not None else 0
+        self._pool = _device_pool(backend, max_slots, max_seq_len, device, self._policy, self._depth, pool_words)
         self._lock = threading.Lock()
         # Slot s holds _blobs[s]; the kernels see it through the address table
         # (_table[:, s]: address, words; see ``extend``), which is changed only
@@ -284,7 +294,9 @@ class SpecEngine:
     def remove_request(self, request_id: Hashable) -> None:
         """Free a request's automaton. An id whose ``add_request`` is still
         building is cancelled: that call returns ``False`` and adds nothing.
-        With a pool, the request's text joins it (built in the background).
+        With a pool, the request's text joins it (built in the background;
+        CUDA backend: reading the text from the device synchronizes, and the
+        device sees the grown pool from the next ``prepare``).
         Raises ``KeyError`` for an id neither added nor being added."""
         with self._lock:
             slot = self._slot.pop(request_id, None)
@@ -371,10 +383,10 @@ class SpecEngine:
         report match 0 and drafts -1). The batch map is read on the device, so
         a captured graph follows later ``prepare`` calls of at most B requests.
         """
-        if self._pool is not None:
-            return self._extend_device(accepted, accepted_lens, match_len_out, draft_out)
         if source_out is not None and self.request_pool is None:
             raise ValueError("source_out needs a pool (SpecEngine(pool_tokens=...) or pool=...)")
+        if self._pool is not None:
+            return self._extend_device(accepted, accepted_lens, match_len_out, draft_out, source_out)
         nd = np.ndarray
         with self._lock:
             if self._batch is None:
@@ -437,11 +449,7 @@ class SpecEngine:
         src = as_int32_array(source_out, "source_out", 1, writable=True)
         if src.shape != (b,):
             raise ValueError(f"source_out must have shape {(b,)} for batch {b}, got {src.shape}")
-        a = _span(src)
-        for name, x in zip(kx.ARG_NAMES, others):
-            o = _span(x)
-            if a is not None and o is not None and a[0] < o[1] and o[0] < a[1]:
-                raise ValueError(f"source_out and {name} share memory: the outputs must not overlap an input or each other")
+        _check_source_overlap(src, others)
         return src
 
     def _step(self, parallel: bool, acc, lens, mout, dout) -> int:
@@ -496,7 +504,7 @@ class SpecEngine:
     def _text_of(self, request_id: Hashable, slot: int) -> np.ndarray:
         """A copy of a request's whole text (under the lock)."""
         if self._pool is not None and request_id in self._pool.slot_of:
-            raise NotImplementedError("the request pool is not available on the CUDA backend yet")
+            return self._pool.text(request_id)  # synchronizes: remove_request is off the decode path
         blob = self._blobs[slot]
         o = int(blob[core.H_O_TEXT])
         return blob[o : o + int(blob[core.H_N])].copy()
@@ -515,13 +523,20 @@ class SpecEngine:
         pool.prepare(ids, new)
         for r in new:  # the device copy is authoritative from now on
             self._install(self._slot[r], _EMPTY_BLOB)
+        if self.request_pool is not None:  # a newer pool reaches the device here, never inside extend
+            blob, epoch = self.request_pool.current
+            if blob is not pool.uploaded_pool:
+                pool.set_request_pool(blob, epoch, self.request_pool.sync_tokens)
 
-    def _extend_device(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any) -> None:
+    def _extend_device(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any,
+                       source_out: Any = None) -> None:
         with self._lock:
             if self._batch is None:
                 raise RuntimeError("no batch is prepared (or a request in it was removed): call prepare() first")
             _check_no_overlap((accepted, accepted_lens, match_len_out, draft_out))
-            self._pool.extend(accepted, accepted_lens, match_len_out, draft_out, len(self._batch))
+            if source_out is not None:
+                _check_source_overlap(source_out, (accepted, accepted_lens, match_len_out, draft_out))
+            self._pool.extend(accepted, accepted_lens, match_len_out, draft_out, len(self._batch), source_out)
 
     # -- inspection ----------------------------------------------------------
 
@@ -618,7 +633,8 @@ class SpecEngine:
         return len(self._slot)
 
 
-def _device_pool(backend: str, max_slots: Any, max_seq_len: Any, device: Any, policy: int, depth: int) -> Any:
+def _device_pool(backend: str, max_slots: Any, max_seq_len: Any, device: Any, policy: int, depth: int,
+                 pool_words: int = 0) -> Any:
     """The ``prepare.DevicePool`` for ``backend="cuda"``; None for ``"cpu"``.
     Imports numba-cuda only here, so the CPU backend never loads it."""
     if backend == "cpu":
@@ -638,4 +654,4 @@ def _device_pool(backend: str, max_slots: Any, max_seq_len: Any, device: Any, po
         )
     from .device.prepare import DevicePool
 
-    return DevicePool(max_slots, max_seq_len, policy, depth, device)
+    return DevicePool(max_slots, max_seq_len, policy, depth, device, pool_words)

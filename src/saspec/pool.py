@@ -47,7 +47,7 @@ from .extend import row_len
 from .intrinsics import blob_at, prefetch
 from .validate import as_tokens, check_int
 
-SEPARATOR = 2**31 - 1  # ends each pooled text: drafts stop there (token ids are below 2**31)
+SEPARATOR = core.SEPARATOR  # ends each pooled text: drafts stop there
 DEFAULT_SYNC_TOKENS = 256
 POOL_POLICY = "recent"  # of several earlier requests, copy from the latest (arrival order: the most alike)
 
@@ -63,15 +63,22 @@ class RequestPool:
         sync_tokens: how many of a row's last tokens it re-matches after a
             rebuild or when it first meets the pool; pool matches found that
             way are at most this long until they grow. An int >= 1.
+        manual: texts are built, and the engines see them, only at
+            ``publish()`` calls (see there) instead of as soon as they are
+            built: for callers whose drafts must not depend on a background
+            thread's timing (tensor-parallel ranks must draft alike).
 
     Raises:
         TypeError, ValueError: an argument is not an int in range.
     """
 
-    def __init__(self, max_tokens: int, *, prompts: bool = False, sync_tokens: int = DEFAULT_SYNC_TOKENS) -> None:
+    def __init__(self, max_tokens: int, *, prompts: bool = False, sync_tokens: int = DEFAULT_SYNC_TOKENS,
+                 manual: bool = False) -> None:
         self.max_tokens = check_int(max_tokens, "max_tokens", 2)
         self.sync_tokens = check_int(sync_tokens, "sync_tokens", 1)
         self.prompts = bool(prompts)
+        self.manual = bool(manual)
+        self._waiting: list[np.ndarray] = []  # manual: added since the last publish()
         self._policy = build.policy_code(POOL_POLICY)
         self._depth = build.DEFAULT_RECENT_DEPTH
         self._cond = threading.Condition()
@@ -80,8 +87,10 @@ class RequestPool:
         self._building = False
         self._texts: deque[np.ndarray] = deque()  # the pooled texts, oldest first
         self._held = 0  # their tokens, one separator each included
-        # (blob, epoch): read once per step by the engines; replaced whole by the builder
+        # (blob, epoch): read once per step by the engines; replaced whole by the builder (manual: by
+        # publish()); _latest is the builder's newest, which its next build copies
         self.current: tuple[np.ndarray, int] = (build.new_blob(0), 0)
+        self._latest = self.current
         self._stats = {"added": 0, "builds": 0, "rebuilds": 0, "evicted": 0}
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -103,18 +112,42 @@ class RequestPool:
             self._stats["added"] += 1
             if text.shape[0] == 0:
                 return
-            self._pending.append(np.array(text, np.int32))
-            self._pending_tokens += text.shape[0] + 1
-            while self._pending_tokens > self.max_tokens and len(self._pending) > 1:  # would be evicted unbuilt
-                self._pending_tokens -= self._pending.pop(0).shape[0] + 1
-                self._stats["evicted"] += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="saspec-pool", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
+            if self.manual:
+                self._waiting.append(np.array(text, np.int32))
+                return
+            self._queue([np.array(text, np.int32)])
+
+    def publish(self) -> None:
+        """Manual pools: make what the builder built from the texts of the previous call the
+        engines' pool, then start building the texts added since. It waits only if that
+        build is still running (called every few decode steps, it has had them to finish).
+        Every caller that adds the same texts between the same calls sees the same pool."""
+        if not self.manual:
+            raise RuntimeError("publish() is for RequestPool(manual=True); this pool publishes each build")
+        with self._cond:
+            self._cond.wait_for(lambda: not self._pending and not self._building or self._error)
+            self._raise_failure()
+            self.current = self._latest
+            waiting, self._waiting = self._waiting, []
+            if waiting:
+                self._queue(waiting)
+
+    def _queue(self, texts: list[np.ndarray]) -> None:
+        """Hand texts to the builder (under the lock), dropping the oldest beyond the bound."""
+        for t in texts:
+            self._pending.append(t)
+            self._pending_tokens += t.shape[0] + 1
+        while self._pending_tokens > self.max_tokens and len(self._pending) > 1:  # would be evicted unbuilt
+            self._pending_tokens -= self._pending.pop(0).shape[0] + 1
+            self._stats["evicted"] += 1
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="saspec-pool", daemon=True)
+            self._thread.start()
+        self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued text is built in; False if ``timeout`` (s) passed first."""
+        """Wait until every text handed to the builder is built in (manual pools: those of
+        the last ``publish()``, not yet seen by the engines); False if ``timeout`` (s) passed first."""
         with self._cond:
             done = self._cond.wait_for(lambda: not self._pending and not self._building or self._error, timeout)
             self._raise_failure()
@@ -123,7 +156,8 @@ class RequestPool:
     # -- inspection ----------------------------------------------------------------
 
     def texts(self) -> list[np.ndarray]:
-        """Copies of the texts built into the pool, oldest first (for tests and inspection)."""
+        """Copies of the texts built into the pool (manual pools: the newest build, which the
+        engines see from the next ``publish()``), oldest first (for tests and inspection)."""
         with self._cond:
             return [t.copy() for t in self._texts]
 
@@ -169,7 +203,7 @@ class RequestPool:
         cap = self.max_tokens
         batch = [t[-(cap - 1):] for t in batch]  # a text longer than the pool keeps its end
         new = sum(t.shape[0] + 1 for t in batch)
-        blob, epoch = self.current
+        blob, epoch = self._latest
         if self._held + new <= cap:
             seq = _joined(batch)
             blob = build.ingest(build.copy_with_room(blob, seq.shape[0]), seq, self._policy, self._depth)
@@ -195,7 +229,9 @@ class RequestPool:
         with self._cond:
             self._texts.extend(batch)
             self._held += sum(t.shape[0] + 1 for t in batch)
-            self.current = (blob, epoch)
+            self._latest = (blob, epoch)
+            if not self.manual:
+                self.current = self._latest
             self._stats["builds"] += 1
 
 

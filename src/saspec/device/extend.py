@@ -71,27 +71,65 @@ EDGE_WORDS = 3  # payload edge records: (SRC, TOK, DST)
 _ARR1 = int32[::1]
 _ARR2 = int32[:, ::1]
 SIGNATURES: dict[str, tuple] = {
-    "extend_kernel": (_ARR2, _ARR1, _ARR2, _ARR1, _ARR1, _ARR2, int32, int32),
-    "unpack_kernel": (_ARR2, _ARR1, int32, int32, int32, int32, int32, int32),
+    "extend_kernel": (_ARR2, _ARR1, _ARR2, _ARR1, _ARR1, _ARR2, int32, int32, _ARR1, _ARR2, _ARR1, _ARR1),
+    "unpack_kernel": (_ARR2, _ARR1, int32, int32, int32, int32, int32, int32, _ARR2),
     "link_kernel": (_ARR2, _ARR1, int32, int32, int32, int32, int32, int32),
 }
 
 
 @cuda.jit(device=True)
-def _no_draft(match_out, out, b, k):
+def _no_draft(match_out, out, b, k, source_out):
     match_out[b] = 0
     for j in range(k):
         out[j] = -1
+    if b < source_out.shape[0]:
+        source_out[b] = 0
+
+
+@cuda.jit(device=True)
+def _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, xpool, pstate, pctl):
+    """The cross-request pool's side of row ``b`` (``pool.pool_rows`` on the host):
+    follow its new tokens in the pool (re-matching its last ``pctl[2]`` tokens when
+    its state belongs to another pool epoch than ``pctl[1]``), and draft from the pool
+    where its match there is strictly longer than its own."""
+    if pstate[2, slot] != pctl[1]:
+        text = buf[core.H_O_TEXT]
+        nt = buf[core.H_N]
+        s = int64(0)
+        m = int64(0)
+        for i in range(max(0, nt - pctl[2]), nt):
+            s, m = core.follow(xpool, s, m, int64(buf[text + i]))
+        pstate[2, slot] = pctl[1]
+    else:
+        s = int64(pstate[0, slot])
+        m = int64(pstate[1, slot])
+        for j in range(n):
+            s, m = core.follow(xpool, s, m, int64(accepted[b, j]))
+    pstate[0, slot] = s
+    pstate[1, slot] = m
+    src = 0
+    if m > match_out[b]:
+        start = core.continuation(xpool, s, core.SEPARATOR)
+        if start >= 0:
+            core.draft_from(xpool, start, out, k, core.SEPARATOR)
+            match_out[b] = m
+            src = 1
+    if b < source_out.shape[0]:
+        source_out[b] = src
 
 
 @cuda.jit(cache=True)
-def extend_kernel(pool, rows, accepted, lens, match_out, draft_out, policy, depth):
+def extend_kernel(pool, rows, accepted, lens, match_out, draft_out, policy, depth, xpool, pstate, pctl, source_out):
     """One decode step; thread ``b`` handles batch row ``b``.
 
     pool: int32 [max_slots, words], one automaton per row. rows: int32
     [1 + max_slots], ``rows[0]`` the prepared batch size, ``rows[1 + b]`` row
     b's slot. accepted: int32 [B, K+1]; lens: int32 [B]; match_out: int32 [B];
-    draft_out: int32 [B, K].
+    draft_out: int32 [B, K]. The cross-request pool (used where ``pctl[0]`` is
+    1): xpool, its automaton; pstate: int32 [3, max_slots], each slot's state,
+    match length and epoch there; pctl: int32 [3], (in use, epoch, sync tokens);
+    source_out: int32 [>= 1], 1 where row b drafted from the pool (written for
+    the rows it has room for).
     """
     b = cuda.grid(1)
     nb = min(accepted.shape[0], lens.shape[0], match_out.shape[0], draft_out.shape[0])
@@ -103,26 +141,29 @@ def extend_kernel(pool, rows, accepted, lens, match_out, draft_out, policy, dept
     if b < rows[0] and b + 1 < rows.shape[0]:
         slot = rows[1 + b]
     if slot < 0 or slot >= pool.shape[0]:
-        _no_draft(match_out, out, b, k)
+        _no_draft(match_out, out, b, k, source_out)
         return
     buf = pool[slot]
     n = min(max(lens[b], 0), accepted.shape[1])
     for j in range(n):
         token = accepted[b, j]
         if token < 0:
-            _no_draft(match_out, out, b, k)
+            _no_draft(match_out, out, b, k, source_out)
             return
         # int64: the simulator runs the core on numpy scalars, where an int32
         # token would overflow the hash (compiled code widens anyway).
         core.extend_fixed(buf, int64(token), policy, depth)
     match_out[b] = core.match_len(buf)
     core.draft(buf, out, k)
+    if pctl[0] != 0 and slot < pstate.shape[1]:
+        _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, xpool, pstate, pctl)
 
 
 @cuda.jit(cache=True)
-def unpack_kernel(pool, stage, n_req, o_states, o_aux, o_slots, o_text, ht_size):
+def unpack_kernel(pool, stage, n_req, o_states, o_aux, o_slots, o_text, ht_size, pstate):
     """Copy each uploaded request's header, text, hot and cold state records
-    into its slot, clearing the slot's edge table first when ``D_CLEAR`` is set.
+    into its slot, clearing the slot's edge table first when ``D_CLEAR`` is set,
+    and mark its cross-request pool state stale (``pstate[2, slot] = -1``).
 
     Grid: x strides over a request's words, y over the requests. stage:
     int32, ``n_req`` descriptors then the payloads (see ``prepare.pack``).
@@ -132,6 +173,8 @@ def unpack_kernel(pool, stage, n_req, o_states, o_aux, o_slots, o_text, ht_size)
     for r in range(cuda.blockIdx.y, n_req, cuda.gridDim.y):
         d = DESC_WORDS * r
         buf = pool[stage[d + D_SLOT]]
+        if x0 == 0:
+            pstate[2, stage[d + D_SLOT]] = -1
         off = stage[d + D_OFFSET]
         n_clear = ht_size if stage[d + D_CLEAR] != 0 else 0
         head = core.HEADER + stage[off + core.H_N]  # header, then text

@@ -151,9 +151,12 @@ class DevicePool:
         policy, depth: the occurrence policy code and recency depth (``core``).
         device: the CUDA device (torch device, index or string); default:
             torch's current device. Ignored under the CUDA simulator.
+        pool_words: device words reserved for a cross-request pool's automaton
+            (``set_request_pool``); 0: no pool.
     """
 
-    def __init__(self, max_slots: int, max_seq_len: int, policy: int, depth: int, device: Any = None) -> None:
+    def __init__(self, max_slots: int, max_seq_len: int, policy: int, depth: int, device: Any = None,
+                 pool_words: int = 0) -> None:
         if int(max_slots) < 1:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
         self.layout = slot_layout(max_seq_len)
@@ -164,6 +167,14 @@ class DevicePool:
         # All -1: every slot's edge table starts empty (SRC = -1).
         self.pool = self._dev.full((self.max_slots, self.layout.words), -1)
         self.rows = self._dev.full((1 + self.max_slots,), 0)
+        # The cross-request pool: its automaton, each slot's (state, length, epoch) in it, and
+        # (in use, epoch, sync tokens); source_out for callers that pass none (never read).
+        self.pool_words = int(pool_words)
+        self.xpool = self._dev.full((max(self.pool_words, core.HEADER),), 0)
+        self.pstate = self._dev.full((3, self.max_slots), -1)
+        self.pctl = self._dev.full((3,), 0)
+        self._no_source = self._dev.full((1,), 0)
+        self.uploaded_pool: Any = None  # the host pool blob last uploaded
         self._free = list(range(self.max_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self._used = [False] * self.max_slots  # slot held a request before: clear it on reuse
         self.slot_of: dict[Hashable, int] = {}
@@ -183,8 +194,8 @@ class DevicePool:
 
     @property
     def device_bytes(self) -> int:
-        """Device bytes allocated at construction (slots and the batch map)."""
-        return self._dev.nbytes(self.pool) + self._dev.nbytes(self.rows)
+        """Device bytes allocated at construction (slots, the batch map and the cross-request pool)."""
+        return sum(self._dev.nbytes(x) for x in (self.pool, self.rows, self.xpool, self.pstate, self.pctl))
 
     def release(self, request_id: Hashable) -> None:
         """Free a resident request's slot (no-op for a request not on the device)."""
@@ -255,7 +266,8 @@ class DevicePool:
             n_req, geo = np.int32(len(new)), tuple(np.int32(x) for x in (*lay.offsets, lay.ht_size))
             ys = min(len(new), 65535)
             th, mb = dev.upload_threads, dev.max_upload_blocks
-            dev.launch(kc.unpack_kernel, (kc._grid(work, th, mb), ys), th, pool, buf, n_req, *geo)
+            dev.launch(kc.unpack_kernel, (kc._grid(work, th, mb), ys), th, pool, buf, n_req, *geo,
+                       dev.view(self.pstate))
             dev.launch(kc.link_kernel, (kc._grid(edges, th, mb), ys), th, pool, buf, n_req, *geo)
         stage.release()
 
@@ -265,7 +277,23 @@ class DevicePool:
             self.slot_of[r] = slot
         self._mapped = ids
 
-    def extend(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any, batch_len: int) -> None:
+    def set_request_pool(self, blob: np.ndarray, epoch: int, sync_tokens: int) -> None:
+        """Upload a cross-request pool's automaton (a host blob) and its epoch, async on
+        torch's current stream: kernels launched before read the old one, later ones
+        this one. Raises ``ValueError`` if it does not fit ``pool_words``."""
+        words = int(blob.shape[0])
+        if words > self.pool_words:
+            raise ValueError(f"the pool's automaton needs {words} words, more than the {self.pool_words} reserved")
+        stage = self._dev.staging(words + 3)
+        stage.host[:words] = blob
+        stage.host[words: words + 3] = (1, epoch, sync_tokens)
+        self._dev.copy_from_stage(self.xpool, 0, stage, 0, words)
+        self._dev.copy_from_stage(self.pctl, 0, stage, words, 3)
+        stage.release()
+        self.uploaded_pool = blob
+
+    def extend(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any, batch_len: int,
+               source_out: Any = None) -> None:
         """Validate the step's arrays (metadata only) and launch ``extend_kernel``.
 
         B = ``draft_out.shape[0]`` may exceed the prepared batch (``batch_len``):
@@ -276,7 +304,10 @@ class DevicePool:
         lens = dev.check(accepted_lens, "accepted_lens", 1)
         mout = dev.check(match_len_out, "match_len_out", 1, writable=True)
         dout = dev.check(draft_out, "draft_out", 2, writable=True)
+        src = self._no_source if source_out is None else dev.check(source_out, "source_out", 1, writable=True)
         b, k = dout.shape
+        if source_out is not None and tuple(src.shape) != (b,):
+            raise ValueError(f"source_out must have shape {(b,)} for batch {b}, got {tuple(src.shape)}")
         if b < batch_len:
             raise ValueError(f"draft_out must have at least {batch_len} rows for the prepared batch, got {b}")
         for name, arr, shape in (
@@ -301,6 +332,10 @@ class DevicePool:
             dev.view(dout),
             self._policy,
             self._depth,
+            dev.view(self.xpool),
+            dev.view(self.pstate),
+            dev.view(self.pctl),
+            dev.view(src),
         )
 
     # -- inspection (these synchronize) ---------------------------------------
@@ -323,3 +358,10 @@ class DevicePool:
     def blob(self, request_id: Hashable) -> np.ndarray:
         """An int32 host copy of a resident request's slot."""
         return self._dev.to_numpy(self.pool[self.slot_of[request_id]])
+
+    def text(self, request_id: Hashable) -> np.ndarray:
+        """An int32 host copy of a resident request's tokens."""
+        slot = self.pool[self.slot_of[request_id]]
+        n = int(self._dev.to_numpy(slot[core.H_N: core.H_N + 1])[0])
+        o = self.layout.offsets[3]
+        return self._dev.to_numpy(slot[o: o + n])

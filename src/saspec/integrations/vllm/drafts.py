@@ -35,6 +35,11 @@ from numba import njit
 
 from ...engine import SpecEngine
 from ...lengths import check_length_rule, draft_length
+from ...pool import RequestPool
+
+#: With a pool, every this many steps the texts of requests finished since the last
+#: publish become the rows' pool (built meanwhile in the background; see ``RequestPool.publish``).
+POOL_PUBLISH_STEPS = 8
 
 
 @njit(nogil=True, cache=True)
@@ -97,19 +102,26 @@ class RequestDrafts:
             ``per-match-recent`` reads each row's accepted drafts at its
             previous step from its new tokens.
         policy: the automaton's occurrence policy (``SpecEngine``), or None for its default.
+        pool_tokens: a cross-request pool of this many tokens (0: none): each
+            finished request's text joins it, and rows draft from it where their
+            match there is longer than in their own text. It changes only every
+            ``POOL_PUBLISH_STEPS`` steps, at a step count, so tensor-parallel
+            ranks, which see the same steps, draft alike.
 
     Raises:
         ValueError: ``k`` or ``min_match`` below 1, or an unknown rule or bad scale.
     """
 
     def __init__(self, k: int, *, min_match: int, length_rule: str, length_scale: float,
-                 policy: str | None = None) -> None:
+                 policy: str | None = None, pool_tokens: int = 0) -> None:
         if int(k) < 1 or int(min_match) < 1:
             raise ValueError(f"k and min_match must be >= 1, got k={k}, min_match={min_match}")
         self.k, self.min_match = int(k), int(min_match)
         self.length_rule, self.length_scale = length_rule, float(length_scale)
         self._rule = check_length_rule(length_rule, length_scale)
-        self.engine = SpecEngine() if policy is None else SpecEngine(policy=policy)
+        self.pool = RequestPool(pool_tokens, manual=True) if pool_tokens else None
+        self.engine = SpecEngine(pool=self.pool) if policy is None else SpecEngine(policy=policy, pool=self.pool)
+        self._steps = 0
         self._len: dict[Hashable, int] = {}  # tokens in each built request's automaton
         self._pending: dict[Hashable, Future] = {}  # builds started by start(), not yet waited for
         self._dropped: set[Hashable] = set()  # finished while their build ran: freed when it ends
@@ -118,7 +130,7 @@ class RequestDrafts:
         self._builder: ThreadPoolExecutor | None = None
         self._rows: list[Hashable] = []  # the batch of the last step, in row order
         self._grow(0)  # _ends / _drafted: each of those rows' text length after that step, and its draft tokens
-        self.stats = {"built": 0, "built_ahead": 0, "rebuilt": 0, "waited": 0, "finished": 0}
+        self.stats = {"built": 0, "built_ahead": 0, "rebuilt": 0, "waited": 0, "finished": 0, "pool_rows": 0}
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -209,7 +221,15 @@ class RequestDrafts:
         match, draft, count, drafted = self._match[:n], self._draft[:n], self._count[:n], self._drafted[:n]
         if not (same and act_rids == self._rows):  # else the hot path: the same requests, each where it stopped
             drafted[:] = self._catch_up(act_rids, before, rows, texts)
-        if n:
+        if self.pool is not None:
+            if self._steps % POOL_PUBLISH_STEPS == 0:
+                self.pool.publish()
+            self._steps += 1
+        if n and self.pool is not None:
+            src = self._src[:n]
+            self.engine.extend(self._acc[:n], lens, match, draft, src)
+            self.stats["pool_rows"] += int(src.sum())
+        elif n:
             self.engine.extend(self._acc[:n], lens, match, draft)
         _draft_counts(match, draft, self.min_match, self._rule, self.length_scale, lens, before, width, drafted,
                       count, self._ends)
@@ -278,6 +298,7 @@ class RequestDrafts:
         self._match = np.zeros(cap, np.int32)
         self._draft = np.zeros((cap, k), np.int32)
         self._count = np.zeros(cap, np.int32)
+        self._src = np.zeros(cap, np.int32)
         self._out_match = np.zeros(cap, np.int32)
         self._out_draft = np.zeros((cap, k), np.int32)
         self._out_count = np.zeros(cap, np.int32)

@@ -60,7 +60,7 @@ from numba import njit
 
 from ...gate import CostGate
 from ...lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_lengths
-from .config import DEFAULT_MIN_MATCH, GATE
+from .config import DEFAULT_MIN_MATCH, GATE, POOL_ENV
 from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
 from .fingerprint import FingerprintRows
@@ -114,6 +114,10 @@ class SAProposer:
             before the oldest is freed. Default: ``$SASPEC_VLLM_MAX_DETACHED``,
             else ``max_num_seqs`` (256 when unknown).
         policy: the automaton's occurrence policy (see ``SpecEngine``).
+        pool_tokens: a cross-request pool of this many tokens (``RequestDrafts``);
+            finished requests join it (without the plugin: when their detached
+            automaton is freed). Default: ``$SASPEC_VLLM_POOL_TOKENS`` (set by
+            ``proposer_config(pool_tokens=...)``), else 0: none.
 
     Raises:
         ValueError: K below 1, ``min_match`` or ``max_detached`` out of range,
@@ -124,7 +128,8 @@ class SAProposer:
         stats: counters: ``steps``, ``new`` (requests built), ``continued``,
             ``reclaimed`` (moved or resumed rows found by fingerprint),
             ``freed``, ``drafted`` (rows given a draft), ``draft_tokens``,
-            ``by_id`` (steps whose rows vLLM named).
+            ``by_id`` (steps whose rows vLLM named); ``drafts.stats["pool_rows"]``:
+            rows whose draft came from the pool.
     """
 
     def __init__(
@@ -136,6 +141,7 @@ class SAProposer:
         policy: str | None = None,
         length_rule: str | None = None,
         length_scale: float | None = None,
+        pool_tokens: int | None = None,
     ) -> None:
         spec = getattr(vllm_config, "speculative_config", None)
         k = getattr(spec, "num_speculative_tokens", None)
@@ -176,8 +182,10 @@ class SAProposer:
             raise ValueError(f"max_detached must be >= 0, got {self.max_detached}")
         # The gate sizes batch-1 drafts itself: the automaton offers all it has ("fixed"), the gate cuts.
         rule = "fixed" if self._gate is not None else self.length_rule
+        if pool_tokens is None:
+            pool_tokens = _env_int(POOL_ENV) or 0
         self.drafts = RequestDrafts(self.k, min_match=self.min_match, length_rule=rule,
-                                    length_scale=self.length_scale, policy=policy)
+                                    length_scale=self.length_scale, policy=policy, pool_tokens=int(pool_tokens))
         self._rows = FingerprintRows(self.max_detached, self.drafts.finish)
         self._ids: list[Hashable] | None = None  # the next step's request ids, from the plugin
         self._new = np.zeros((0, self.k + 1), np.int32)  # this step's new tokens per row

@@ -46,16 +46,18 @@ def write_tiny_qwen2(path: Path, seed: int = 0) -> None:
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
-    """Copy-heavy prompts: a random 'source' span repeated with edits, then its start again."""
+    """Copy-heavy prompts: a 'source' span repeated with an edit, then its start again. The
+    prompts share one source (each edits it elsewhere), so their outputs repeat one another
+    too, which the cross-request pool can copy."""
     import random
 
     rng = random.Random(seed)
+    source = [rng.randrange(3, VOCAB) for _ in range(48)]
     out = []
     for _ in range(n):
-        source = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(20, 60))]
         edited = list(source)
         edited[rng.randrange(len(edited))] = rng.randrange(3, VOCAB)
-        out.append(source + [3] + edited + [3] + source[: rng.randrange(2, 8)])
+        out.append([rng.randrange(3, VOCAB)] + source + [3] + edited + [3] + source[: rng.randrange(2, 8)])
     return out
 
 

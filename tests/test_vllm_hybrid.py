@@ -298,10 +298,12 @@ def test_the_sampled_verification_fix_expands_like_vllms_contract():
     assert expansion_is_broken(writes_nothing)
 
 
-def test_finished_requests_feed_the_pool_and_later_rows_draft_from_it():
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_finished_requests_feed_the_pool_and_later_rows_draft_from_it(ranks):
     from saspec.integrations.vllm.drafts import POOL_PUBLISH_STEPS, RequestDrafts
 
-    d = RequestDrafts(8, min_match=2, length_rule="fixed", length_scale=1.0, pool_tokens=10_000)
+    d = RequestDrafts(8, min_match=2, length_rule="fixed", length_scale=1.0, pool_tokens=10_000, ranks=ranks)
+    assert d.pool.manual == (ranks > 1)
     seen = list(range(200, 240))
     d.start("a", [1, 2, 3])
     texts = np.zeros((1, 100), np.int32)
@@ -313,6 +315,8 @@ def test_finished_requests_feed_the_pool_and_later_rows_draft_from_it():
         texts[0, n] = t
         n += 1
     d.finish("a")
+    if ranks == 1:
+        d.pool.flush()  # one rank: the pool changes once the build is done
     d.start("b", [9, 9] + seen[:5])
     texts = np.zeros((1, 100), np.int32)
     texts[0, :7] = [9, 9] + seen[:5]

@@ -436,8 +436,8 @@ class SpecEngine:
 
     def _draft_from_pool(self, rp, acc, lens, mout, dout, src) -> None:
         """The pool's side of a step (under the lock): see ``pool.pool_rows``."""
-        blob, epoch = self.request_pool.current  # one read: the builder swaps the pair whole
-        pool_rows(self._table, rp, acc, lens, mout, dout, src, blob, address(blob), self._pool_state, epoch,
+        blob, epoch, base = self.request_pool.current  # one read: the builder swaps it whole
+        pool_rows(self._table, rp, acc, lens, mout, dout, src, blob, base, self._pool_state, epoch,
                   self.request_pool.sync_tokens)
 
     def _check_source(self, source_out: Any, b: int, others: tuple) -> np.ndarray:
@@ -524,7 +524,7 @@ class SpecEngine:
         for r in new:  # the device copy is authoritative from now on
             self._install(self._slot[r], _EMPTY_BLOB)
         if self.request_pool is not None:  # a newer pool reaches the device here, never inside extend
-            blob, epoch = self.request_pool.current
+            blob, epoch, _ = self.request_pool.current
             if blob is not pool.uploaded_pool:
                 pool.set_request_pool(blob, epoch, self.request_pool.sync_tokens)
 

@@ -87,9 +87,10 @@ class RequestPool:
         self._building = False
         self._texts: deque[np.ndarray] = deque()  # the pooled texts, oldest first
         self._held = 0  # their tokens, one separator each included
-        # (blob, epoch): read once per step by the engines; replaced whole by the builder (manual: by
-        # publish()); _latest is the builder's newest, which its next build copies
-        self.current: tuple[np.ndarray, int] = (build.new_blob(0), 0)
+        # (blob, epoch, the blob's address): read once per step by the engines; replaced whole by the
+        # builder (manual: by publish()); _latest is the builder's newest, which its next build copies
+        empty = build.new_blob(0)
+        self.current: tuple[np.ndarray, int, int] = (empty, 0, address(empty))
         self._latest = self.current
         self._stats = {"added": 0, "builds": 0, "rebuilds": 0, "evicted": 0}
         self._thread: threading.Thread | None = None
@@ -170,7 +171,7 @@ class RequestPool:
         """``texts`` and ``tokens`` pooled, ``bytes`` (automaton + texts), ``pending`` texts,
         and counters: ``added``, ``builds``, ``rebuilds`` (evictions), ``evicted`` texts."""
         with self._cond:
-            blob, epoch = self.current
+            blob, epoch, _ = self.current
             return {"texts": len(self._texts), "tokens": int(blob[core.H_N]),
                     "bytes": blob_bytes(blob) + 4 * sum(t.shape[0] for t in self._texts),
                     "pending": len(self._pending), "epoch": epoch, **self._stats}
@@ -203,7 +204,7 @@ class RequestPool:
         cap = self.max_tokens
         batch = [t[-(cap - 1):] for t in batch]  # a text longer than the pool keeps its end
         new = sum(t.shape[0] + 1 for t in batch)
-        blob, epoch = self._latest
+        blob, epoch, _ = self._latest
         if self._held + new <= cap:
             seq = _joined(batch)
             blob = build.ingest(build.copy_with_room(blob, seq.shape[0]), seq, self._policy, self._depth)
@@ -229,7 +230,7 @@ class RequestPool:
         with self._cond:
             self._texts.extend(batch)
             self._held += sum(t.shape[0] + 1 for t in batch)
-            self._latest = (blob, epoch)
+            self._latest = (blob, epoch, address(blob))
             if not self.manual:
                 self.current = self._latest
             self._stats["builds"] += 1

@@ -51,8 +51,8 @@ from typing import Any
 # Imports from saspec stay inside the parent's functions: the vLLM child runs this file as a
 # script, outside the package, and must not load numba before vLLM starts (see child).
 
-METHODS = ("plain", "ngram", "ngram-2-5", "saspec", "ngram-2-5-long", "saspec-long", "saspec-gate-long", "suffix",
-           "draft-model", "hybrid")
+METHODS = ("plain", "ngram", "ngram-2-5", "saspec", "ngram-2-5-long", "saspec-long", "saspec-gate-long",
+           "saspec-pool-long", "suffix", "draft-model", "hybrid")
 #: Methods that need the draft model (the 0.5B beside the 1.5B target).
 NEURAL_METHODS = ("draft-model", "hybrid")
 MODEL_SIZES = ("0.5b", "1.5b")
@@ -86,7 +86,7 @@ def speculative_config(method: str, k: int, long_k: int = 32, draft: str | None 
         return {"method": "ngram", "num_speculative_tokens": k}
     if method == "ngram-2-5":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
-    if method in ("saspec", "saspec-gate"):
+    if method in ("saspec", "saspec-gate", "saspec-pool"):
         return {"method": "custom_class", "model": SASPEC_CLASS, "num_speculative_tokens": k}
     raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
 
@@ -118,6 +118,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", type=positive_int, default=4, help="hybrid: the minimum match for an SA row")
     p.add_argument("--threads", type=positive_int, default=None, help="vLLM CPU threads (default: vLLM's)")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="workload builders' seed")
+    p.add_argument("--cross-requests", default=None, metavar="WORKLOAD[:N]",
+                   help="instead of the built-in prompts, the first N (default all) of a recorded workload that "
+                        "repeats across requests (json-extract, agent-edit, tests-for: `saspec record-traces "
+                        "--cross-requests`), in arrival order, each as long as its recorded output")
+    p.add_argument("--pool-tokens", type=positive_int, default=1 << 20,
+                   help="saspec-pool-long: the cross-request pool's size in tokens")
     p.add_argument("--out", default="benchmarks/vllm", help="output directory")
     cost = p.add_argument_group("proposer cost (--proposer-cost: no model; see saspec.evidence.proposer_cost)")
     cost.add_argument("--proposer-cost", action="store_true",
@@ -158,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(f"no model sizes in --models; expected some of {', '.join(MODEL_SIZES)}")
     if not methods:
         raise CliError(f"no methods in --methods; expected some of {', '.join(METHODS)}")
-    if args.code_prompts + args.free_prompts + args.multi_turn_prompts == 0:
+    if args.code_prompts + args.free_prompts + args.multi_turn_prompts == 0 and not args.cross_requests:
         raise CliError("no prompts: --code-prompts, --free-prompts and --multi-turn-prompts are all 0")
     for s in sizes:
         if s not in by_size:
@@ -173,10 +179,13 @@ def main(args: argparse.Namespace) -> int:
     if not Path(args.vllm_python).is_file():
         raise CliError(f"no vLLM python at {args.vllm_python}; see README, Integrations (or pass --vllm-python)")
 
-    prompts = bench_prompts(get_tokenizer(), args.code_prompts, min(args.free_prompts, len(FREE_FORM_PROMPTS)),
-                            args.seed, args.multi_turn_prompts)
-    for p in prompts:
-        p["max_new"] = args.free_max_new_tokens if p["kind"] == "free-form" else args.max_new_tokens
+    if args.cross_requests:
+        prompts = cross_request_prompts(args.cross_requests)
+    else:
+        prompts = bench_prompts(get_tokenizer(), args.code_prompts, min(args.free_prompts, len(FREE_FORM_PROMPTS)),
+                                args.seed, args.multi_turn_prompts)
+        for p in prompts:
+            p["max_new"] = args.free_max_new_tokens if p["kind"] == "free-form" else args.max_new_tokens
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "k": args.k, "long_k": args.long_k,
@@ -193,6 +202,7 @@ def main(args: argparse.Namespace) -> int:
                    "min_match": args.long_min_match if method.startswith("saspec") and method.endswith("-long")
                    else args.min_match,
                    "length_rule": "gate" if method == "saspec-gate-long" else None,
+                   "pool_tokens": args.pool_tokens if method == "saspec-pool-long" else 0,
                    "prompts": [{k: p[k] for k in ("id", "kind", "prompt_ids", "max_new")} for p in prompts]}
             print(f"[bench-vllm] {by_size[size].name} / {method}: {len(prompts)} prompts", file=sys.stderr)
             res = _run_child(args.vllm_python, job, out / f".job-{size}-{method}")
@@ -216,6 +226,29 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def cross_request_prompts(spec: str) -> list[dict[str, Any]]:
+    """``WORKLOAD[:N]``: the first N recorded traces of that cross-request workload as bench
+    prompts (kind ``cross:WORKLOAD``, each capped at its recorded output's length)."""
+    from .cross_requests import CROSS_REQUESTS_PATH
+    from .options import CliError
+    from .record import split_workloads
+
+    name, _, n = spec.partition(":")
+    if not CROSS_REQUESTS_PATH.is_file():
+        raise CliError(f"no recorded cross-request workloads ({CROSS_REQUESTS_PATH}; run `saspec record-traces "
+                       "--cross-requests`)")
+    found = split_workloads(CROSS_REQUESTS_PATH)
+    w = found.get(f"real:{name}")
+    if w is None:
+        raise CliError(f"unknown cross-request workload {name!r}; recorded: "
+                       + ", ".join(k.removeprefix("real:") for k in found))
+    if n and (not n.isdigit() or int(n) < 1):
+        raise CliError(f"--cross-requests {spec!r}: N must be an int >= 1")
+    traces = w.traces[: int(n)] if n else w.traces
+    return [{"id": f"{name}:{i:02d}", "kind": f"cross:{name}", "prompt_ids": t.prompt.tolist(),
+             "max_new": int(t.output.size)} for i, t in enumerate(traces)]
+
+
 def _run_child(python: str, job: dict[str, Any], stem: Path) -> dict[str, Any]:
     job_path, out_path, log_path = stem.with_suffix(".json"), stem.with_suffix(".out.json"), stem.with_suffix(".log")
     job_path.write_text(json.dumps(job))
@@ -228,6 +261,7 @@ def _run_child(python: str, job: dict[str, Any], stem: Path) -> dict[str, Any]:
         env["OMP_NUM_THREADS"] = str(job["threads"])
     if job["min_match"]:
         env["SASPEC_VLLM_MIN_MATCH"] = str(job["min_match"])
+    env["SASPEC_VLLM_POOL_TOKENS"] = str(job.get("pool_tokens") or 0)  # what proposer_config(pool_tokens=) sets
     if job.get("length_rule"):
         env["SASPEC_VLLM_LENGTH_RULE"] = job["length_rule"]
     with open(log_path, "w") as log:
@@ -301,7 +335,20 @@ def target_checks(summary: dict[tuple[str, str, str], dict[str, float]]) -> list
                 r = f[sa]["tok_per_s"] / f["plain"]["tok_per_s"]
                 lines.append(f"- {size} free-form: {sa} / plain = {r:.2f}x tok/s (target >= 0.97x): "
                              f"{'met' if r >= 0.97 else 'MISSED'}")
-    lines += hybrid_checks(summary)
+    lines += hybrid_checks(summary) + pool_checks(summary)
+    return lines
+
+
+def pool_checks(summary: dict[tuple[str, str, str], dict[str, float]]) -> list[str]:
+    """The cross-request pool, per model and recorded cross-request workload: saspec-pool-long
+    over saspec-long (the same drafter without the pool) in tok/s and tokens per forward."""
+    lines = []
+    for (size, kind, method), v in sorted(summary.items()):
+        base = summary.get((size, kind, "saspec-long"))
+        if method != "saspec-pool-long" or base is None:
+            continue
+        lines.append(f"- {size} {kind}: saspec-pool-long / saspec-long = {v['tok_per_s'] / base['tok_per_s']:.2f}x "
+                     f"tok/s, tokens per forward {v['tokens_per_forward']:.2f} vs {base['tokens_per_forward']:.2f}")
     return lines
 
 

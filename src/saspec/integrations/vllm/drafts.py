@@ -104,22 +104,25 @@ class RequestDrafts:
         policy: the automaton's occurrence policy (``SpecEngine``), or None for its default.
         pool_tokens: a cross-request pool of this many tokens (0: none): each
             finished request's text joins it, and rows draft from it where their
-            match there is longer than in their own text. It changes only every
-            ``POOL_PUBLISH_STEPS`` steps, at a step count, so tensor-parallel
-            ranks, which see the same steps, draft alike.
+            match there is longer than in their own text.
+        ranks: tensor-parallel ranks drafting alike (>= 1). With more than one,
+            the pool changes only every ``POOL_PUBLISH_STEPS`` steps, at a step
+            count, which every rank sees alike (``RequestPool(manual=True)``; a
+            publish waits if the build it shows is not done yet); with one, it
+            changes as soon as a build is done and never waits.
 
     Raises:
         ValueError: ``k`` or ``min_match`` below 1, or an unknown rule or bad scale.
     """
 
     def __init__(self, k: int, *, min_match: int, length_rule: str, length_scale: float,
-                 policy: str | None = None, pool_tokens: int = 0) -> None:
+                 policy: str | None = None, pool_tokens: int = 0, ranks: int = 1) -> None:
         if int(k) < 1 or int(min_match) < 1:
             raise ValueError(f"k and min_match must be >= 1, got k={k}, min_match={min_match}")
         self.k, self.min_match = int(k), int(min_match)
         self.length_rule, self.length_scale = length_rule, float(length_scale)
         self._rule = check_length_rule(length_rule, length_scale)
-        self.pool = RequestPool(pool_tokens, manual=True) if pool_tokens else None
+        self.pool = RequestPool(pool_tokens, manual=ranks > 1) if pool_tokens else None
         self.engine = SpecEngine(pool=self.pool) if policy is None else SpecEngine(policy=policy, pool=self.pool)
         self._steps = 0
         self._len: dict[Hashable, int] = {}  # tokens in each built request's automaton
@@ -221,7 +224,7 @@ class RequestDrafts:
         match, draft, count, drafted = self._match[:n], self._draft[:n], self._count[:n], self._drafted[:n]
         if not (same and act_rids == self._rows):  # else the hot path: the same requests, each where it stopped
             drafted[:] = self._catch_up(act_rids, before, rows, texts)
-        if self.pool is not None:
+        if self.pool is not None and self.pool.manual:
             if self._steps % POOL_PUBLISH_STEPS == 0:
                 self.pool.publish()
             self._steps += 1

@@ -68,12 +68,12 @@ class HybridDrafter:
             seconds).
     """
 
-    def __init__(self, settings: HybridSettings, max_model_len: int) -> None:
+    def __init__(self, settings: HybridSettings, max_model_len: int, ranks: int = 1) -> None:
         self.settings = settings
         self.max_model_len = int(max_model_len)
         self.drafts = RequestDrafts(settings.sa_tokens, min_match=settings.threshold,
                                     length_rule=DEFAULT_LENGTH_RULE, length_scale=DEFAULT_LENGTH_SCALE,
-                                    pool_tokens=settings.pool_tokens)
+                                    pool_tokens=settings.pool_tokens, ranks=ranks)
         self._last_rids: list[Hashable] = []  # the rows of the last merge
         self._last_sa = np.zeros(0, bool)  # which of them took an SA draft
         self._last_drafted = np.zeros(0, np.int32)  # and how many draft tokens each proposed

@@ -88,7 +88,8 @@ def _drafter(runner: Any) -> Any:
     if settings is not None:
         from .hybrid import HybridDrafter
 
-        drafter = HybridDrafter(settings, runner.max_model_len)
+        ranks = getattr(getattr(runner, "parallel_config", None), "tensor_parallel_size", 1)
+        drafter = HybridDrafter(settings, runner.max_model_len, ranks)
     elif getattr(spec, "method", None) == "custom_class" and hasattr(getattr(runner, "drafter", None), "name_rows"):
         drafter = runner.drafter
     if drafter is not None:  # saspec's drafts need exact sampled verification (see cpu_sampling)

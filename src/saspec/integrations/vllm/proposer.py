@@ -184,8 +184,10 @@ class SAProposer:
         rule = "fixed" if self._gate is not None else self.length_rule
         if pool_tokens is None:
             pool_tokens = _env_int(POOL_ENV) or 0
+        ranks = getattr(getattr(vllm_config, "parallel_config", None), "tensor_parallel_size", 1)
         self.drafts = RequestDrafts(self.k, min_match=self.min_match, length_rule=rule,
-                                    length_scale=self.length_scale, policy=policy, pool_tokens=int(pool_tokens))
+                                    length_scale=self.length_scale, policy=policy, pool_tokens=int(pool_tokens),
+                                    ranks=ranks if isinstance(ranks, int) else 1)
         self._rows = FingerprintRows(self.max_detached, self.drafts.finish)
         self._ids: list[Hashable] | None = None  # the next step's request ids, from the plugin
         self._new = np.zeros((0, self.k + 1), np.int32)  # this step's new tokens per row

@@ -153,3 +153,23 @@ def test_calibrate_writes_a_profile(model_dirs, tmp_path, capsys):
         assert c.target_s.shape == (33,) and np.all(c.target_s > 0) and c.sa_step_s > 0
     assert cli(["calibrate", "--tokens", "1,40", "--out", str(out)]) == 2
     assert "at most 33" in capsys.readouterr().err
+
+
+def test_cross_request_prompts_repeat_one_task_over_many_inputs():
+    from saspec.evidence import cross_requests as cr
+    from saspec.evidence.tokenizers import get_tokenizer
+
+    tok = get_tokenizer()
+    prompts = cr.cross_request_prompts(tok)
+    by = {w: [p for p in prompts if p["workload"] == w] for w in cr.WORKLOADS}
+    assert [len(by[w]) for w in cr.WORKLOADS] == [cr.JSON_COUNT, cr.EDIT_TURNS, cr.TESTS_COUNT]
+    assert len({p["id"] for p in prompts}) == len(prompts)
+    for w, ps in by.items():
+        assert [p["meta"]["arrival"] for p in ps] == list(range(len(ps))), w
+        assert len({p["meta"].get("unit", p["meta"].get("turn")) for p in ps}) == len(ps), f"{w}: distinct inputs"
+    turns = [p["prompt_ids"] for p in by["agent-edit"]]
+    for a, b in zip(turns, turns[1:]):  # each turn is the conversation so far plus one more edit
+        assert len(b) > len(a)
+    ask = tok.decode(by["json-extract"][0]["prompt_ids"])
+    assert '{"name": str' in ask and "{{" not in ask
+    assert cr.cross_request_prompts(tok) == prompts, "deterministic"

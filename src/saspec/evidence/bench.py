@@ -199,13 +199,14 @@ def bench_step(
     return rows
 
 
-def _pool_texts(prompts: list[np.ndarray], tokens: int, seed: int = 1) -> list[np.ndarray]:
-    """Finished requests' texts for a pool of about ``tokens`` tokens: half are edited copies
-    of the batch's prompts (so rows find long matches there), half unrelated code-like text."""
+def _pool_texts(prompts: list[np.ndarray], tokens: int, seed: int = 1, related: bool = True) -> list[np.ndarray]:
+    """Finished requests' texts for a pool of about ``tokens`` tokens: with ``related``, half are
+    edited copies of the batch's prompts (so rows find long matches there), half unrelated
+    code-like text; else all unrelated (rows find only short matches, and draft from their own)."""
     rng = np.random.default_rng(seed)
     out, n, i = [], 0, 0
     while n < tokens:
-        if i % 2 == 0:
+        if i % 2 == 0 and related:
             t = prompts[(i // 2) % len(prompts)].copy()
             idx = rng.integers(0, t.size, max(1, t.size // 20))
             t[idx] = rng.integers(0, VOCAB, idx.size)
@@ -221,14 +222,15 @@ def bench_pool(batches: tuple[int, ...] = (1, 64), context: int = 8000, pool_tok
                steps: int = 100, repeat: int = 3) -> list[dict]:
     """The cross-request pool's cost: microseconds per ``extend`` (the whole batch) without
     and with a full pool of ``pool_tokens`` tokens, interleaved, best of ``repeat``, rows
-    copying their own prompts (3 tokens a step); and the pool's bytes per token and build rate."""
+    copying their own prompts (3 tokens a step); and the pool's bytes per token and build rate.
+    Two pools: one that holds edited copies of the rows' prompts (``related``) and one that does not."""
     from ..pool import RequestPool
 
     rows = []
-    for b in batches:
+    for b, related in ((b, r) for b in batches for r in (True, False)):
         prompts = [code_like_prompt(context, seed=i) for i in range(b)]
         acc = _accepted_stream(prompts, 8, ACCEPTED, steps, "copy")
-        texts = _pool_texts(prompts, pool_tokens)
+        texts = _pool_texts(prompts, pool_tokens, related=related)
         pool = RequestPool(pool_tokens, prompts=True)
         t0 = time.perf_counter()
         for t in texts:
@@ -240,9 +242,11 @@ def bench_pool(batches: tuple[int, ...] = (1, 64), context: int = 8000, pool_tok
         for _ in range(repeat):
             off = min(off, _step_loop(SpecEngine(parallel_threshold=SERIAL), prompts, acc))
             on = min(on, _step_loop(SpecEngine(parallel_threshold=SERIAL, pool=pool), prompts, acc))
-        progress(f"pool B={b} x {context:,}, pool {st['tokens']:,} tokens: {off * 1e6:.1f} us/step without, "
-                 f"{on * 1e6:.1f} with ({on / off:.2f}x); {st['bytes'] / st['tokens']:.1f} B/token")
-        rows.append({"batch": b, "context": context, "pool_tokens": st["tokens"], "us_per_step": off * 1e6,
+        progress(f"pool B={b} x {context:,}, {'related' if related else 'unrelated'} pool of {st['tokens']:,} tokens: "
+                 f"{off * 1e6:.1f} us/step without, {on * 1e6:.1f} with ({on / off:.2f}x); "
+                 f"{st['bytes'] / st['tokens']:.1f} B/token")
+        rows.append({"batch": b, "context": context, "pool": "related" if related else "unrelated",
+                     "pool_tokens": st["tokens"], "us_per_step": off * 1e6,
                      "us_per_step_pool": on * 1e6, "pool_over_none": on / off,
                      "pool_bytes_per_token": st["bytes"] / st["tokens"], "pool_texts": st["texts"],
                      "pool_build_Mtok_per_s": st["tokens"] / build_s / 1e6})

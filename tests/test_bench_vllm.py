@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from saspec.evidence import bench_vllm as bv
@@ -77,3 +78,25 @@ def test_proposer_cost_rejects_bad_lists():
         pc._ints("2k", "--contexts")
     with pytest.raises(CliError, match="--arrival-prefill-s must list seconds"):
         pc._seconds("-1")
+
+
+def test_cross_request_prompts_come_from_the_recording_in_arrival_order(tmp_path, monkeypatch):
+    from saspec.evidence import bench_vllm, cross_requests
+    from saspec.evidence.options import CliError
+    from saspec.evidence.workloads import Trace, save_traces
+
+    path = tmp_path / "cross.jsonl.gz"
+    monkeypatch.setattr(cross_requests, "CROSS_REQUESTS_PATH", path)
+    with pytest.raises(CliError, match="no recorded cross-request"):
+        bench_vllm.cross_request_prompts("json-extract")
+    traces = [Trace(np.array([1, 2, i], np.int32), np.arange(5 + i, dtype=np.int32), {"workload": "json-extract"})
+              for i in range(3)]
+    save_traces(path, traces, "m")
+    got = bench_vllm.cross_request_prompts("json-extract:2")
+    assert [(p["id"], p["kind"], p["prompt_ids"], p["max_new"]) for p in got] == [
+        ("json-extract:00", "cross:json-extract", [1, 2, 0], 5), ("json-extract:01", "cross:json-extract", [1, 2, 1], 6)]
+    assert len(bench_vllm.cross_request_prompts("json-extract")) == 3
+    with pytest.raises(CliError, match="unknown cross-request workload 'chat'"):
+        bench_vllm.cross_request_prompts("chat")
+    with pytest.raises(CliError, match="N must be"):
+        bench_vllm.cross_request_prompts("json-extract:0")

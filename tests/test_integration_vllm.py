@@ -23,6 +23,22 @@ from saspec import SuffixAutomaton
 from saspec.select import draft_lengths
 from saspec.integrations.vllm import DEFAULT_MIN_MATCH, SAProposer
 
+
+@pytest.fixture(autouse=True)
+def no_pool(monkeypatch):
+    """These tests check drafts against each request's own automaton: no cross-request pool
+    (on by default in vLLM; tests/test_vllm_hybrid.py and the real-vLLM tests cover it)."""
+    monkeypatch.setenv("SASPEC_VLLM_POOL_TOKENS", "0")
+
+
+def test_the_pool_is_on_by_default(monkeypatch):
+    from saspec.integrations.vllm.config import DEFAULT_POOL_TOKENS
+
+    monkeypatch.delenv("SASPEC_VLLM_POOL_TOKENS")
+    assert SAProposer(vllm_config(k=8)).drafts.pool.max_tokens == DEFAULT_POOL_TOKENS
+    monkeypatch.setenv("SASPEC_VLLM_POOL_TOKENS", "0")
+    assert SAProposer(vllm_config(k=8)).drafts.pool is None
+
 K = 4
 
 

@@ -77,7 +77,7 @@ def speculative_config(method: str, k: int, long_k: int = 32, draft: str | None 
         from saspec.integrations.vllm.config import hybrid_config
 
         return hybrid_config("draft_model", model=draft, num_speculative_tokens=neural_k, sa_tokens=long_k,
-                             threshold=threshold)
+                             threshold=threshold, pool_tokens=0)  # as measured: the pool has a method of its own
     if method == "suffix":
         return {"method": "suffix", "num_speculative_tokens": long_k}
     if method.endswith("-long"):
@@ -261,7 +261,7 @@ def _run_child(python: str, job: dict[str, Any], stem: Path) -> dict[str, Any]:
         env["OMP_NUM_THREADS"] = str(job["threads"])
     if job["min_match"]:
         env["SASPEC_VLLM_MIN_MATCH"] = str(job["min_match"])
-    env["SASPEC_VLLM_POOL_TOKENS"] = str(job.get("pool_tokens") or 0)  # what proposer_config(pool_tokens=) sets
+    env["SASPEC_VLLM_POOL_TOKENS"] = str(job.get("pool_tokens") or 0)  # no pool but for saspec-pool-long
     if job.get("length_rule"):
         env["SASPEC_VLLM_LENGTH_RULE"] = job["length_rule"]
     with open(log_path, "w") as log:

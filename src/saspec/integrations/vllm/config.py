@@ -28,8 +28,11 @@ PROPOSER_CLASS = "saspec.integrations.vllm.SAProposer"
 HYBRID_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
 #: Where ``hybrid_config`` leaves the hybrid's settings for vLLM's workers (inherited by spawned processes).
 HYBRID_ENV = "SASPEC_VLLM_HYBRID"
-#: Where ``proposer_config`` leaves the ``custom_class`` drafter's pool size (tokens; 0 or unset: no pool).
+#: Where ``proposer_config`` leaves the ``custom_class`` drafter's pool size (tokens; 0: no pool).
 POOL_ENV = "SASPEC_VLLM_POOL_TOKENS"
+#: The cross-request pool in vLLM, on by default: it never cost tokens per forward on any workload and
+#: gained where requests repeat each other, for about 84 MB per worker (BENCHMARKS.md, "Cross-request pool").
+DEFAULT_POOL_TOKENS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ def _pool_size(value: Any) -> int:
     return value
 
 
-def proposer_config(num_speculative_tokens: int = DEFAULT_K, *, pool_tokens: int = 0) -> dict[str, Any]:
+def proposer_config(num_speculative_tokens: int = DEFAULT_K, *, pool_tokens: int = DEFAULT_POOL_TOKENS) -> dict[str, Any]:
     """``speculative_config`` for saspec as vLLM's ``custom_class`` drafter.
 
     Args:
@@ -85,6 +88,7 @@ def proposer_config(num_speculative_tokens: int = DEFAULT_K, *, pool_tokens: int
             finished requests' outputs; rows draft from it where their match
             there is longer than in their own text); 0: none. Left in
             ``$SASPEC_VLLM_POOL_TOKENS``, which vLLM's processes inherit.
+            Default :data:`DEFAULT_POOL_TOKENS`.
 
     Returns:
         The dict for ``vllm.LLM(..., speculative_config=...)``.
@@ -98,7 +102,8 @@ def proposer_config(num_speculative_tokens: int = DEFAULT_K, *, pool_tokens: int
 
 
 def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 4, sa_tokens: int = DEFAULT_K,
-                  threshold: int = DEFAULT_THRESHOLD, pool_tokens: int = 0, **kwargs: Any) -> dict[str, Any]:
+                  threshold: int = DEFAULT_THRESHOLD, pool_tokens: int = DEFAULT_POOL_TOKENS,
+                  **kwargs: Any) -> dict[str, Any]:
     """``speculative_config`` for vLLM's neural drafter plus saspec: the hybrid.
 
     Each step, rows whose automaton match is at least ``threshold`` tokens
@@ -113,7 +118,7 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
         sa_tokens: the most draft tokens of an SA row.
         threshold: the minimum match for an SA row.
         pool_tokens: a cross-request pool of this many tokens for the SA side
-            (see ``proposer_config``); 0: none.
+            (see ``proposer_config``); 0: none. Default :data:`DEFAULT_POOL_TOKENS`.
         **kwargs: passed to vLLM's ``speculative_config`` as they are
             (``model``, ``draft_tensor_parallel_size``, ...).
 

@@ -60,7 +60,7 @@ from numba import njit
 
 from ...gate import CostGate
 from ...lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_lengths
-from .config import DEFAULT_MIN_MATCH, GATE, POOL_ENV
+from .config import DEFAULT_MIN_MATCH, DEFAULT_POOL_TOKENS, GATE, POOL_ENV
 from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
 from .fingerprint import FingerprintRows
@@ -116,8 +116,8 @@ class SAProposer:
         policy: the automaton's occurrence policy (see ``SpecEngine``).
         pool_tokens: a cross-request pool of this many tokens (``RequestDrafts``);
             finished requests join it (without the plugin: when their detached
-            automaton is freed). Default: ``$SASPEC_VLLM_POOL_TOKENS`` (set by
-            ``proposer_config(pool_tokens=...)``), else 0: none.
+            automaton is freed); 0: none. Default: ``$SASPEC_VLLM_POOL_TOKENS`` (set by
+            ``proposer_config(pool_tokens=...)``), else ``config.DEFAULT_POOL_TOKENS``.
 
     Raises:
         ValueError: K below 1, ``min_match`` or ``max_detached`` out of range,
@@ -183,7 +183,9 @@ class SAProposer:
         # The gate sizes batch-1 drafts itself: the automaton offers all it has ("fixed"), the gate cuts.
         rule = "fixed" if self._gate is not None else self.length_rule
         if pool_tokens is None:
-            pool_tokens = _env_int(POOL_ENV) or 0
+            pool_tokens = _env_int(POOL_ENV)
+        if pool_tokens is None:
+            pool_tokens = DEFAULT_POOL_TOKENS
         ranks = getattr(getattr(vllm_config, "parallel_config", None), "tensor_parallel_size", 1)
         self.drafts = RequestDrafts(self.k, min_match=self.min_match, length_rule=rule,
                                     length_scale=self.length_scale, policy=policy, pool_tokens=int(pool_tokens),

@@ -49,7 +49,9 @@ from .validate import as_tokens, check_int
 
 SEPARATOR = core.SEPARATOR  # ends each pooled text: drafts stop there
 DEFAULT_SYNC_TOKENS = 256
-POOL_POLICY = "recent"  # of several earlier requests, copy from the latest (arrival order: the most alike)
+# Of several earlier occurrences, copy from the first: measured as good as the most recent or better on
+# every recorded workload (BENCHMARKS.md, "Cross-request pool"), and its builds update no positions.
+POOL_POLICY = "first"
 
 
 class RequestPool:

@@ -36,7 +36,7 @@ from numba import int32, int64, njit
 from . import build, core
 from . import extend as kx
 from .arena import BlobArena, address, blob_bytes
-from .pool import RequestPool, pool_rows
+from .pool import RequestPool, check_source, pool_rows
 from .validate import as_int32_array, as_tokens, check_int, is_torch, optional_int
 
 _EMPTY_BLOB = build.new_blob(0)
@@ -437,6 +437,9 @@ class SpecEngine:
     def _draft_from_pool(self, rp, acc, lens, mout, dout, src) -> None:
         """The pool's side of a step (under the lock): see ``pool.pool_rows``."""
         blob, epoch, base = self.request_pool.current  # one read: the builder swaps it whole
+        if blob[core.H_N] == 0:  # nothing pooled yet: every row keeps its own draft (and its pool state)
+            src[:] = 0
+            return
         pool_rows(self._table, rp, acc, lens, mout, dout, src, blob, base, self._pool_state, epoch,
                   self.request_pool.sync_tokens)
 
@@ -446,6 +449,13 @@ class SpecEngine:
             if self._source.shape[0] != b:
                 self._source = np.zeros(b, dtype=np.int32)
             return self._source
+        nd = np.ndarray
+        if (type(source_out) is nd and source_out.dtype is _I32 and source_out.ndim == 1
+                and source_out.flags.c_contiguous and source_out.flags.writeable
+                and all(type(x) is nd and x.flags.c_contiguous for x in others)):
+            code = check_source(source_out, b, *others)  # the fast path: one jitted check
+            if code == -1:
+                return source_out
         src = as_int32_array(source_out, "source_out", 1, writable=True)
         if src.shape != (b,):
             raise ValueError(f"source_out must have shape {(b,)} for batch {b}, got {src.shape}")

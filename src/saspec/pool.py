@@ -250,6 +250,31 @@ def _joined(texts: list[np.ndarray]) -> np.ndarray:
     return out
 
 
+@njit(inline="always")
+def _shares(a, b):
+    """Whether two C-contiguous arrays' elements overlap in memory."""
+    alo, blo = np.int64(a.ctypes.data), np.int64(b.ctypes.data)
+    ahi, bhi = alo + np.int64(a.size) * a.itemsize, blo + np.int64(b.size) * b.itemsize
+    return alo < ahi and blo < bhi and alo < bhi and blo < ahi
+
+
+@njit(nogil=True, cache=True, **core.NO_NRT)
+def check_source(source_out, rows, accepted, lens, match_out, draft_out):
+    """``extend``'s check of ``source_out`` (numpy arrays), before the step runs: -2 if it is not
+    [rows], i in 0..3 if it shares memory with the i-th of the other arrays, else -1."""
+    if source_out.shape[0] != rows:
+        return -2
+    if _shares(source_out, accepted):
+        return 0
+    if _shares(source_out, lens):
+        return 1
+    if _shares(source_out, match_out):
+        return 2
+    if _shares(source_out, draft_out):
+        return 3
+    return -1
+
+
 LOOKAHEAD = 3  # rows ahead whose pool walk pool_rows prefetches (see _look_ahead)
 
 

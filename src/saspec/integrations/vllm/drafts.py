@@ -231,7 +231,7 @@ class RequestDrafts:
         if n and self.pool is not None:
             src = self._src[:n]
             self.engine.extend(self._acc[:n], lens, match, draft, src)
-            self.stats["pool_rows"] += int(src.sum())
+            self.stats["pool_rows"] += int(np.count_nonzero(src))
         elif n:
             self.engine.extend(self._acc[:n], lens, match, draft)
         _draft_counts(match, draft, self.min_match, self._rule, self.length_scale, lens, before, width, drafted,

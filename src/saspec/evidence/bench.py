@@ -222,7 +222,8 @@ def bench_pool(batches: tuple[int, ...] = (1, 64), context: int = 8000, pool_tok
                steps: int = 100, repeat: int = 3) -> list[dict]:
     """The cross-request pool's cost: microseconds per ``extend`` (the whole batch) without
     and with a full pool of ``pool_tokens`` tokens, interleaved, best of ``repeat``, rows
-    copying their own prompts (3 tokens a step); and the pool's bytes per token and build rate.
+    copying their own prompts (3 tokens a step); and the pool's bytes per token and build rate
+    (texts added one at a time, each build copying the pool: tokens pooled per second of builds).
     Two pools: one that holds edited copies of the rows' prompts (``related``) and one that does not."""
     from ..pool import RequestPool
 
@@ -233,9 +234,9 @@ def bench_pool(batches: tuple[int, ...] = (1, 64), context: int = 8000, pool_tok
         texts = _pool_texts(prompts, pool_tokens, related=related)
         pool = RequestPool(pool_tokens, prompts=True)
         t0 = time.perf_counter()
-        for t in texts:
+        for t in texts:  # one build per finished request, as a server finishing them one by one
             pool.add(t)
-        pool.flush()
+            pool.flush()
         build_s = time.perf_counter() - t0
         st = pool.stats()
         off = on = float("inf")

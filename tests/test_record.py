@@ -113,7 +113,7 @@ def test_real_workload_is_default_only_when_the_file_exists(tmp_path, monkeypatc
     out = tmp_path / "real.jsonl.gz"
     run_record(model_dirs, write_prompts(tmp_path / "p.jsonl", PROMPT_LINES[:2]), out, capsys)
     monkeypatch.setattr(record, "REAL_OUTPUTS_PATH", out)
-    assert simulate.default_workloads()[-1] == simulate.REAL
+    assert simulate.default_workloads()[-2:] == (simulate.REAL, simulate.CROSS)  # the cross-request file ships too
     flats = simulate.load_workloads([simulate.REAL], None, 0)
     assert set(flats) == {"real:code-edits", "real:chat"}
     assert all(f.draft_runs is not None and f.draft_model == "tiny-draft" for f in flats.values())

@@ -26,8 +26,8 @@ are dropped, down to 3/4 of it (so this happens once per quarter of the pool),
 and the automaton is rebuilt from the texts kept; that changes the state
 numbers, so it bumps ``epoch``, and each row re-finds its match from its own
 last ``sync_tokens`` tokens at its next step (O(sync_tokens) once per
-rebuild). Memory: the automaton (about 60-75 bytes per token), the texts (4
-bytes per token), and during a build one more copy of the automaton.
+rebuild). Memory: the automaton and the texts (about 80 bytes per pooled token,
+BENCHMARKS.md), and during a build one more copy of the automaton.
 """
 
 from __future__ import annotations

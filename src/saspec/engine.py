@@ -78,28 +78,24 @@ def _span(x: Any) -> tuple[int, int] | None:
     return (lo, lo + n) if n else None
 
 
-def _check_no_overlap(args: Sequence[Any]) -> None:
+_ARG_NAMES = (*kx.ARG_NAMES, "source_out")  # extend's arrays, in its order
+_OUTPUT_PAIRS = ((0, 2), (0, 3), (1, 2), (1, 3), (2, 3))  # an output and an input, or both outputs
+_SOURCE_PAIRS = ((4, 0), (4, 1), (4, 2), (4, 3))  # source_out and each of the others
+
+
+def _check_no_overlap(args: Sequence[Any], pairs: Sequence[tuple[int, int]] = _OUTPUT_PAIRS) -> None:
     """Raise ``ValueError`` if an output shares memory with an input or with
-    the other output (``args`` in ``extend``'s order)."""
+    another output (``args`` in ``extend``'s order; ``pairs``: which of them to compare)."""
     spans = [_span(x) for x in args]
-    for i, j in ((0, 2), (0, 3), (1, 2), (1, 3), (2, 3)):
+    for i, j in pairs:
         a, b = spans[i], spans[j]
         if a is not None and b is not None and a[0] < b[1] and b[0] < a[1]:
             raise ValueError(_overlap_message(i, j))
 
 
-def _check_source_overlap(source_out: Any, others: Sequence[Any]) -> None:
-    """Raise ``ValueError`` if ``source_out`` shares memory with another of ``extend``'s arrays."""
-    a = _span(source_out)
-    for name, x in zip(kx.ARG_NAMES, others):
-        o = _span(x)
-        if a is not None and o is not None and a[0] < o[1] and o[0] < a[1]:
-            raise ValueError(f"source_out and {name} share memory: the outputs must not overlap an input or each other")
-
-
 def _overlap_message(i: int, j: int) -> str:
     return (
-        f"{kx.ARG_NAMES[i]} and {kx.ARG_NAMES[j]} share memory: "
+        f"{_ARG_NAMES[i]} and {_ARG_NAMES[j]} share memory: "
         "the outputs must not overlap an input or each other"
     )
 
@@ -278,15 +274,10 @@ class SpecEngine:
         address table the kernels read."""
         table = self._table
         if slot >= table.shape[1]:
-            self._table = np.zeros((2, max(2 * table.shape[1], slot + 1)), dtype=np.int64)
-            self._table[:, : table.shape[1]] = table
-            table = self._table
-            grown = np.zeros(self._table.shape[1], dtype=np.int64)
-            grown[: self._prompt_len.shape[0]] = self._prompt_len
-            self._prompt_len = grown
-            state = np.full((3, self._table.shape[1]), -1, dtype=np.int32)
-            state[:, : self._pool_state.shape[1]] = self._pool_state
-            self._pool_state = state
+            slots = max(2 * table.shape[1], slot + 1)
+            self._table = table = _grown(table, slots, 0)
+            self._prompt_len = _grown(self._prompt_len, slots, 0)
+            self._pool_state = _grown(self._pool_state, slots, -1)
         self._blobs[slot] = blob
         table[0, slot] = address(blob)
         table[1, slot] = blob.shape[0]
@@ -459,7 +450,7 @@ class SpecEngine:
         src = as_int32_array(source_out, "source_out", 1, writable=True)
         if src.shape != (b,):
             raise ValueError(f"source_out must have shape {(b,)} for batch {b}, got {src.shape}")
-        _check_source_overlap(src, others)
+        _check_no_overlap((*others, src), _SOURCE_PAIRS)
         return src
 
     def _step(self, parallel: bool, acc, lens, mout, dout) -> int:
@@ -545,7 +536,7 @@ class SpecEngine:
                 raise RuntimeError("no batch is prepared (or a request in it was removed): call prepare() first")
             _check_no_overlap((accepted, accepted_lens, match_len_out, draft_out))
             if source_out is not None:
-                _check_source_overlap(source_out, (accepted, accepted_lens, match_len_out, draft_out))
+                _check_no_overlap((accepted, accepted_lens, match_len_out, draft_out, source_out), _SOURCE_PAIRS)
             self._pool.extend(accepted, accepted_lens, match_len_out, draft_out, len(self._batch), source_out)
 
     # -- inspection ----------------------------------------------------------
@@ -641,6 +632,13 @@ class SpecEngine:
 
     def __len__(self) -> int:
         return len(self._slot)
+
+
+def _grown(a: np.ndarray, slots: int, fill: int) -> np.ndarray:
+    """``a`` (per slot along its last axis) widened to ``slots`` slots, the new ones ``fill``."""
+    out = np.full((*a.shape[:-1], slots), fill, dtype=a.dtype)
+    out[..., : a.shape[-1]] = a
+    return out
 
 
 def _device_pool(backend: str, max_slots: Any, max_seq_len: Any, device: Any, policy: int, depth: int,

@@ -68,7 +68,8 @@ def _span(a):
 
 
 @njit(inline="always")
-def _overlap(a, b):
+def overlap(a, b):
+    """Whether two C-contiguous arrays' elements share memory (jitted callers: ``check_step``, ``pool``)."""
     alo, ahi = _span(a)
     blo, bhi = _span(b)
     return alo < ahi and blo < bhi and alo < bhi and blo < ahi
@@ -98,11 +99,11 @@ def check_step(table, rp, accepted, lens, match_out, draft_out, ctl, n_word):
     if match_out.shape[0] != b:
         return BAD_MATCH_SHAPE
     for i, j, hit in (
-        (0, 2, _overlap(accepted, match_out)),
-        (0, 3, _overlap(accepted, draft_out)),
-        (1, 2, _overlap(lens, match_out)),
-        (1, 3, _overlap(lens, draft_out)),
-        (2, 3, _overlap(match_out, draft_out)),
+        (0, 2, overlap(accepted, match_out)),
+        (0, 3, overlap(accepted, draft_out)),
+        (1, 2, overlap(lens, match_out)),
+        (1, 3, overlap(lens, draft_out)),
+        (2, 3, overlap(match_out, draft_out)),
     ):
         if hit:
             ctl[C_ERR] = i

@@ -26,8 +26,8 @@ are dropped, down to 3/4 of it (so this happens once per quarter of the pool),
 and the automaton is rebuilt from the texts kept; that changes the state
 numbers, so it bumps ``epoch``, and each row re-finds its match from its own
 last ``sync_tokens`` tokens at its next step (O(sync_tokens) once per
-rebuild). Memory: the automaton and the texts (about 80 bytes per pooled token,
-BENCHMARKS.md), and during a build one more copy of the automaton.
+rebuild). Memory: the automaton and the texts (bytes per pooled token: BENCHMARKS.md,
+"Cross-request pool"), and during a build one more copy of the automaton.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from numba import njit
 
 from . import build, core
 from .arena import address, blob_bytes
-from .extend import row_len
+from .extend import overlap, row_len
 from .intrinsics import blob_at, prefetch
 from .validate import as_tokens, check_int
 
@@ -254,27 +254,19 @@ def _joined(texts: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-@njit(inline="always")
-def _shares(a, b):
-    """Whether two C-contiguous arrays' elements overlap in memory."""
-    alo, blo = np.int64(a.ctypes.data), np.int64(b.ctypes.data)
-    ahi, bhi = alo + np.int64(a.size) * a.itemsize, blo + np.int64(b.size) * b.itemsize
-    return alo < ahi and blo < bhi and alo < bhi and blo < ahi
-
-
 @njit(nogil=True, cache=True, **core.NO_NRT)
 def check_source(source_out, rows, accepted, lens, match_out, draft_out):
     """``extend``'s check of ``source_out`` (numpy arrays), before the step runs: -2 if it is not
     [rows], i in 0..3 if it shares memory with the i-th of the other arrays, else -1."""
     if source_out.shape[0] != rows:
         return -2
-    if _shares(source_out, accepted):
+    if overlap(source_out, accepted):
         return 0
-    if _shares(source_out, lens):
+    if overlap(source_out, lens):
         return 1
-    if _shares(source_out, match_out):
+    if overlap(source_out, match_out):
         return 2
-    if _shares(source_out, draft_out):
+    if overlap(source_out, draft_out):
         return 3
     return -1
 
@@ -348,15 +340,14 @@ def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, pool,
         if m > match_out[b] and s > 0:
             source_out[b] = 1
             prefetch(base + 4 * (core.aux(pool, s) + core.POS))
-    # Pass 2: where each marked row's continuation starts; prefetch the text there.
+    # Pass 2: prefetch the text where each marked row's continuation starts.
     text = pool[core.H_O_TEXT]
+    n = pool[core.H_N]
     for b in range(nb):
         if source_out[b]:
             start = pool[core.aux(pool, state[0, rows[b]]) + core.POS] + 1
-            state_start = start if start < pool[core.H_N] else -1
-            source_out[b] = 1 + state_start  # 0: nothing to draft; else the start + 1
-            if state_start >= 0:
-                prefetch(base + 4 * (text + state_start))
+            if start < n:
+                prefetch(base + 4 * (text + start))
     # Pass 3: the drafts.
     for b in range(nb):
         if source_out[b]:

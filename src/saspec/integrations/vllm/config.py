@@ -31,7 +31,7 @@ HYBRID_ENV = "SASPEC_VLLM_HYBRID"
 #: Where ``proposer_config`` leaves the ``custom_class`` drafter's pool size (tokens; 0: no pool).
 POOL_ENV = "SASPEC_VLLM_POOL_TOKENS"
 #: The cross-request pool in vLLM, on by default: it never cost tokens per forward on any workload and
-#: gained where requests repeat each other, for about 84 MB per worker (BENCHMARKS.md, "Cross-request pool").
+#: gained where requests repeat each other, for little memory per worker (BENCHMARKS.md, "Cross-request pool").
 DEFAULT_POOL_TOKENS = 1 << 20
 
 
@@ -152,6 +152,12 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
     settings = HybridSettings(method=method, k=k, sa_tokens=sa, threshold=thr, vllm_tokens=sa, pool_tokens=pool)
     os.environ[HYBRID_ENV] = json.dumps(asdict(settings))
     return {"method": method, "num_speculative_tokens": settings.vllm_tokens, **kwargs}
+
+
+def tensor_parallel_ranks(config: Any) -> int:
+    """``config.parallel_config.tensor_parallel_size`` (a ``VllmConfig`` or a model runner); 1 where it has none."""
+    ranks = getattr(getattr(config, "parallel_config", None), "tensor_parallel_size", 1)
+    return ranks if isinstance(ranks, int) and ranks >= 1 else 1
 
 
 def hybrid_settings(speculative_config: Any) -> HybridSettings | None:

@@ -8,9 +8,8 @@ C++ fallback that casts its output to int64 first and writes into the copy, so
 the float tensor the sampler then divides by is never written: uninitialised
 memory. The target's probabilities at draft positions become NaN, uniform or
 one-hot, and vLLM then accepts drafts it should reject (any method, not only
-saspec's: its draft model alone emitted the draft model's favourite token in a
-third of all positions where plain sampling never did; BENCHMARKS.md, "The
-hybrid in vLLM").
+saspec's: its draft model alone emits the draft model's favourite token far
+more often than plain sampling does; BENCHMARKS.md, "The hybrid in vLLM").
 
 saspec's drafters depend on exact verification, so where one drafts (the
 plugin's hybrid or ``SAProposer``, with or without the plugin), the expansion

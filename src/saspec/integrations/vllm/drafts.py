@@ -228,12 +228,11 @@ class RequestDrafts:
             if self._steps % POOL_PUBLISH_STEPS == 0:
                 self.pool.publish()
             self._steps += 1
-        if n and self.pool is not None:
-            src = self._src[:n]
+        if n:
+            src = self._src[:n] if self.pool is not None else None
             self.engine.extend(self._acc[:n], lens, match, draft, src)
-            self.stats["pool_rows"] += int(np.count_nonzero(src))
-        elif n:
-            self.engine.extend(self._acc[:n], lens, match, draft)
+            if src is not None:
+                self.stats["pool_rows"] += int(np.count_nonzero(src))
         _draft_counts(match, draft, self.min_match, self._rule, self.length_scale, lens, before, width, drafted,
                       count, self._ends)
         if n == b_all:

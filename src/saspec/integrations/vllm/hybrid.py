@@ -43,6 +43,7 @@ import numpy as np
 
 from ...lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
 from .config import HybridSettings
+from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
 
 
@@ -74,6 +75,7 @@ class HybridDrafter:
         self.drafts = RequestDrafts(settings.sa_tokens, min_match=settings.threshold,
                                     length_rule=DEFAULT_LENGTH_RULE, length_scale=DEFAULT_LENGTH_SCALE,
                                     pool_tokens=settings.pool_tokens, ranks=ranks)
+        fix_sampled_verification()  # SA drafts are point proposals: they need exact sampled verification
         self._last_rids: list[Hashable] = []  # the rows of the last merge
         self._last_sa = np.zeros(0, bool)  # which of them took an SA draft
         self._last_drafted = np.zeros(0, np.int32)  # and how many draft tokens each proposed

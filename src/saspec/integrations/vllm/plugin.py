@@ -15,9 +15,6 @@ behaviour unchanged unless a saspec drafter is configured:
   from the automaton first, runs the neural drafter with its K (or with K = 0:
   see ``hybrid``) and merges the two.
 
-Where a saspec drafter is configured, the plugin also repairs vLLM's sampled
-verification on platforms where it is broken (``cpu_sampling``).
-
 vLLM's CPU runner subclasses ``GPUModelRunner``, so both backends get the same
 code. The wrapped internals are those of :data:`config.TESTED_VLLM`; on any
 other version ``register`` patches nothing, and the hybrid refuses to start.
@@ -33,7 +30,7 @@ import os
 import time
 from typing import Any
 
-from .config import HYBRID_ENV, check_vllm_version, hybrid_settings
+from .config import HYBRID_ENV, check_vllm_version, hybrid_settings, tensor_parallel_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -88,14 +85,9 @@ def _drafter(runner: Any) -> Any:
     if settings is not None:
         from .hybrid import HybridDrafter
 
-        ranks = getattr(getattr(runner, "parallel_config", None), "tensor_parallel_size", 1)
-        drafter = HybridDrafter(settings, runner.max_model_len, ranks)
+        drafter = HybridDrafter(settings, runner.max_model_len, tensor_parallel_ranks(runner))
     elif getattr(spec, "method", None) == "custom_class" and hasattr(getattr(runner, "drafter", None), "name_rows"):
         drafter = runner.drafter
-    if drafter is not None:  # saspec's drafts need exact sampled verification (see cpu_sampling)
-        from .cpu_sampling import fix_sampled_verification
-
-        fix_sampled_verification()
     runner.__dict__[_STATE] = drafter
     return drafter
 

@@ -60,7 +60,7 @@ from numba import njit
 
 from ...gate import CostGate
 from ...lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_lengths
-from .config import DEFAULT_MIN_MATCH, DEFAULT_POOL_TOKENS, GATE, POOL_ENV
+from .config import DEFAULT_MIN_MATCH, DEFAULT_POOL_TOKENS, GATE, POOL_ENV, tensor_parallel_ranks
 from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
 from .fingerprint import FingerprintRows
@@ -186,10 +186,9 @@ class SAProposer:
             pool_tokens = _env_int(POOL_ENV)
         if pool_tokens is None:
             pool_tokens = DEFAULT_POOL_TOKENS
-        ranks = getattr(getattr(vllm_config, "parallel_config", None), "tensor_parallel_size", 1)
         self.drafts = RequestDrafts(self.k, min_match=self.min_match, length_rule=rule,
                                     length_scale=self.length_scale, policy=policy, pool_tokens=int(pool_tokens),
-                                    ranks=ranks if isinstance(ranks, int) else 1)
+                                    ranks=tensor_parallel_ranks(vllm_config))
         self._rows = FingerprintRows(self.max_detached, self.drafts.finish)
         self._ids: list[Hashable] | None = None  # the next step's request ids, from the plugin
         self._new = np.zeros((0, self.k + 1), np.int32)  # this step's new tokens per row

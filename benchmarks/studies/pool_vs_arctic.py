@@ -27,7 +27,7 @@ import numpy as np
 from saspec import RequestPool
 from saspec.evidence import workloads as wl
 from saspec.evidence.cross_requests import CROSS_REQUESTS_PATH
-from saspec.evidence.pool_sim import arrival_order
+from saspec.evidence.pool_sim import accepted_prefix, arrival_order
 from saspec.evidence.positions import Flat
 from saspec.evidence.record import REAL_OUTPUTS_PATH, split_workloads
 from saspec.evidence.tokenizers import get_tokenizer
@@ -49,10 +49,7 @@ def arctic_arrival_order(flat: Flat, k: int, cached: int) -> float:
         while q < out.shape[0]:
             d = cache.speculate(i, np.asarray(text[-DEPTH:], np.int32), max_spec_tokens=k, max_spec_factor=FACTOR,
                                 min_token_prob=MIN_PROB).token_ids
-            a = 0
-            limit = min(len(d), out.shape[0] - q - 1)
-            while a < limit and d[a] == out[q + a]:
-                a += 1
+            a = accepted_prefix(d, out, q)
             new = out[q: q + a + 1]
             cache.add_active_response(i, new.astype(np.int32))
             text += new.tolist()

@@ -22,6 +22,16 @@ from .positions import Flat, extend_buffers
 VARIANTS = ("off", "outputs", "prompts+outputs")
 
 
+def accepted_prefix(draft, out: np.ndarray, q: int) -> int:
+    """How many leading ``draft`` tokens greedy verification accepts at output position ``q``
+    (they equal ``out[q:]``; the last output token is always the target's own)."""
+    limit = min(len(draft), out.shape[0] - q - 1)
+    a = 0
+    while a < limit and draft[a] == out[q + a]:
+        a += 1
+    return a
+
+
 def arrival_order(flat: Flat, k: int, pool: RequestPool | None, policy: str) -> dict[str, Any]:
     """Replay ``flat``'s traces in order on one engine (with ``pool`` if given)."""
     eng = SpecEngine(pool=pool, policy=policy)
@@ -39,10 +49,7 @@ def arrival_order(flat: Flat, k: int, pool: RequestPool | None, policy: str) -> 
                 eng.extend(acc, lens, mout, dout)
             else:
                 eng.extend(acc, lens, mout, dout, src)
-            a = 0
-            limit = min(k, out.shape[0] - q - 1)  # the last output token is the target's own
-            while a < limit and dout[0, a] == out[q + a]:
-                a += 1
+            a = accepted_prefix(dout[0], out, q)
             new = out[q: q + a + 1]
             acc[0, : new.shape[0]] = new
             lens[0] = new.shape[0]
@@ -56,7 +63,7 @@ def arrival_order(flat: Flat, k: int, pool: RequestPool | None, policy: str) -> 
         if pool is not None:
             pool.flush()  # arrival order: the next request sees this one
     tokens = int(flat.tokens.shape[0])
-    res = {"tokens": tokens, "steps": steps, "al": tokens / max(steps, 1),
+    res = {"requests": len(flat.prompts), "tokens": tokens, "steps": steps, "al": tokens / max(steps, 1),
            "pool_rows": pool_steps / max(steps, 1), "pool_accepted": pool_accepted / max(accepted, 1)}
     if pool is not None:
         res["pool"] = pool.stats()
@@ -80,7 +87,6 @@ def format_pool_table(results: dict[str, dict], k: int, pool_tokens: int, policy
              "|---|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         off, o, po = (r[v]["al"] for v in VARIANTS)
-        n = r["off"]["pool"]["added"] if "pool" in r["off"] else r["outputs"]["pool"]["added"]
-        lines.append(f"| {name} | {n} | {off:.3f} | {o:.3f} ({o / off:.3f}x) | {po:.3f} ({po / off:.3f}x) "
+        lines.append(f"| {name} | {r['off']['requests']} | {off:.3f} | {o:.3f} ({o / off:.3f}x) | {po:.3f} ({po / off:.3f}x) "
                      f"| {r['outputs']['pool_rows']:.1%} / {r['outputs']['pool_accepted']:.1%} |")
     return "\n".join(lines)

@@ -693,9 +693,8 @@ def main(args: argparse.Namespace) -> int:
     if args.pool_tokens:
         from .pool_sim import format_pool_table, pool_comparison
 
-        pool_policy = DEFAULT_POLICY if DEFAULT_POLICY in policies else policies[0]
-        pool = pool_comparison(flats, args.k, args.pool_tokens, pool_policy)
-        pool_text = format_pool_table(pool, args.k, args.pool_tokens, pool_policy)
+        pool = pool_comparison(flats, args.k, args.pool_tokens, policy)  # the SA policy of the first screen
+        pool_text = format_pool_table(pool, args.k, args.pool_tokens, policy)
     sa_tokens = sum(r["tokens"] for r in results.values()) * len(policies)
     sa_seconds = sum(v for r in results.values() for key, v in r["seconds"].items() if key.startswith("sa:"))
     first = format_first_screen(results, speed, args.k, args.threshold, policy)

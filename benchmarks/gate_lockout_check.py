@@ -21,7 +21,7 @@ CHILD = r"""
 import calendar, inspect, json, sys, textwrap, time, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 import saspec, saspec.integrations.hf as sahf
-from saspec.evidence import models
+from saspec_bench import models
 slow, new_tokens = float(sys.argv[1]), int(sys.argv[2])
 spec, _ = models.family("qwen2.5-coder")
 models.offline()

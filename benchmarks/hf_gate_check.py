@@ -29,7 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import saspec.integrations.hf as sahf
-from saspec.evidence import models
+from saspec_bench import models
 from saspec.gate import CostGate
 
 EDITS = (

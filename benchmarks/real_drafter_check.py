@@ -9,7 +9,7 @@ is run to each trace's length without EOS so that it replays exactly the
 recorded output; a trace whose output the loop does not reproduce (a
 floating-point near-tie in the target) is reported and skipped.
 
-    python benchmarks/real_drafter_check.py [--traces src/saspec/evidence/data/real_outputs.jsonl.gz] [-n 6]
+    python benchmarks/real_drafter_check.py [--traces bench/src/saspec_bench/data/real_outputs.jsonl.gz] [-n 6]
 
 Uses the installed Qwen2.5-Coder models (fp32) unless --target-dir/--draft-dir are given.
 """
@@ -23,13 +23,13 @@ import numpy as np
 
 
 def main() -> int:
-    from saspec.evidence import realsim
-    from saspec.evidence.costmodel import gpu_like_profile
-    from saspec.evidence.generate import HybridDrafter, ModelDrafter, SADrafter, speculative_generate
-    from saspec.evidence.lm import load_models
-    from saspec.evidence.record import REAL_OUTPUTS_PATH
-    from saspec.evidence.simulate import Flat
-    from saspec.evidence.workloads import load_traces
+    from saspec_bench import realsim
+    from saspec_bench.costmodel import gpu_like_profile
+    from saspec_bench.loop import HybridDrafter, ModelDrafter, SADrafter, speculative_generate
+    from saspec_bench.lm import load_models
+    from saspec_bench.datafiles import REAL_OUTPUTS_PATH
+    from saspec_bench.positions import Flat
+    from saspec_bench.workloads import load_traces
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", default=str(REAL_OUTPUTS_PATH))

@@ -1,6 +1,8 @@
-"""The package's architecture holds: the library never reaches into the evidence, every
-module imports only modules below it (no cycle) and no other module's private names,
-``import saspec`` stays light, and importing it writes nothing into the source tree."""
+"""The repository's architecture holds: the library (``saspec``) never imports the bench
+(``saspec_bench``), in each package every module imports only modules below it (no cycle)
+and no other module's private names, the bench's commands sit on its shared layers and not
+on each other, ``import saspec`` stays light, and importing it writes nothing into the
+source tree."""
 
 from __future__ import annotations
 
@@ -11,15 +13,19 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 import saspec
+import saspec_bench
 
 PACKAGE = Path(saspec.__file__).resolve().parent
+BENCH = Path(saspec_bench.__file__).resolve().parent
 HEAVY = ("torch", "transformers", "tiktoken", "numba_cuda", "matplotlib", "vllm")
 
 
 def _library_modules() -> list[Path]:
-    """The library: every module outside ``evidence`` (``device`` and ``integrations`` included)."""
-    return [p for p in PACKAGE.rglob("*.py") if "evidence" not in p.relative_to(PACKAGE).parts]
+    """The library: every module of ``saspec`` (``device`` and ``integrations`` included)."""
+    return sorted(PACKAGE.rglob("*.py"))
 
 
 # -- the import graph: one parser for every check below ------------------------------------
@@ -122,14 +128,16 @@ def private_imports(root: Path) -> list[str]:
     return out
 
 
-# -- the layers: the library never imports the evidence, no cycles, no private imports -------
+# -- the layers: the library never imports the bench, no cycles, no private imports ----------
 
 
-def test_library_never_imports_the_evidence():
-    graph = import_graph(PACKAGE)
-    offenders = {m: sorted(d for d in deps if d.startswith("saspec.evidence")) for m, deps in graph.items()
-                 if not m.startswith("saspec.evidence")}
-    assert {k: v for k, v in offenders.items() if v} == {}
+def test_library_never_imports_the_bench():
+    offenders = {}
+    for path in _library_modules():
+        bad = sorted({imp.module for imp in imports_of(path, PACKAGE) if imp.module.split(".")[0] == "saspec_bench"})
+        if bad:
+            offenders[module_name(path, PACKAGE)] = bad
+    assert offenders == {}
 
 
 def test_the_import_graph_resolves_relative_imports():
@@ -137,20 +145,43 @@ def test_the_import_graph_resolves_relative_imports():
     assert {"saspec.core", "saspec.device.extend"} <= import_graph(PACKAGE)["saspec.device.prepare"]
 
 
-def test_no_import_cycle():
+@pytest.mark.parametrize("root", [PACKAGE, BENCH], ids=["saspec", "saspec_bench"])
+def test_no_import_cycle(root):
     """Every module imports only modules below it: lazy imports inside functions count too."""
-    assert cycles(import_graph(PACKAGE)) == []
+    assert cycles(import_graph(root)) == []
 
 
-def test_no_module_imports_another_modules_private_name():
-    assert private_imports(PACKAGE) == []
+@pytest.mark.parametrize("root", [PACKAGE, BENCH], ids=["saspec", "saspec_bench"])
+def test_no_module_imports_another_modules_private_name(root):
+    assert private_imports(root) == []
 
 
-def test_the_command_line_is_the_top_of_the_evidence():
-    """``cli`` imports the commands; a command that needs a validator or ``CliError``
-    takes it from ``evidence.options``."""
-    graph = import_graph(PACKAGE)
-    assert sorted(m for m, deps in graph.items() if "saspec.evidence.cli" in deps) == []
+def test_the_command_line_is_the_top_of_the_bench():
+    """``cli`` imports the commands; nothing imports ``cli``."""
+    graph = import_graph(BENCH)
+    assert sorted(m for m, deps in graph.items() if "saspec_bench.cli" in deps) == []
+
+
+def test_bench_commands_sit_on_shared_layers_not_on_each_other():
+    """A command (``saspec_bench.commands.*``) imports the bench's shared layers (data, workloads,
+    models, measurement) and never another command; the shared layers never import a command."""
+    graph = import_graph(BENCH)
+    commands = {m for m in graph if m.startswith("saspec_bench.commands.")}
+    assert commands, "the bench's commands moved: update this test"
+    between = {m: sorted(d for d in deps if d in commands) for m, deps in graph.items() if m in commands}
+    assert {m: d for m, d in between.items() if d} == {}
+    upward = {m: sorted(d for d in deps if d in commands) for m, deps in graph.items()
+              if m not in commands and m != "saspec_bench.cli"}
+    assert {m: d for m, d in upward.items() if d} == {}
+
+
+def test_installing_the_library_pulls_only_numpy_and_numba():
+    """The library's own dependencies; everything else is an extra (torch, transformers, numba-cuda, vLLM)."""
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())["project"]
+    assert sorted(d.split(">")[0].split("=")[0].split("<")[0] for d in project["dependencies"]) == ["numba", "numpy"]
+    assert "scripts" not in project, "the saspec command belongs to the bench distribution"
 
 
 def test_the_checks_report_exactly_a_cycle_and_the_private_imports(tmp_path):
@@ -206,7 +237,7 @@ def test_import_saspec_is_light():
         "from saspec import SpecEngine, SuffixAutomaton, NgramDrafter, select_drafts\n"
         f"heavy = {HEAVY!r}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy"
-        " or m.startswith(('saspec.evidence', 'saspec.device'))))"
+        " or m.startswith(('saspec_bench', 'saspec.device'))))"
     )
     assert out.strip() == "[]"
 
@@ -220,7 +251,7 @@ def test_cpu_engine_loads_nothing_heavy():
         "z = np.zeros\n"
         "e.extend(z((1, 3), np.int32), z(1, np.int32), z(1, np.int32), z((1, 2), np.int32))\n"
         f"heavy = {HEAVY!r}\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m.startswith('saspec.evidence')))"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m.startswith('saspec_bench')))"
     )
     assert out.strip() == "[]"
 

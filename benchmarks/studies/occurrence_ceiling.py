@@ -21,9 +21,10 @@ import time
 import numpy as np
 from numba import njit
 
-from saspec.evidence import workloads as wl
-from saspec.evidence.simulate import SA, Flat, sa_positions, walk
-from saspec.evidence.tokenizers import get_tokenizer
+from saspec_bench import workloads as wl
+from saspec_bench.acceptance import walk
+from saspec_bench.positions import SA, Flat, sa_positions
+from saspec_bench.tokenizers import get_tokenizer
 
 K = 8
 

@@ -24,9 +24,9 @@ import time
 import numpy as np
 
 from saspec import SuffixAutomaton
-from saspec.evidence import workloads as wl
-from saspec.evidence.gate_replay import REAL_OUTPUTS
-from saspec.evidence.tokenizers import get_tokenizer
+from saspec_bench import workloads as wl
+from saspec_bench.gate_replay import REAL_OUTPUTS
+from saspec_bench.tokenizers import get_tokenizer
 
 K = 8
 SEP = 2**31 - 2  # a token no output holds: no match crosses a request boundary

@@ -1,7 +1,7 @@
 """saspec's cross-request pool against ArcticInference's global suffix tree, on the same traces.
 
 Greedy acceptance in arrival order, one request at a time (as ``saspec simulate``'s
-pool table, ``evidence/pool_sim.py``): each step a drafter proposes up to K tokens,
+pool table, ``saspec_bench/pool_sim.py``): each step a drafter proposes up to K tokens,
 the accepted ones are the common prefix with the recorded output, and the text
 grows by them plus one token of the target's own. AL is output tokens per step.
 
@@ -25,12 +25,13 @@ import time
 import numpy as np
 
 from saspec import RequestPool
-from saspec.evidence import workloads as wl
-from saspec.evidence.cross_requests import CROSS_REQUESTS_PATH
-from saspec.evidence.pool_sim import accepted_prefix, arrival_order
-from saspec.evidence.positions import Flat
-from saspec.evidence.record import REAL_OUTPUTS_PATH, split_workloads
-from saspec.evidence.tokenizers import get_tokenizer
+from saspec_bench import workloads as wl
+from saspec_bench.datafiles import CROSS_REQUESTS_PATH
+from saspec_bench.pool_sim import accepted_prefix, arrival_order
+from saspec_bench.positions import Flat
+from saspec_bench.datafiles import REAL_OUTPUTS_PATH
+from saspec_bench.prompts import split_workloads
+from saspec_bench.tokenizers import get_tokenizer
 
 DEPTH, CACHED, FACTOR, MIN_PROB = 24, 10_000, 1.0, 0.1  # vLLM 0.32's suffix defaults
 

@@ -8,9 +8,11 @@ The package is laid out by what each part is for:
   host batch kernels), ``pool`` (``RequestPool``: memory across requests),
   ``select`` (the hybrid choice) and ``ngram`` (the n-gram baseline);
 * ``saspec.device``: the CUDA backend (device slot pool, uploads, kernels);
-* ``saspec.integrations``: one thin adapter per inference engine;
-* ``saspec.evidence``: workloads, simulator, benchmarks, model set-up and the
-  reference speculative loop. The library never imports it.
+* ``saspec.integrations``: one thin adapter per inference engine.
+
+What measures saspec (workloads, the simulator, benchmarks, model set-up, the
+``saspec`` command) is the separate ``saspec_bench`` distribution in ``bench/``;
+the library never imports it.
 
 Every module that compiles kernels imports ``kernel_cache`` first (saspec's numba
 cache locator); ``import saspec`` itself imports neither numba nor any module.

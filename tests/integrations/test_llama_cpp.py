@@ -1,0 +1,371 @@
+"""saspec in llama.cpp through llama-cpp-python, on a tiny random llama written locally as
+GGUF (the ``gguf`` package; no network): saspec's loop emits plain greedy decoding's tokens
+with the automaton, the draft model and the hybrid, and after prompts longer than
+``n_batch``; the draft model's KV cache is caught up, not rebuilt; sampled verification
+has the target's distribution; the automaton drafts inside llama-cpp-python's own loop;
+the server hook serves completions with saspec's loop; bad arguments raise and change
+nothing. Skipped where llama-cpp-python is not importable; run it in its environment
+(``benchmarks/llama_cpp/setup.sh``)::
+
+    PYTHONPATH=src /work/venvs/llama/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_llama_cpp.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                reason="llama-cpp-python is not installed")
+
+VOCAB = 320
+N_BATCH = 64
+
+
+def write_tiny_llama_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
+                          n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 2048) -> None:
+    """A random llama (f32) with an SPM vocabulary of ``VOCAB`` tokens (3 special, 256 bytes, the rest plain)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-random-llama")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_file_type(0)  # all f32
+    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
+    tokens += [f"t{i}".encode() for i in range(VOCAB - len(tokens))]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * VOCAB)
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (VOCAB - 259))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+
+    def tensor(name: str, *shape: int, scale: float | None = None) -> None:
+        s = 1.0 / np.sqrt(shape[-1]) if scale is None else scale
+        w.add_tensor(name, (rng.standard_normal(shape) * s).astype(np.float32))
+
+    hd = n_embd // n_head
+    tensor("token_embd.weight", VOCAB, n_embd, scale=1.0)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
+    tensor("output.weight", VOCAB, n_embd, scale=4.0 / np.sqrt(n_embd))
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, np.float32))
+        tensor(f"blk.{i}.attn_q.weight", n_embd, n_embd)
+        tensor(f"blk.{i}.attn_k.weight", n_head_kv * hd, n_embd)
+        tensor(f"blk.{i}.attn_v.weight", n_head_kv * hd, n_embd)
+        tensor(f"blk.{i}.attn_output.weight", n_embd, n_embd)
+        tensor(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+        tensor(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+        tensor(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_tiny_llama_gguf(path)
+    return path
+
+
+def new_llama(path: Path, **kw):
+    from llama_cpp import Llama
+
+    args = dict(model_path=str(path), n_ctx=1024, n_batch=N_BATCH, n_threads=1, n_threads_batch=1, verbose=False,
+                seed=0)
+    args.update(kw)
+    return Llama(**args)
+
+
+@pytest.fixture(scope="module")
+def llama(gguf_path):
+    return new_llama(gguf_path)
+
+
+def plain_greedy(llama, prompt: list[int], n: int) -> list[int]:
+    """llama-cpp-python's own greedy decoding (``Llama.generate``, one token per step) from a clean cache."""
+    llama.reset()
+    out = []
+    for t in llama.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+        out.append(int(t))
+        if len(out) == n:
+            break
+    llama.reset()
+    return out
+
+
+def repetitive_prompt(seed: int, n: int = 40, copies: int = 3) -> list[int]:
+    """A random passage repeated: the automaton matches it, and the target often continues it."""
+    rng = np.random.default_rng(seed)
+    part = rng.integers(3, VOCAB, n).tolist()
+    return part * copies
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_plain_loop_equals_llama_generate(llama, seed):
+    from saspec.integrations.llama_cpp import generate
+
+    prompt = repetitive_prompt(seed)
+    ref = plain_greedy(llama, prompt, 60)
+    got = generate(llama, prompt, 60, None, stop_at_eog=False)
+    assert got.tokens == ref
+    assert got.steps == 59 and not got.drafted
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_automaton_greedy_equals_plain(llama, seed):
+    from saspec.integrations.llama_cpp import SADraftModel, generate
+
+    prompt = repetitive_prompt(seed)
+    ref = plain_greedy(llama, prompt, 80)
+    got = generate(llama, prompt, 80, SADraftModel(16), stop_at_eog=False)
+    assert got.tokens == ref
+    assert sum(got.drafted.values()) > 0
+    # the KV cache holds the prompt and the output but its last token, as the Llama records it
+    # (no step drafted past max_tokens)
+    assert llama.n_tokens == len(prompt) + len(ref) - 1
+    assert llama.input_ids[: llama.n_tokens].tolist() == (prompt + ref)[:-1]
+
+
+def test_drafts_are_accepted_when_the_target_repeats_itself(llama):
+    """Greedy decoding of a random model falls into a cycle: once it does, the automaton's drafts are kept."""
+    from saspec.integrations.llama_cpp import SADraftModel, generate
+
+    prompt = repetitive_prompt(5)
+    got = generate(llama, prompt, 200, SADraftModel(16), stop_at_eog=False)
+    assert got.tokens == plain_greedy(llama, prompt, 200)
+    assert got.accepted.get("sa", 0) > 0.5 * len(got.tokens)
+    assert got.steps < len(got.tokens) / 2
+
+
+def test_prompt_longer_than_n_batch(llama):
+    from saspec.integrations.llama_cpp import SADraftModel, generate
+
+    prompt = repetitive_prompt(7, n=100, copies=3)  # 300 tokens, n_batch 64
+    ref = plain_greedy(llama, prompt, 50)
+    assert generate(llama, prompt, 50, SADraftModel(), stop_at_eog=False).tokens == ref
+
+
+def test_cached_prefix_is_reused_and_kept_correct(llama):
+    """A second prompt sharing a prefix decodes only the rest, with the same output as from scratch."""
+    from saspec.integrations.llama_cpp import SADraftModel, generate
+
+    a = repetitive_prompt(8)
+    first = generate(llama, a, 30, SADraftModel(), stop_at_eog=False)
+    b = a + first.tokens + repetitive_prompt(9, n=10, copies=1)
+    ref = plain_greedy(llama, b, 40)
+    generate(llama, a, 30, SADraftModel(), stop_at_eog=False)  # leave a's state in the cache again
+    assert generate(llama, b, 40, SADraftModel(), stop_at_eog=False).tokens == ref
+
+
+def test_draft_model_and_hybrid_equal_plain_and_catch_up_lazily(gguf_path, llama):
+    """With the target itself as the draft model every draft token is kept, which only holds
+    if the draft model's KV cache is right after the steps it skipped."""
+    from saspec.integrations.llama_cpp import HybridDrafter, ModelDrafter, SADraftModel, generate
+
+    small = new_llama(gguf_path)
+    for seed in (0, 4):
+        prompt = repetitive_prompt(seed, n=30, copies=2) + repetitive_prompt(seed + 10, n=20, copies=1)
+        ref = plain_greedy(llama, prompt, 120)
+        alone = ModelDrafter(small, k=4, p_min=0.0)
+        got = generate(llama, prompt, 120, alone, stop_at_eog=False)
+        assert got.tokens == ref
+        assert got.accepted["draft"] == got.drafted["draft"] > 0
+        hybrid = HybridDrafter(SADraftModel(16), ModelDrafter(small, k=4, p_min=0.0), threshold=4)
+        got = generate(llama, prompt, 120, hybrid, stop_at_eog=False)
+        assert got.tokens == ref
+        assert got.steps_by_source.get("sa", 0) > 0 and got.steps_by_source.get("draft", 0) > 0
+        assert got.accepted["draft"] == got.drafted["draft"]
+        # Lazy catch-up: the draft model decoded the prompt once plus each later token at most
+        # once more than the drafts it made (no re-decoding of the history per step).
+        m = hybrid.model
+        assert m.decoded <= len(prompt) + len(ref) + got.drafted["draft"] + got.steps_by_source["draft"]
+
+
+def test_p_min_stops_unsure_drafts(gguf_path, llama):
+    from saspec.integrations.llama_cpp import ModelDrafter, generate
+
+    small = new_llama(gguf_path)
+    d = ModelDrafter(small, k=8, p_min=1.0)  # no token is certain: no drafts at all
+    prompt = repetitive_prompt(3)
+    got = generate(llama, prompt, 20, d, stop_at_eog=False)
+    assert got.tokens == plain_greedy(llama, prompt, 20) and not got.drafted
+
+
+def test_sampled_verification_has_the_target_distribution():
+    """Sampler.verify with a point-mass draft: the first emitted token has distribution p0, and the
+    second, given the first kept the draft, p1 (exact speculative sampling)."""
+    from saspec.integrations.llama_cpp import Sampler
+
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((3, 6)).astype(np.float32) * 1.5
+    s = Sampler(temperature=0.8, seed=1)
+    p0, p1 = s.probs(logits[0]), s.probs(logits[1])
+    d = [int(np.argsort(p0)[-2]), int(np.argmax(p1))]  # a draft that is not the mode first
+    n = 40_000
+    first = np.zeros(6)
+    second = np.zeros(6)
+    for _ in range(n):
+        out = s.verify(logits, d)
+        first[out[0]] += 1
+        if out[0] == d[0]:
+            second[out[1]] += 1
+    assert np.abs(first / n - p0).max() < 0.01
+    assert np.abs(second / second.sum() - p1).max() < 0.015
+
+
+class FixedDrafter:
+    """Proposes the same tokens at every step (the loop's verification is what is tested)."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+
+    def begin(self, prompt) -> None:
+        pass
+
+    def propose(self, new_tokens) -> list[int]:
+        return list(self.tokens)
+
+
+def test_sampled_generation_keeps_drafts_as_often_as_the_target_samples_them(llama):
+    """End to end at temperature 0.7: how often the second and third tokens equal the draft's
+    matches the target's own probability of those tokens, averaged over the same histories
+    (speculative sampling is exact: a kept draft is as likely as the target sampling it)."""
+    from saspec.integrations.llama_cpp import Context, Sampler, generate
+
+    prompt = repetitive_prompt(11, n=20, copies=3)
+    g = plain_greedy(llama, prompt, 3)
+    ref_sampler = Sampler(temperature=0.7)
+    cond: dict[tuple[int, ...], np.ndarray] = {}
+
+    def p_next(prefix: tuple[int, ...]) -> np.ndarray:
+        if prefix not in cond:
+            llama.reset()
+            cond[prefix] = ref_sampler.probs(Context(llama).decode(prompt + list(prefix), want_last=True))
+        return cond[prefix]
+
+    n, hits, expected = 400, np.zeros(2), np.zeros(2)
+    outs = [generate(llama, prompt, 3, FixedDrafter(g[1:3]), temperature=0.7, seed=i, stop_at_eog=False).tokens
+            for i in range(n)]
+    for t in outs:
+        for j in (1, 2):
+            if j == 2 and t[1] != g[1]:
+                continue  # the second draft token is only verified after the first was kept
+            hits[j - 1] += t[j] == g[j]
+            expected[j - 1] += p_next(tuple(t[:j]))[g[j]]
+    kept_first = sum(t[1] == g[1] for t in outs)
+    assert 0.05 * n < hits[0] < 0.95 * n  # both outcomes occur: the test can see a bias
+    assert abs(hits[0] - expected[0]) < 4 * np.sqrt(n / 4)
+    assert abs(hits[1] - expected[1]) < 4 * np.sqrt(kept_first / 4) + 1
+
+
+def test_sampler_matches_llama_cpp_chain_order():
+    """top-k, then top-p on the temperature-1 distribution, then min-p, then temperature."""
+    from saspec.integrations.llama_cpp import Sampler
+
+    z = np.log(np.array([0.5, 0.3, 0.1, 0.06, 0.04], np.float32))
+    p = Sampler(temperature=2.0, top_k=4, top_p=0.85, min_p=0.0).probs(z)
+    kept = np.array([0.5, 0.3, 0.1, 0, 0]) ** 0.5  # top-4, top-p keeps 0.5+0.3+0.1 >= 0.85, temperature 2
+    assert np.allclose(p, kept / kept.sum())
+    p = Sampler(temperature=1.0, min_p=0.5).probs(z)
+    assert np.allclose(p, np.array([0.5, 0.3, 0, 0, 0]) / 0.8)
+    pen = Sampler(repeat_penalty=2.0, frequency_penalty=0.1, presence_penalty=0.2)
+    out = pen.penalize(np.array([1.0, -1.0, 3.0], np.float32), [0, 1, 1])
+    assert np.allclose(out, [1.0 / 2 - 0.1 - 0.2, -1.0 * 2 - 0.2 - 0.2, 3.0])
+
+
+def test_the_automaton_inside_llama_cpp_pythons_own_loop(gguf_path):
+    """``Llama(draft_model=SADraftModel())``: llama-cpp-python's speculative loop, same greedy tokens."""
+    from llama_cpp.llama_speculative import LlamaDraftModel
+    from saspec.integrations.llama_cpp import SADraftModel
+
+    target = new_llama(gguf_path)
+    d = SADraftModel(8)
+    assert isinstance(d, LlamaDraftModel)
+    spec = new_llama(gguf_path, draft_model=d, logits_all=True)
+    prompt = repetitive_prompt(2)
+    ref = plain_greedy(target, prompt, 60)
+    got = []
+    for t in spec.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0):
+        got.append(int(t))
+        if len(got) == 60:
+            break
+    assert got == ref
+    assert d.rebuilds == 1  # each later call only appended the new tokens
+
+
+def test_server_hook_serves_completions_with_saspec(gguf_path):
+    from saspec.integrations.llama_cpp.server import SaspecSettings, attach
+
+    prompt = repetitive_prompt(6)
+    ref = new_llama(gguf_path).create_completion(prompt, max_tokens=40, temperature=0.0, repeat_penalty=1.1)
+    served = new_llama(gguf_path)
+    gen = attach(served, SaspecSettings(k=16))
+    got = served.create_completion(prompt, max_tokens=40, temperature=0.0, repeat_penalty=1.1)
+    assert got["choices"][0]["text"] == ref["choices"][0]["text"]
+    assert got["usage"] == ref["usage"]
+    assert gen.requests == 1 and gen.fallbacks == 0
+    again = served.create_completion(prompt, max_tokens=40, temperature=0.0, repeat_penalty=1.1)
+    assert again["choices"][0]["text"] == ref["choices"][0]["text"]
+    served.create_completion(prompt, max_tokens=5, temperature=0.5, mirostat_mode=2)  # not the loop's: falls back
+    assert gen.fallbacks == 1
+
+
+def test_server_arguments_split():
+    from saspec.integrations.llama_cpp.server import parse_saspec_args
+
+    s, rest = parse_saspec_args(["--model", "m.gguf", "--saspec-k", "24", "--saspec-draft-model", "d.gguf",
+                                 "--n_ctx", "4096", "--saspec-pool-tokens", "1000"])
+    assert (s.k, s.draft_model, s.pool_tokens) == (24, "d.gguf", 1000)
+    assert rest == ["--model", "m.gguf", "--n_ctx", "4096"]
+    with pytest.raises(ValueError, match="pool-tokens"):
+        parse_saspec_args(["--saspec-pool-tokens", "-1"])
+
+
+@pytest.mark.parametrize("kwargs, err", [
+    ({"max_tokens": 0}, ValueError), ({"prompt_ids": []}, ValueError), ({"prompt_ids": [[1, 2]]}, ValueError),
+    ({"prompt_ids": [1, VOCAB]}, ValueError), ({"prompt_ids": [1, -2]}, ValueError),
+    ({"prompt_ids": list(range(3, 1100))}, ValueError), ({"temperature": -1.0}, ValueError),
+    ({"top_p": 0.0}, ValueError), ({"top_k": -1}, ValueError), ({"drafter": object()}, TypeError),
+    ({"max_draft": 10_000}, ValueError),
+])
+def test_bad_arguments_raise_and_change_nothing(llama, kwargs, err):
+    from saspec.integrations.llama_cpp import generate
+
+    prompt = repetitive_prompt(1)
+    generate(llama, prompt, 5, None, stop_at_eog=False)
+    before = (llama.n_tokens, llama.input_ids[: llama.n_tokens].tolist())
+    args = {"prompt_ids": prompt, "max_tokens": 5, **kwargs}
+    with pytest.raises(err):
+        generate(llama, args.pop("prompt_ids"), args.pop("max_tokens"), **args)
+    assert (llama.n_tokens, llama.input_ids[: llama.n_tokens].tolist()) == before
+
+
+def test_bad_drafter_settings_raise(llama):
+    from saspec.integrations.llama_cpp import HybridDrafter, ModelDrafter, SADraftModel
+
+    with pytest.raises(ValueError, match="p_min"):
+        ModelDrafter(llama, p_min=1.5)
+    with pytest.raises(ValueError, match="k"):
+        ModelDrafter(llama, k=0)
+    with pytest.raises(TypeError, match="Llama"):
+        ModelDrafter(object())
+    with pytest.raises(TypeError, match="SADraftModel"):
+        HybridDrafter(object(), ModelDrafter(llama))
+    with pytest.raises(ValueError, match="threshold"):
+        HybridDrafter(SADraftModel(), ModelDrafter(llama), threshold=0)

@@ -4,12 +4,13 @@ The package is laid out by what each part is for:
 
 * the library an inference engine imports: ``core`` (the automaton, written once
   as numba ``register_jitable`` functions), ``build`` (host automata),
-  ``engine`` (``SpecEngine``: add / prepare / extend / remove), ``extend`` (the
-  host batch kernels), ``pool`` (``RequestPool``: memory across requests),
+  ``engine`` (``SpecEngine``: add / prepare / extend / remove, over a backend),
+  ``host`` (its CPU backend), ``extend`` (the host batch kernels, the pool's
+  per-step kernel included), ``pool`` (``RequestPool``: memory across requests),
   ``policy`` (each step's draft length and source per row, from what
   verification costs), ``rules`` (the fixed rules, where the policy is off) and
   ``ngram`` (the n-gram baseline);
-* ``saspec.device``: the CUDA backend (device slot pool, uploads, kernels);
+* ``saspec.device``: the CUDA backend (device slots, uploads, kernels);
 * ``saspec.integrations``: one thin adapter per inference engine.
 
 What measures saspec (workloads, the simulator, benchmarks, model set-up, the

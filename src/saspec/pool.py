@@ -14,7 +14,7 @@ How a row follows the pool: its match state ``(s, m)`` advances with each
 accepted token by ``core.follow`` (matching a text against an automaton, O(1)
 amortized), and the draft is the pool text after ``s``'s occurrence, up to the
 separator that ends each pooled text (``core.continuation``, ``core.draft_from``).
-The per-row state lives in the engine (``pool_rows`` updates it each step).
+The per-row state lives in the engine's host backend (``extend.pool_rows`` updates it each step).
 
 Building never blocks a step. ``add`` queues a text; one background thread
 per pool builds it in with the GIL released into a *copy* of the current
@@ -38,13 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
-from numba import njit
-
 from . import build, core
 from .arena import address, blob_bytes
-from .extend import overlap, row_len
-from .intrinsics import blob_at, prefetch
 from .validate import as_tokens, check_int
 
 SEPARATOR = core.SEPARATOR  # ends each pooled text: drafts stop there
@@ -252,108 +247,3 @@ def _joined(texts: list[np.ndarray]) -> np.ndarray:
         out[i] = SEPARATOR
         i += 1
     return out
-
-
-@njit(nogil=True, cache=True, **core.NO_NRT)
-def check_source(source_out, rows, accepted, lens, match_out, draft_out):
-    """``extend``'s check of ``source_out`` (numpy arrays), before the step runs: -2 if it is not
-    [rows], i in 0..3 if it shares memory with the i-th of the other arrays, else -1."""
-    if source_out.shape[0] != rows:
-        return -2
-    if overlap(source_out, accepted):
-        return 0
-    if overlap(source_out, lens):
-        return 1
-    if overlap(source_out, match_out):
-        return 2
-    if overlap(source_out, draft_out):
-        return 3
-    return -1
-
-
-LOOKAHEAD = 3  # rows ahead whose pool walk pool_rows prefetches (see _look_ahead)
-
-
-@njit(inline="always")
-def _look_ahead(pool, base, state, slot, accepted, lens, b, hops, epoch):
-    """Prefetch the pool record row ``b``'s walk will miss on after ``hops`` tokens.
-
-    The pool is one large automaton that the rows' walks cross at random, so each
-    token that continues a match is a cache miss on the next state's record. As in
-    ``extend.extend_rows``, rows ahead are walked along records already cached (by
-    earlier visits) and the next one is prefetched; this reads and writes nothing else.
-    """
-    if state[2, slot] != epoch:
-        return
-    s = state[0, slot]
-    n = row_len(lens, accepted, b)
-    i = 0
-    while i < min(n, hops) and s >= 0:
-        r = core.state(pool, s)
-        d = pool[r + core.DST]
-        if d <= 0 or pool[r + core.TOK] != accepted[b, i]:
-            return  # a branching state or a mismatch: the walk probes the table, not worth guessing
-        s = d
-        i += 1
-    prefetch(base + 4 * core.state(pool, s))
-    prefetch(base + 4 * core.aux(pool, s))
-
-
-@njit(nogil=True, cache=True, **core.NO_NRT)
-def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, pool, base, state, epoch, sync_tokens):
-    """After a step's own extend: follow each row's accepted tokens in the pool and
-    draft from it where its match is strictly longer than the row's own.
-
-    pool: the pool's blob, at address ``base``; state: int32 [3, slots], per slot
-    its pool state, match length and the pool epoch they belong to (another epoch:
-    re-match from the row's last ``sync_tokens`` tokens, which include this
-    step's). Writes ``source_out[b]`` (1: row b's draft and match are the pool's,
-    0: its own) and, for pool rows, ``match_out[b]`` and ``draft_out[b]``.
-    """
-    rows = rp[0]
-    nb = rows.shape[0]
-    k = draft_out.shape[1]
-    # Pass 1: each row's walk; rows that may draft from the pool are marked in
-    # source_out (1), and their state's occurrence record is prefetched. The
-    # later passes then take the two dependent misses of a pool draft (the
-    # occurrence's position, then the text there) for all rows at once.
-    for b in range(nb):
-        for j in range(1, LOOKAHEAD + 1):
-            if b + j < nb:
-                _look_ahead(pool, base, state, rows[b + j], accepted, lens, b + j, LOOKAHEAD + 1 - j, epoch)
-        slot = rows[b]
-        if state[2, slot] != epoch:
-            buf = blob_at(table, slot)
-            text = buf[core.H_O_TEXT]
-            n = buf[core.H_N]
-            s, m = 0, 0
-            for i in range(max(0, n - sync_tokens), n):
-                s, m = core.follow(pool, s, m, buf[text + i])
-            state[2, slot] = epoch
-        else:
-            s, m = state[0, slot], state[1, slot]
-            for j in range(row_len(lens, accepted, b)):
-                s, m = core.follow(pool, s, m, accepted[b, j])
-        state[0, slot] = s
-        state[1, slot] = m
-        source_out[b] = 0
-        if m > match_out[b] and s > 0:
-            source_out[b] = 1
-            prefetch(base + 4 * (core.aux(pool, s) + core.POS))
-    # Pass 2: prefetch the text where each marked row's continuation starts.
-    text = pool[core.H_O_TEXT]
-    n = pool[core.H_N]
-    for b in range(nb):
-        if source_out[b]:
-            start = pool[core.aux(pool, state[0, rows[b]]) + core.POS] + 1
-            if start < n:
-                prefetch(base + 4 * (text + start))
-    # Pass 3: the drafts.
-    for b in range(nb):
-        if source_out[b]:
-            start = core.continuation(pool, state[0, rows[b]], SEPARATOR)
-            source_out[b] = 0
-            if start >= 0:
-                core.draft_from(pool, start, draft_out[b], k, SEPARATOR)
-                match_out[b] = state[1, rows[b]]
-                source_out[b] = 1

@@ -248,7 +248,7 @@ def bench_memory(n: int = 200_000) -> list[dict]:
         eng = SpecEngine()
         eng.add_request(kind, make(n))
         st = eng.stats()
-        real = sum(int(eng._blobs[s].nbytes) for s in eng._slot.values())
+        real = sum(int(eng._backend.slots.blobs[s].nbytes) for s in eng._slot.values())
         rows.append({"prompt": kind, "tokens": st["tokens"], "stats_bytes": st["bytes"], "nbytes": real,
                      "bytes_per_token": st["bytes"] / st["tokens"]})
         progress(f"memory {kind} {n:,} tokens: {st['bytes'] / st['tokens']:.1f} B/token")

@@ -106,6 +106,7 @@ class SpecEngine:
             raise ValueError("give pool_tokens or pool, not both")
         if pool is not None and not isinstance(pool, RequestPool):
             raise TypeError(f"pool must be a saspec.RequestPool, got {type(pool).__name__}")
+        self._owns_pool = pool_tokens is not None  # close() closes a pool this engine made
         if pool_tokens is not None:
             pool = RequestPool(pool_tokens)
         self.request_pool = pool
@@ -124,6 +125,7 @@ class SpecEngine:
         no request yet. The engine keeps the ids, the batch and the lock; the backend the blobs."""
         self._backend = backend
         self._lock = threading.Lock()
+        backend.lock = self._lock  # the host backend's growth ahead takes it
         self._slot: dict[Hashable, int] = {}  # id -> its slot in the backend
         self._building: dict[Hashable, object] = {}  # id -> the token of the add building it
         self._batch: tuple[Hashable, ...] | None = None  # None: not prepared
@@ -178,15 +180,20 @@ class SpecEngine:
             if self._building.get(request_id) is not me:
                 return False  # cancelled by remove_request
             del self._building[request_id]
-            self._slot[request_id] = self._backend.install(blob, tokens.shape[0])
+            expected = tokens.shape[0] + headroom if headroom else 0
+            self._slot[request_id] = self._backend.install(blob, tokens.shape[0], expected)
         return True
 
-    def remove_request(self, request_id: Hashable) -> None:
-        """Free a request's automaton. An id whose ``add_request`` is still
-        building is cancelled: that call returns ``False`` and adds nothing.
-        With a pool, the request's text joins it (built in the background;
-        CUDA backend: reading the text from the device synchronizes, and the
-        device sees the grown pool from the next ``prepare``).
+    def remove_request(self, request_id: Hashable, *, to_pool: bool = True) -> None:
+        """Free a request's automaton (call it when the request finished or was
+        aborted). An id whose ``add_request`` is still building is cancelled:
+        that call returns ``False`` and adds nothing. With a pool, the
+        request's text joins it (built in the background; CUDA backend:
+        reading the text from the device synchronizes, and the device sees the
+        grown pool from the next ``prepare``), unless ``to_pool`` is False (the
+        request is not finished, e.g. it is removed to be rebuilt). Removal
+        always completes: the slot is freed whatever the pool does (a closed
+        pool takes no text).
         Raises ``KeyError`` for an id neither added nor being added."""
         with self._lock:
             slot = self._slot.pop(request_id, None)
@@ -194,12 +201,35 @@ class SpecEngine:
                 if self._building.pop(request_id, None) is None:
                     raise KeyError(f"unknown request {request_id!r}")
                 return
-            if self.request_pool is not None:
-                self.request_pool.add(self._backend.text(request_id, slot),
-                                      int(self._backend.prompt_len(slot)))
+            pool = self.request_pool if to_pool else None
+            text = None
+            if pool is not None and not pool.closed:
+                text = self._backend.text(request_id, slot), int(self._backend.prompt_len(slot))
             self._backend.release(request_id, slot)
             if self._batch is not None and request_id in self._batch:
                 self._batch = None
+        if text is not None:
+            try:
+                pool.add(*text)
+            except RuntimeError:
+                if not pool.closed:  # closed meanwhile: it takes no text
+                    raise
+
+    def close(self) -> None:
+        """Release what the engine holds beyond its memory: the ``RequestPool``
+        it created for ``pool_tokens`` is closed (its builder thread stops); a
+        pool passed in as ``pool`` is the caller's to close. Requests stay
+        readable; call it when the engine will not step again (or use the
+        engine as a context manager). Idempotent."""
+        if self._owns_pool and self.request_pool is not None:
+            self.request_pool.close()
+        self._backend.close()
+
+    def __enter__(self) -> SpecEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def prepare(self, request_ids: Sequence[Hashable]) -> None:
         """Set the batch: row ``b`` of the following ``extend`` calls is

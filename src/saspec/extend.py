@@ -267,6 +267,42 @@ def step(table, rp, accepted, lens, match_out, draft_out, ctl):
     return extend_rows(table, rp, accepted, lens, match_out, draft_out, ctl[C_POLICY], ctl[C_DEPTH], ctl[C_LOOKAHEAD])
 
 
+# -- growth ahead of need (``host.HostBackend`` grows marked blobs on a background thread) ----------
+
+GROW_MARK_MIN = 32  # tokens of room below which a blob is grown ahead, at least
+GROW_MARK_FRACTION = 16  # ... or below 1/16 of its token capacity
+
+
+@njit(nogil=True, cache=True, **core.NO_NRT)
+def rows_past_mark(table, rp, ahead, out):
+    """Mark the batch's blobs that are nearly full, for growth ahead of need.
+
+    ahead: int64 [2, slots]: row 0, 1 where a slot is marked already; row 1,
+    the tokens its request is expected to reach (0: unknown), whose blob is
+    never marked once it has room for them. A blob is marked when it has less
+    room than its mark (``GROW_MARK_MIN`` tokens, or 1/``GROW_MARK_FRACTION``
+    of its token capacity) for tokens, twice that for states, or that many
+    table edges. Writes the newly marked slots to ``out[:n]``; returns n.
+    """
+    rows = rp[0]
+    n = 0
+    for b in range(rows.shape[0]):
+        slot = rows[b]
+        if ahead[0, slot]:
+            continue
+        buf = blob_at(table, slot)
+        cap = buf[core.H_CAP_TOK]
+        if 0 < ahead[1, slot] <= cap:
+            continue
+        mark = max(GROW_MARK_MIN, cap // GROW_MARK_FRACTION)
+        if (cap - buf[core.H_N] < mark or buf[core.H_CAP_ST] - buf[core.H_NSTATES] < 2 * mark
+                or core.max_used(buf[core.H_HT_SIZE]) - buf[core.H_USED] < mark):
+            ahead[0, slot] = 1
+            out[n] = slot
+            n += 1
+    return n
+
+
 # -- the cross-request pool's side of a step (the pool itself: ``pool.RequestPool``) ------------
 
 @njit(nogil=True, cache=True, **core.NO_NRT)
@@ -284,6 +320,15 @@ def check_source(source_out, rows, accepted, lens, match_out, draft_out):
     if overlap(source_out, draft_out):
         return 3
     return -1
+
+
+@njit(inline="always")
+def _follow_pool(pool, s, m, token):
+    """``core.follow`` in the pool, except that a row token equal to the separator
+    (id 2**31-1) breaks the match: a match never spans the end of a pooled text."""
+    if token == core.SEPARATOR:
+        return 0, 0
+    return core.follow(pool, s, m, token)
 
 
 POOL_LOOKAHEAD = 3  # rows ahead whose pool walk pool_rows prefetches (see _pool_look_ahead)
@@ -344,12 +389,12 @@ def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, pool,
             n = buf[core.H_N]
             s, m = 0, 0
             for i in range(max(0, n - sync_tokens), n):
-                s, m = core.follow(pool, s, m, buf[text + i])
+                s, m = _follow_pool(pool, s, m, buf[text + i])
             state[2, slot] = epoch
         else:
             s, m = state[0, slot], state[1, slot]
             for j in range(row_len(lens, accepted, b)):
-                s, m = core.follow(pool, s, m, accepted[b, j])
+                s, m = _follow_pool(pool, s, m, accepted[b, j])
         state[0, slot] = s
         state[1, slot] = m
         source_out[b] = 0

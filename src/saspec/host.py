@@ -16,7 +16,9 @@ these under its lock (``build`` excepted: it runs without the lock and the GIL).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -59,6 +61,7 @@ class BlobKind(Protocol):
 
     n_word: int  # the blob word that holds the token count (``check_step``)
     fused: bool  # steps may take ``extend.step``, the check and the SA kernel in one call
+    grows_ahead: bool  # nearly full blobs are grown on a background thread (``extend.rows_past_mark``)
 
     def build(self, tokens: np.ndarray, headroom: int | None, alloc: Allocator) -> np.ndarray: ...
     def grow(self, blob: np.ndarray, more_tokens: int, alloc: Allocator) -> np.ndarray: ...
@@ -77,6 +80,7 @@ class SABlobs:
 
     n_word = core.H_N
     fused = True
+    grows_ahead = True
 
     def __init__(self, policy: int, depth: int) -> None:
         self.policy, self.depth = policy, depth
@@ -88,6 +92,10 @@ class SABlobs:
 
     def grow(self, blob: np.ndarray, more_tokens: int, alloc: Allocator) -> np.ndarray:
         return build.grow(blob, more_tokens, alloc)
+
+    def append(self, blob: np.ndarray, tokens: np.ndarray, alloc: Allocator) -> np.ndarray:
+        """``blob`` (or a grown copy) with int32 ``tokens`` appended, as a step appends them."""
+        return build.ingest(blob, tokens, self.policy, self.depth, alloc)
 
     def tokens(self, blob: np.ndarray) -> int:
         return int(blob[core.H_N])
@@ -110,8 +118,10 @@ class HostSlots:
     Slot ``s`` holds ``blobs[s]``; ``table[:, s]`` is its (address, words)
     (see ``extend``). The two change together (``put``), only under the
     engine's lock, and ``blobs`` keeps every addressed blob alive. Per slot
-    also: its request's prompt length, and its match in a cross-request pool
-    (``pool_state``: state, length, epoch; see ``extend.pool_rows``).
+    also: its request's prompt length, its match in a cross-request pool
+    (``pool_state``: state, length, epoch; see ``extend.pool_rows``), and
+    ``ahead`` (marked for growth ahead of need, the tokens its request is
+    expected to reach; see ``extend.rows_past_mark``), which a new blob resets.
     """
 
     def __init__(self) -> None:
@@ -120,10 +130,12 @@ class HostSlots:
         self.table = np.zeros((2, 16), dtype=np.int64)
         self.prompt_len = np.zeros(16, dtype=np.int64)
         self.pool_state = np.full((3, 16), -1, dtype=np.int32)
+        self.ahead = np.zeros((2, 16), dtype=np.int64)
         self._free: list[int] = []
 
-    def take(self, blob: np.ndarray, prompt_len: int) -> int:
-        """A free slot, now holding ``blob``, a request of ``prompt_len`` prompt tokens."""
+    def take(self, blob: np.ndarray, prompt_len: int, expected_tokens: int = 0) -> int:
+        """A free slot, now holding ``blob``, a request of ``prompt_len`` prompt tokens
+        expected to reach ``expected_tokens`` (0: unknown)."""
         if self._free:
             slot = self._free.pop()
         else:
@@ -132,6 +144,7 @@ class HostSlots:
         self.put(slot, blob)
         self.prompt_len[slot] = prompt_len
         self.pool_state[:, slot] = (0, 0, -1)
+        self.ahead[1, slot] = expected_tokens
         return slot
 
     def put(self, slot: int, blob: np.ndarray) -> None:
@@ -142,14 +155,38 @@ class HostSlots:
             self.table = table = _grown(table, slots, 0)
             self.prompt_len = _grown(self.prompt_len, slots, 0)
             self.pool_state = _grown(self.pool_state, slots, -1)
+            self.ahead = _grown(self.ahead, slots, 0)
         self.blobs[slot] = blob
+        self.ahead[0, slot] = 0
         table[0, slot] = address(blob)
         table[1, slot] = blob.shape[0]
 
     def free(self, slot: int) -> None:
         """Drop slot ``slot``'s blob and hand the slot out again."""
         self.put(slot, EMPTY_BLOB)
+        self.ahead[1, slot] = 0
         self._free.append(slot)
+
+
+_GROWER: ThreadPoolExecutor | None = None  # the process's one growth-ahead thread (started on first use)
+
+
+def _grower() -> ThreadPoolExecutor:
+    global _GROWER
+    if _GROWER is None:
+        _GROWER = ThreadPoolExecutor(1, thread_name_prefix="saspec-grow")
+    return _GROWER
+
+
+def _grow_ahead(ref: weakref.ref, slots: list[int]) -> None:
+    """Grow each marked slot of the backend ``ref()`` (the thread holds the backend
+    only while it grows one: an engine dropped meanwhile is collected)."""
+    for slot in slots:
+        backend = ref()
+        if backend is None:
+            return
+        backend.grow_slot(slot)
+        del backend
 
 
 def _grown(a: np.ndarray, slots: int, fill: int) -> np.ndarray:
@@ -162,11 +199,24 @@ def _grown(a: np.ndarray, slots: int, fill: int) -> np.ndarray:
 class HostBackend:
     """``SpecEngine``'s CPU backend: host blobs of ``kind``, one jitted call per step.
 
+    Growth ahead of need: a blob that must grow mid-step is copied inside that
+    ``extend`` call, and rows of one prompt length fill up in the same step, so
+    one step would pay every row's copy at once. Instead, after each step the
+    rows whose blobs passed their fill mark (``extend.rows_past_mark``) are
+    handed to one process-wide background thread, which rebuilds each from its
+    text into a larger blob without the engine's lock (and without the GIL), then
+    takes the lock only to append the few tokens the row gained meanwhile and
+    swap it in: a step waits at most for that catch-up. A row that fills up
+    before its turn still grows inside the step, as before. The automaton is the
+    same (the same tokens through the same ``core.extend``), so drafts are too.
+
     Args:
         kind: the blobs' kind (``SABlobs`` or ``ngram.NgramBlobs``).
         policy, depth: the occurrence policy code and recency depth the step's
             control words carry (``extend.step``).
         parallel_from: batch size from which steps run ``prange`` kernels.
+
+    ``lock`` is the engine's lock (set by the engine); growth ahead takes it.
     """
 
     device = False
@@ -183,6 +233,11 @@ class HostBackend:
         self._ctl[kx.C_DEPTH] = depth
         self._ctl[kx.C_LOOKAHEAD] = kx.LOOKAHEAD_MIN_BYTES
         self._source = np.zeros(0, dtype=np.int32)  # source_out when the caller gives none
+        self.lock: Any = None
+        self._marked = np.zeros(0, dtype=np.int32)  # slots rows_past_mark marked this step
+        self._growth: list[Future] = []  # growth ahead handed to the background thread, not yet seen done
+        self.grown_ahead = 0  # blobs grown ahead of need
+        self.grown_in_step = 0  # blobs grown inside a step (full before their turn)
 
     # -- requests (the engine holds its lock, except in ``build``) ------------------
 
@@ -192,8 +247,8 @@ class HostBackend:
     def build(self, tokens: np.ndarray, headroom: int | None) -> np.ndarray:
         return self.kind.build(tokens, headroom, self.slots.arena)
 
-    def install(self, blob: np.ndarray, prompt_len: int) -> int:
-        return self.slots.take(blob, prompt_len)
+    def install(self, blob: np.ndarray, prompt_len: int, expected_tokens: int = 0) -> int:
+        return self.slots.take(blob, prompt_len, expected_tokens)
 
     def text(self, request_id: Hashable, slot: int) -> np.ndarray:
         """A copy of a request's whole text."""
@@ -210,6 +265,8 @@ class HostBackend:
         rp[0] = slots
         self._rp = rp
         self._parallel = len(ids) >= self._parallel_from
+        if self._marked.shape[0] < len(ids):
+            self._marked = np.zeros(len(ids), dtype=np.int32)
 
     # -- the step --------------------------------------------------------------------
 
@@ -257,9 +314,45 @@ class HostBackend:
                 slot = int(rows[r])
                 blob = self.slots.blobs[slot]
                 self.slots.put(slot, self.kind.grow(blob, int(lens[r] - progress[r]), self.slots.arena))
+                self.grown_in_step += 1
             code = self._step(parallel, acc, lens, mout, dout)
+        if self.kind.grows_ahead:
+            n = kx.rows_past_mark(self.slots.table, rp, self.slots.ahead, self._marked)
+            if n:
+                self._grow_later(self._marked[:n].tolist())
         if request_pool is not None:
             self._draft_from_pool(request_pool, rp, acc, lens, mout, dout, src)
+
+    # -- growth ahead of need (see the class docstring) --------------------------------
+
+    def _grow_later(self, slots: list[int]) -> None:
+        self._growth = [f for f in self._growth if not f.done()]
+        self._growth.append(_grower().submit(_grow_ahead, weakref.ref(self), slots))
+
+    def wait_growth(self) -> None:
+        """Wait until the growth handed to the background thread so far is done (for tests)."""
+        for f in self._growth:
+            f.result()
+        self._growth = []
+
+    def grow_slot(self, slot: int) -> None:
+        """Grow slot ``slot``'s blob if it is still marked: rebuilt from its text without
+        the lock, then caught up and swapped in under it (the engine's lock is not held)."""
+        s = self.slots
+        with self.lock:
+            if slot >= s.ahead.shape[1] or not s.ahead[0, slot]:
+                return  # freed or grown since it was marked
+            blob = s.blobs[slot]
+            text = self.kind.text(blob)
+        n = text.shape[0]
+        new = self.kind.build(text, max(1, int((build.GROWTH - 1) * n)), s.arena)
+        with self.lock:
+            if s.blobs[slot] is not blob:
+                return  # grown inside a step, or freed, meanwhile
+            o = int(blob[core.H_O_TEXT])
+            new = self.kind.append(new, blob[o + n: o + int(blob[core.H_N])], s.arena)
+            s.put(slot, new)
+            self.grown_ahead += 1
 
     def _step(self, parallel: bool, acc, lens, mout, dout) -> int:
         s = self.slots

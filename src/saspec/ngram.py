@@ -96,6 +96,7 @@ class NgramBlobs:
 
     n_word = 0  # a blob is [n, tokens...]
     fused = False  # extend.step is the SA kernel: steps go through check_step, then ``run``
+    grows_ahead = False  # a copy of tokens only: cheap enough inside the step
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n

@@ -433,7 +433,36 @@ def test_config_errors_are_clear():
 
 
 def test_load_model_accepts_the_target_model():
-    SAProposer(vllm_config()).load_model(object())
+    """vLLM hands its drafter the target model; the SA drafter has no weights: it takes
+    any model, keeps no reference to it, and drafts afterwards exactly as before."""
+    import gc
+    import weakref
+
+    class Model:
+        pass
+
+    drafts = []
+    for load in (False, True):
+        rng = np.random.default_rng(1)
+        prompt, target = copy_heavy(rng)
+        proposer = SAProposer(vllm_config())
+        model = Model()
+        if load:
+            assert proposer.load_model(model) is None
+            proposer.load_model(model, object(), some_option=True)  # vLLM's extra arguments are accepted
+        ref = weakref.ref(model)
+        del model
+        gc.collect()
+        assert ref() is None, "the drafter kept the target model"
+        worker = FakeWorker(proposer, 1, 512, rng)
+        req = Req(0, prompt, target[:40])
+        worker.update_batch([], [req], swap=False)
+        run = []
+        for _ in range(12):
+            worker.step()
+            run.append(list(req.draft))
+        drafts.append(run)
+    assert drafts[0] == drafts[1] and any(drafts[0])
 
 
 def policy_run(cost_per_draft_token: float, *, k: int = 8, seed: int = 0, requests: int = 3, step_s: float = 1.0):

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from saspec import SuffixAutomaton
+from saspec import SuffixAutomaton, core
 from saspec.integrations.vllm import TESTED_VLLM, HybridDrafter, RequestDrafts, hybrid_config, proposer_config
 from saspec.integrations.vllm.config import HYBRID_ENV, hybrid_settings
 from saspec.lengths import draft_lengths
@@ -339,3 +339,28 @@ def test_hybrid_config_passes_the_pool_to_the_workers(monkeypatch):
     cfg.proposer_config(8, pool_tokens=4096)
     assert os.environ[cfg.POOL_ENV] == "4096"
     assert cfg.HybridSettings(method="draft_model", k=4, sa_tokens=32, threshold=4, vllm_tokens=32).pool_tokens == 0
+
+
+def test_a_gap_rebuild_does_not_pool_the_live_request_and_keeps_its_expected_room():
+    """A step vLLM did not show (a gap) makes the request be rebuilt from its text: the
+    text it had is not pooled (the request is live; it joins the pool at its finish),
+    and the rebuilt automaton is sized for the tokens the request was started with."""
+    d = RequestDrafts(4, min_match=1, length_rule="per-match", length_scale=2.0, pool_tokens=10_000)
+    prompt = list(range(100, 160))
+    d.start("a", prompt, 500)
+    text = list(prompt)
+    for t in range(6):
+        new = [100 + t, 101 + t]
+        if t == 3:
+            text = text + [7, 7]  # the gap
+        step(d, ["a"], [text], [new])
+        text = text + new
+    assert d.stats["rebuilt"] == 1
+    d.pool.flush(30)
+    assert d.pool.stats()["added"] == 0, "a live request's partial text was pooled"
+    cap = int(d.engine._blob_copies()["a"][core.H_CAP_TOK])
+    assert cap >= len(prompt) + 500
+    d.finish("a")
+    d.pool.flush(30)
+    pooled = [t.tolist() for t in d.pool.texts()]
+    assert d.pool.stats()["added"] == 1 and len(pooled) == 1 and pooled[0] == text[len(text) - len(pooled[0]):]

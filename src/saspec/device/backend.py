@@ -53,7 +53,7 @@ class DeviceBackend:
     def build(self, tokens: np.ndarray, headroom: int | None) -> np.ndarray:
         return self.kind.build(tokens, None, self.host.arena)  # the device slot holds the decoded tokens
 
-    def install(self, blob: np.ndarray, prompt_len: int) -> int:
+    def install(self, blob: np.ndarray, prompt_len: int, expected_tokens: int = 0) -> int:
         return self.host.take(blob, prompt_len)
 
     def text(self, request_id: Hashable, slot: int) -> np.ndarray:

@@ -98,13 +98,15 @@ def _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, pool_aut
         s = int64(0)
         m = int64(0)
         for i in range(max(0, nt - pctl[2]), nt):
-            s, m = core.follow(pool_automaton, s, m, int64(buf[text + i]))
+            t = int64(buf[text + i])
+            s, m = (int64(0), int64(0)) if t == core.SEPARATOR else core.follow(pool_automaton, s, m, t)
         pstate[2, slot] = pctl[1]
     else:
         s = int64(pstate[0, slot])
         m = int64(pstate[1, slot])
         for j in range(n):
-            s, m = core.follow(pool_automaton, s, m, int64(accepted[b, j]))
+            t = int64(accepted[b, j])  # the separator's id breaks the match (as on the host)
+            s, m = (int64(0), int64(0)) if t == core.SEPARATOR else core.follow(pool_automaton, s, m, t)
     pstate[0, slot] = s
     pstate[1, slot] = m
     src = 0

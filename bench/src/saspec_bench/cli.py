@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from .commands import bench, bench_vllm, calibrate, e2e, proposer_cost, record, simulate
+from .commands import bench, bench_vllm, calibrate, e2e, proposer_cost, record, served_vllm, simulate
 from .models import ModelError
 from .options import CliError, Parser, output_file
 from .workloads import TraceFormatError, WorkloadUnavailable
@@ -38,7 +38,12 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_vllm(args: argparse.Namespace) -> int:
-    """``bench-vllm`` runs models end to end; ``bench-vllm --proposer-cost`` times the drafters alone."""
+    """``bench-vllm`` runs models end to end; ``--proposer-cost`` times the drafters alone; ``--served``
+    runs them behind vLLM's OpenAI server."""
+    if args.proposer_cost and args.served:
+        raise CliError("--proposer-cost and --served are separate benchmarks: pass one")
+    if args.served:
+        return served_vllm.main(args)
     return proposer_cost.main(args) if args.proposer_cost else bench_vllm.main(args)
 
 

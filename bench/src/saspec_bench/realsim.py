@@ -13,7 +13,7 @@
   cache has not seen (after rejections, and after the steps the hybrid gave to
   the SA), and no more than the tokens left in the output (as the loop does
   before ``max_new_tokens``, and as verification is charged here);
-* the hybrid is ``HybridDrafter``'s rule: the SA draft when it is non-empty and
+* the hybrid is ``loop.SAModelDrafter``'s rule: the SA draft when it is non-empty and
   its match is >= T (or the SA has failed fewer than ``patience`` steps in a
   row), else the draft model;
 * every step is charged ``target(verified tokens) + drafter cost`` under a

@@ -54,8 +54,8 @@ automaton needs no exploration. The neural drafter's per-token acceptance is
 learnt from its verified drafts, with ``neural_prior`` as prior; its evidence
 decays towards the prior (``neural_memory`` per step), so a run of early
 misses cannot keep it out for good. Its cost is the target's cost curve times
-a ratio learnt like a knot (prior ``neural_cost``, one pseudo-timing, so a
-100x slow first call moves nothing): a call of ``k`` drafts costs one forward
+a ratio learnt like a knot (prior ``neural_cost`` until two calls are timed,
+so a 100x slow first call moves nothing): a call of ``k`` drafts costs one forward
 over the tokens it has not read (its catch-up; none where the engine runs the
 catch-up anyway) and ``k - 1`` forwards over its rows.
 
@@ -653,6 +653,7 @@ class DraftPolicy:
         self._nn_trials = 0.0
         # The neural cost ratio: its latest timings, each against the target's cost of the same tokens.
         self._nn_ratio = np.zeros(s.window)
+        self._nn_step = np.zeros(s.window, np.int64)  # the step of each
         self._nn_seen = 0
         self._rows: list[Any] | None = None
         self._saved: dict[Any, tuple[float, float]] = {}
@@ -717,11 +718,15 @@ class DraftPolicy:
         return (self._nn_hits + w * self.neural_prior) / (self._nn_trials + w)
 
     def neural_ratio(self) -> float:
-        """A neural forward's cost as a share of a target forward over the same tokens, as now learnt:
-        the lower quartile of its latest timings and one pseudo-timing at ``neural_cost``."""
+        """A neural forward's cost as a share of a target forward over the same tokens, as now learnt: the
+        lower quartile of its timings of the last ``4 * max_age`` steps once there are two, else the lower
+        of ``neural_cost`` and the one timing (one slow call, a lazy start or a recompile, moves nothing)."""
         m = min(self._nn_seen, self._nn_ratio.shape[0])
-        vals = np.sort(np.append(self._nn_ratio[:m], self.neural_cost))
-        return float(vals[int(self.cost.quantile * (len(vals) - 1))])
+        fresh = self._nn_ratio[:m][self.stats["steps"] - self._nn_step[:m] <= 4 * self.cost.max_age]
+        if len(fresh) >= 2:
+            vals = np.sort(fresh)
+            return float(vals[int(self.cost.quantile * (len(vals) - 1))])
+        return float(min(self.neural_cost, *fresh)) if len(fresh) else self.neural_cost
 
     def decide(self, match_len: np.ndarray, offered: np.ndarray, neural_k: int = 0, neural_rows: Any = None,
                neural_behind: int = 0, catchup_share: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -803,6 +808,7 @@ class DraftPolicy:
             return
         target = self.cost.seconds(max(int(read), 1)) + max(int(drafted) - 1, 0) * self.cost.seconds(max(rows, 1))
         self._nn_ratio[self._nn_seen % self._nn_ratio.shape[0]] = seconds / target
+        self._nn_step[self._nn_seen % self._nn_ratio.shape[0]] = self.stats["steps"]
         self._nn_seen += 1
 
     def observe_neural_outcome(self, drafted: int, accepted: int) -> None:

@@ -492,7 +492,7 @@ def test_policy_drafts_only_where_it_pays(models):
 def test_policy_times_every_step_but_the_prefill_and_is_offered_every_draft(models):
     from saspec.policy import SequencePolicy
 
-    class Recording(CostGate):
+    class Recording(SequencePolicy):
         def observe_forward(self, n_tokens, seconds):
             timed.append((n_tokens, seconds))
             super().observe_forward(n_tokens, seconds)

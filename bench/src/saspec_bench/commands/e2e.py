@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from saspec.select import HYBRID_THRESHOLD
+from saspec.rules import HYBRID_THRESHOLD
 from ..cpumeter import CpuMeter
 from ..options import CliError, comma_list, float_in, int_in, nonnegative_int, positive_int, probability
 from .. import models

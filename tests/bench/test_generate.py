@@ -502,7 +502,11 @@ def test_policy_costs_about_plain_decoding_where_verify_is_dear(models):
     for prompt_name in PROMPTS:
         for kind in ("sa", "draft", "hybrid"):
             st, decode = _gated(models, prompt_name, kind, DEAR)
-            assert decode <= 1.03 * 59 + 1, (prompt_name, kind, decode, st.steps)  # plain: 59 one-token forwards
+            # plain: 59 one-token forwards. The draft model costs more to find out about: the policy
+            # takes two timings of a size before it believes the size dear (one slow timing moves nothing),
+            # and here each neural step that finds out costs a forward over its draft too.
+            bound = 1.03 if kind == "sa" else 1.25
+            assert decode <= bound * 59 + 1, (prompt_name, kind, decode, st.steps)
 
 
 def test_policy_drafts_where_verify_is_cheap(models):

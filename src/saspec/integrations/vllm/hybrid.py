@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from ...policy import AUTOMATON, NEURAL, DraftPolicy, PolicySettings, StepCost, cpu_like, gpu_like
+from ...policy import AUTOMATON, NEURAL, DraftPolicy, PolicySettings, StepCost, cpu_like, env_log, gpu_like
 from ...rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
 from .config import DEFAULT_MIN_MATCH, HybridSettings
 from .cpu_sampling import fix_sampled_verification
@@ -74,7 +74,8 @@ class HybridDrafter:
             memory-bound); default vLLM's platform's, ``"cpu"`` where vLLM is not importable.
         max_rows: the most rows of a step (sizes the policy's cost model).
         policy_settings: the policy's :class:`saspec.policy.PolicySettings` (default all defaults).
-        log: called with each step's ``saspec.policy.Decision`` (None: not logged).
+        log: called with each step's ``saspec.policy.Decision`` (None: logged to the ``saspec.policy``
+            logger where ``$SASPEC_POLICY_LOG`` is set, else not).
 
     Attributes:
         drafts: the ``RequestDrafts`` holding each request's automaton.
@@ -103,7 +104,8 @@ class HybridDrafter:
             shape = ps.cost_shape or (cpu_like if device == "cpu" else gpu_like)
             cost = StepCost(shape, max_tokens=max(int(max_rows), 1) * (settings.sa_tokens + 1), window=ps.window,
                             max_age=ps.max_age, quantile=ps.quantile)
-            self.policy = DraftPolicy(settings.sa_tokens, cost=cost, settings=ps, neural_catchup_sunk=True, log=log)
+            self.policy = DraftPolicy(settings.sa_tokens, cost=cost, settings=ps, neural_catchup_sunk=True,
+                                      log=log if log is not None else env_log())
         # The policy cuts what the automaton offers ("fixed"); the fixed rules cut by the match.
         self.drafts = RequestDrafts(settings.sa_tokens,
                                     min_match=DEFAULT_MIN_MATCH if self.policy is not None else settings.threshold,

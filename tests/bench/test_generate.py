@@ -502,10 +502,10 @@ def test_policy_costs_about_plain_decoding_where_verify_is_dear(models):
     for prompt_name in PROMPTS:
         for kind in ("sa", "draft", "hybrid"):
             st, decode = _gated(models, prompt_name, kind, DEAR)
-            # plain: 59 one-token forwards. The draft model costs more to find out about: the policy
-            # takes two timings of a size before it believes the size dear (one slow timing moves nothing),
-            # and here each neural step that finds out costs a forward over its draft too.
-            bound = 1.03 if kind == "sa" else 1.25
+            # plain: 59 one-token forwards. Finding out costs a few steps: the policy takes two timings of
+            # a size before it believes it dearer than its prior shape says (one slow timing moves nothing),
+            # and a neural step that finds out also pays its draft forwards.
+            bound = 1.35
             assert decode <= bound * 59 + 1, (prompt_name, kind, decode, st.steps)
 
 

@@ -232,7 +232,7 @@ def section_graph() -> dict:
     """Graph replays of extend + select_drafts against the CPU backend, step by step."""
     import torch
 
-    from saspec.select import select_drafts, select_drafts_np
+    from saspec.rules import select_drafts, select_drafts_np
 
     rng = np.random.default_rng(0)
     b, prompt, steps, thr = 256, 1500, 120, 4
@@ -467,7 +467,7 @@ def section_overhead() -> dict:
     """Decode-step loops: no SA at all vs SA disabled (threshold=inf) vs SA on."""
     import torch
 
-    from saspec.select import select_drafts
+    from saspec.rules import select_drafts
 
     rng = np.random.default_rng(2)
     b, hidden, layers, vocab, prompt, steps, warm = 256, 4096, 8, 32000, 1000, 100, 5

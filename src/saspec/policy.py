@@ -27,14 +27,20 @@ short deterministic profile: each size timed ``repeats`` times, the minimum
 taken) or one of the prior shapes (:func:`cpu_like`, :func:`gpu_like`). The
 correction ``r`` is learnt from the timed steps: per knot (token counts 1, 2,
 3, 4, 6, 8, 12, ...: half-octaves) the lower quartile of the knot's latest
-``window`` timings, each as a ratio to ``shape``, *together with one
-pseudo-timing at the global scale* (the lower quartile of the latest
-``4 * window`` ratios of all steps); timings older than ``max_age`` steps no
-longer count; ``r`` is interpolated between knots. So
+``window`` timings, each as a ratio to ``shape``, once it has two; with one
+or none, a *pseudo-timing*: what the knot cost when it was last timed twice,
+relative to the global scale (the lower quartile of the latest ``4 * window``
+ratios of all steps), that deviation fading by half in log every
+``2 * max_age`` steps, or the global scale itself. Timings older than
+``max_age`` steps no longer count; ``r`` is interpolated between knots and
+made to rise with the tokens; below the smallest knot timed lately, sizes not
+timed lately are assumed no dearer than their share of it (so a wrong prior
+there is found out by trying). So
 
-* one timing, slow or fast, moves nothing (with the pseudo-timing it is one
-  of two values; a knot needs four timings above its pseudo-timing before its
-  lower quartile rises);
+* one slow timing moves nothing: a knot's single timing is taken only where
+  it is lower than its pseudo-timing (what the knot cost when last timed, or
+  the global scale); two or more give their lower quartile, so one fast
+  timing counts only until the next ones outvote it;
 * a burst of load or a competing process (timings 2-5x on a third of the
   steps) is ignored by the lower quartiles, and a burst long enough to move a
   knot ages out after ``max_age`` steps, after which the knot follows the
@@ -54,8 +60,8 @@ automaton needs no exploration. The neural drafter's per-token acceptance is
 learnt from its verified drafts, with ``neural_prior`` as prior; its evidence
 decays towards the prior (``neural_memory`` per step), so a run of early
 misses cannot keep it out for good. Its cost is the target's cost curve times
-a ratio learnt like a knot (prior ``neural_cost``, one pseudo-timing, so a
-100x slow first call moves nothing): a call of ``k`` drafts costs one forward
+a ratio learnt like a knot (prior ``neural_cost`` until two calls are timed,
+so a 100x slow first call moves nothing): a call of ``k`` drafts costs one forward
 over the tokens it has not read (its catch-up; none where the engine runs the
 catch-up anyway) and ``k - 1`` forwards over its rows.
 
@@ -147,6 +153,16 @@ def _low_quantile(vals, n, q):
             j -= 1
         vals[j + 1] = v
     return vals[int(q * (n - 1))]
+
+
+@njit(cache=True)
+def _record(ratio, k, step, ratios, steps, filled, scale_buf, scale_seen):
+    """Write one timing (as a ratio to the shape) into knot ``k``'s window and the global one."""
+    j = filled[k] % ratios.shape[1]
+    ratios[k, j] = ratio
+    steps[k, j] = step
+    filled[k] += 1
+    scale_buf[scale_seen % scale_buf.shape[0]] = ratio
 
 
 @njit(cache=True)
@@ -301,16 +317,12 @@ class StepCost:
         and > 0 (a clock that did not move, or went back) are ignored;
         returns whether the timing was taken."""
         self.step += 1
-        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0) or tokens < 1:
+        if not (seconds > 0 and seconds < math.inf) or tokens < 1:  # also False for NaN
             return False
         n = min(int(tokens), self.max_tokens)
         ratio = seconds / (self.shape[n] + self._extra(tokens))
-        k = int(self._nearest[n])
-        j = int(self._filled[k] % self.window)
-        self._ratios[k, j] = ratio
-        self._steps[k, j] = self.step
-        self._filled[k] += 1
-        self._scale_buf[self._scale_seen % self._scale_buf.shape[0]] = ratio
+        _record(ratio, self._nearest[n], self.step, self._ratios, self._steps, self._filled, self._scale_buf,
+                self._scale_seen)
         self._scale_seen += 1
         self.timed += 1
         self.refresh()
@@ -472,14 +484,34 @@ def _allocate(match, offered, row_f, p_bucket, k_max, nn_ok, q_nn, k_nn, nn_fwd,
         lengths[b] = d
         if d == 0:
             src[b] = 0
-    return best, plain, best_k
+    n_auto = 0
+    n_nn = 0
+    t_auto = 0
+    t_nn = 0
+    for b in range(rows):
+        if src[b] == 1:
+            n_auto += 1
+            t_auto += lengths[b]
+        elif src[b] == 2:
+            n_nn += 1
+            t_nn += lengths[b]
+    return best, plain, best_k, n_auto, n_nn, t_auto, t_nn
 
 
 @njit(cache=True)
-def _score(match, offered, drafts, new, lens, p_bucket, row_f, row_num, row_den, hits, trials, decay):
+def _buckets(hits, trials, prior, w, p_bucket):
+    """Each match bucket's acceptance: its counts with ``w`` pseudo-tokens of ``prior``, kept inside (0, 1)."""
+    for j in range(p_bucket.shape[0]):
+        p = (hits[j] + w * prior[j]) / (trials[j] + w)
+        p_bucket[j] = min(max(p, 1e-6), 1.0 - 1e-6)
+
+
+@njit(cache=True)
+def _score(match, offered, drafts, new, lens, p_bucket, row_f, row_num, row_den, hits, trials, decay, prior, w):
     """Score each row's offered automaton draft against the tokens it emitted (see DraftPolicy.observe)."""
+    width = min(drafts.shape[1], new.shape[1])
     for b in range(match.shape[0]):
-        n = min(lens[b], offered[b])
+        n = min(lens[b], offered[b], width)
         if match[b] <= 0 or n <= 0:
             continue
         row_num[b] *= decay
@@ -497,6 +529,7 @@ def _score(match, offered, drafts, new, lens, p_bucket, row_f, row_num, row_den,
                 row_den[b] += p
                 break
         row_f[b] = (1.0 + row_num[b]) / (1.0 + row_den[b])
+    _buckets(hits, trials, prior, w, p_bucket)
 
 
 # -- the policy ----------------------------------------------------------------------------------------------
@@ -521,6 +554,29 @@ class Decision:
     rate: float
     plain_rate: float
     neural_k: int
+
+
+#: Where setting this environment variable (to anything but empty) makes the integrations log every decision.
+LOG_ENV = "SASPEC_POLICY_LOG"
+
+
+def log_decision(d: Decision) -> None:
+    """A ``log`` for :class:`DraftPolicy` that writes each decision to the ``saspec.policy`` logger (INFO):
+    step, rows by source, draft tokens, expected tokens per second against plain, the neural K."""
+    import logging
+
+    src = d.sources
+    logging.getLogger("saspec.policy").info(
+        "step %d: %d rows (automaton %d, neural %d, none %d), %d draft tokens, rate %.4g vs plain %.4g, neural k %d",
+        d.step, len(src), int((src == AUTOMATON).sum()), int((src == NEURAL).sum()), int((src == NONE).sum()),
+        int(d.lengths.sum()), d.rate, d.plain_rate, d.neural_k)
+
+
+def env_log() -> Callable[[Decision], Any] | None:
+    """:func:`log_decision` where ``$SASPEC_POLICY_LOG`` is set, else None."""
+    import os
+
+    return log_decision if os.environ.get(LOG_ENV, "").strip() else None
 
 
 def _check_prob(value: Any, name: str, open_top: bool = False) -> float:
@@ -605,6 +661,8 @@ class DraftPolicy:
         self.k_max = check_count(k_max, "k_max")
         s = settings if settings is not None else PolicySettings()
         self.settings = s
+        self.neural_k = 0
+        self.last_tokens = 0
         self.prior_weight = _check_positive(s.prior_weight, "prior_weight")
         self.neural_prior = _check_prob(s.neural_prior, "neural_prior", open_top=True)
         self.neural_cost = _check_positive(s.neural_cost, "neural_cost")
@@ -631,7 +689,7 @@ class DraftPolicy:
         self._nn_hits = 0.0
         self._nn_trials = 0.0
         # The neural cost ratio: its latest timings, each against the target's cost of the same tokens.
-        self._nn_ratio = np.zeros(s.window)
+        self._nn_calls = np.zeros((s.window, 5))  # its latest calls: seconds, read, drafted, rows, step
         self._nn_seen = 0
         self._rows: list[Any] | None = None
         self._saved: dict[Any, tuple[float, float]] = {}
@@ -660,9 +718,7 @@ class DraftPolicy:
         self._cap = cap
 
     def _update_buckets(self) -> None:
-        w = self.prior_weight
-        p = (self._hits + w * self._prior) / (self._trials + w)
-        np.clip(p, 1e-6, 1.0 - 1e-6, out=self.p_bucket)
+        _buckets(self._hits, self._trials, self._prior, self.prior_weight, self.p_bucket)
 
     # -- rows: each request's own acceptance evidence --
 
@@ -698,11 +754,23 @@ class DraftPolicy:
         return (self._nn_hits + w * self.neural_prior) / (self._nn_trials + w)
 
     def neural_ratio(self) -> float:
-        """A neural forward's cost as a share of a target forward over the same tokens, as now learnt:
-        the lower quartile of its latest timings and one pseudo-timing at ``neural_cost``."""
-        m = min(self._nn_seen, self._nn_ratio.shape[0])
-        vals = np.sort(np.append(self._nn_ratio[:m], self.neural_cost))
-        return float(vals[int(self.cost.quantile * (len(vals) - 1))])
+        """A neural forward's cost as a share of a target forward over the same tokens, as now learnt: the
+        median of its timings of the last ``4 * max_age`` steps (each against the target's cost model
+        as it stands now, so that timings taken before the target's steps were timed count right) once there
+        are two, else the lower of ``neural_cost`` and the one timing (one slow call, a lazy start or a
+        recompile, moves nothing)."""
+        m = min(self._nn_seen, self._nn_calls.shape[0])
+        calls = self._nn_calls[:m]
+        calls = calls[self.stats["steps"] - calls[:, 4] <= 4 * self.cost.max_age]
+        if not len(calls):
+            return self.neural_cost
+        c = self.cost
+        target = c.seconds(np.maximum(calls[:, 1], 1).astype(np.int64)) \
+            + np.maximum(calls[:, 2] - 1, 0) * c.seconds(np.maximum(calls[:, 3], 1).astype(np.int64))
+        ratios = np.sort(calls[:, 0] / target)
+        if len(ratios) >= 2:  # the median: its calls mix catch-ups and drafting forwards of other shapes
+            return float(ratios[(len(ratios) - 1) // 2])
+        return float(min(self.neural_cost, ratios[0]))
 
     def decide(self, match_len: np.ndarray, offered: np.ndarray, neural_k: int = 0, neural_rows: Any = None,
                neural_behind: int = 0, catchup_share: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -726,12 +794,13 @@ class DraftPolicy:
         Raises:
             ValueError: arrays of other shapes, or a negative ``neural_k``.
         """
-        b = int(match_len.shape[0])
+        b = match_len.shape[0]
         if offered.shape != (b,):
             raise ValueError(f"offered must have shape ({b},), got {offered.shape}")
         if neural_k < 0:
             raise ValueError(f"neural_k must be >= 0, got {neural_k}")
-        self._grow(b)
+        if b > self._cap:
+            self._grow(b)
         if self._rows is not None and len(self._rows) != b:
             self._rows = None  # positions: the caller named no rows for this batch
         nn_ok = self._nn_ok[:b]
@@ -744,32 +813,25 @@ class DraftPolicy:
             catch = self.cost.seconds(max(int(neural_behind), 1)) * min(max(float(catchup_share), 0.0), 1.0)
         lengths, src = self._len[:b], self._src[:b]
         c = self.cost
-        rate, plain, nk = _allocate(match_len.astype(np.int64, copy=False), offered.astype(np.int64, copy=False),
+        rate, plain, nk, n_auto, n_nn, t_auto, t_nn = _allocate(match_len, offered,
                                     self._row_f[:b], self.p_bucket, self.k_max, nn_ok, q_nn, int(neural_k), ratio,
                                     catch, c.shape, c._lo, c._w, c.knot_ratio, self._probs[:b], src, self._alt[:b],
                                     self._cnt, self._tot, lengths)
-        self._count(b, lengths, src, int(nk))
+        st = self.stats
+        st["steps"] += 1
+        st["rows"] += b
+        st["automaton_rows"] += n_auto
+        st["neural_rows"] += n_nn
+        st["none_rows"] += b - n_auto - n_nn
+        st["automaton_tokens"] += t_auto
+        st["neural_tokens"] += t_nn
+        st["neural_steps"] += nk > 0
+        st["plain_steps"] += t_auto + t_nn == 0
+        self.last_tokens = t_auto + t_nn  # the draft tokens chosen
         if self.log is not None:
             self.log(Decision(self.stats["steps"], lengths.copy(), src.copy(), float(rate), float(plain), int(nk)))
         self.neural_k = int(nk)
         return lengths, src
-
-    def _count(self, b: int, lengths: np.ndarray, src: np.ndarray, nk: int) -> None:
-        st = self.stats
-        st["steps"] += 1
-        st["rows"] += b
-        auto = src == AUTOMATON
-        nn = src == NEURAL
-        na, nn_n = int(np.count_nonzero(auto)), int(np.count_nonzero(nn))
-        st["automaton_rows"] += na
-        st["neural_rows"] += nn_n
-        st["none_rows"] += b - na - nn_n
-        tokens = int(lengths.sum())
-        nn_tokens = int(lengths[nn].sum()) if nn_n else 0
-        st["automaton_tokens"] += tokens - nn_tokens
-        st["neural_tokens"] += nn_tokens
-        st["neural_steps"] += int(nk > 0)
-        st["plain_steps"] += int(tokens == 0)
 
     # -- what followed --
 
@@ -789,8 +851,7 @@ class DraftPolicy:
         forward), drafting ``drafted`` tokens per row for ``rows`` rows. Ignored when not finite and > 0."""
         if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
             return
-        target = self.cost.seconds(max(int(read), 1)) + max(int(drafted) - 1, 0) * self.cost.seconds(max(rows, 1))
-        self._nn_ratio[self._nn_seen % self._nn_ratio.shape[0]] = seconds / target
+        self._nn_calls[self._nn_seen % self._nn_calls.shape[0]] = (seconds, read, drafted, rows, self.stats["steps"])
         self._nn_seen += 1
 
     def observe_neural_outcome(self, drafted: int, accepted: int) -> None:
@@ -814,12 +875,11 @@ class DraftPolicy:
         b = int(match_len.shape[0])
         if not (offered.shape == new_lens.shape == (b,) and drafts.shape[0] == b and new.shape[0] == b):
             raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
-        width = min(drafts.shape[1], new.shape[1])
-        self._grow(b)
-        _score(match_len.astype(np.int64, copy=False), np.minimum(offered, width).astype(np.int64),
-               drafts, new, np.minimum(new_lens, width).astype(np.int64), self.p_bucket, self._row_f[:b],
-               self._row_num[:b], self._row_den[:b], self._hits, self._trials, self.settings.row_memory)
-        self._update_buckets()
+        if b > self._cap:
+            self._grow(b)
+        _score(match_len, offered, drafts, new, new_lens, self.p_bucket, self._row_f[:b],
+               self._row_num[:b], self._row_den[:b], self._hits, self._trials, self.settings.row_memory,
+               self._prior, self.prior_weight)
 
     def q_automaton(self, match: int, row: int = 0) -> float:
         """The estimated chance the automaton's next draft token at a match of ``match`` is accepted

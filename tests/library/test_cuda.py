@@ -20,7 +20,7 @@ from numba import njit
 
 from saspec import SpecEngine, core
 from saspec.build import DEFAULT_POLICY, policy_code
-from saspec.select import select_drafts, select_drafts_np
+from saspec.rules import select_drafts, select_drafts_np
 from test_engine import step_arrays
 
 K = 5
@@ -400,7 +400,7 @@ def test_cpu_backend_does_not_import_numba_cuda():
         "e = saspec.SpecEngine(); e.add_request(0, [1, 2, 1]); e.prepare([0])\n"
         "a = np.zeros((1, 3), np.int32); l = np.ones(1, np.int32); m = np.zeros(1, np.int32); d = np.zeros((1, 2), np.int32)\n"
         "e.extend(a, l, m, d)\n"
-        "import saspec.select\n"
+        "import saspec.rules, saspec.policy\n"
         "bad = [m for m in sys.modules if m.startswith(('numba.cuda', 'numba_cuda'))]\n"
         "assert not bad, bad\n"
     )

@@ -251,3 +251,17 @@ def test_neural_rows_are_chosen_where_the_automaton_is_weak():
     lengths, src = p.decide(np.array([100, 0, 1]), np.array([8, 0, 8]), neural_k=4)
     assert src[0] == AUTOMATON and src[1] == NEURAL and lengths[1] > 0
     assert p.neural_k >= lengths[1]
+
+
+def test_decisions_go_to_the_logger_where_the_environment_asks(monkeypatch, caplog):
+    import logging
+
+    from saspec.policy import LOG_ENV, env_log
+
+    monkeypatch.delenv(LOG_ENV, raising=False)
+    assert env_log() is None
+    monkeypatch.setenv(LOG_ENV, "1")
+    p = DraftPolicy(4, cost=StepCost(gpu_like, max_tokens=16), log=env_log())
+    with caplog.at_level(logging.INFO, logger="saspec.policy"):
+        p.decide(np.array([30, 0]), np.array([4, 0]))
+    assert "2 rows (automaton 1, neural 0, none 1), 4 draft tokens" in caplog.text

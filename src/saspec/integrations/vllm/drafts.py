@@ -98,7 +98,7 @@ class RequestDrafts:
     Args:
         k: the most draft tokens a row may propose (>= 1).
         min_match: rows whose match is shorter than this many tokens draft nothing (>= 1).
-        length_rule, length_scale: the draft-length rule (``saspec.lengths``);
+        length_rule, length_scale: the draft-length rule (``saspec.rules``);
             ``per-match-recent`` reads each row's accepted drafts at its
             previous step from its new tokens.
         policy: the automaton's occurrence policy (``SpecEngine``), or None for its default.

@@ -62,11 +62,20 @@ import numpy as np
 from ... import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
-from ...policy import DraftPolicy, PolicySettings, StepCost, cpu_like, gpu_like
+from ...policy import DraftPolicy, PolicySettings, StepCost, cpu_like, env_log, gpu_like
 from .config import DEFAULT_MIN_MATCH, POLICY, resolve_proposer_settings, tensor_parallel_ranks
 from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
 from .fingerprint import FingerprintRows
+
+
+@njit(nogil=True, cache=True)
+def _policy_inputs(match, lens, offered, room, m, off):
+    """The policy's inputs per row: the match (0 for a row in prefill) and the offered draft cut to the
+    room left before ``max_model_len``."""
+    for b in range(match.shape[0]):
+        m[b] = match[b] if lens[b] > 0 else 0
+        off[b] = max(min(offered[b], room[b]), 0)
 
 
 @njit(nogil=True, cache=True)
@@ -109,7 +118,8 @@ class SAProposer:
             (``$SASPEC_VLLM_LENGTH_SCALE``, default 2).
         policy_settings: the policy's :class:`saspec.policy.PolicySettings`
             (default all defaults; the prior cost shape follows vLLM's device).
-        log: called with each step's ``saspec.policy.Decision`` (None: not logged).
+        log: called with each step's ``saspec.policy.Decision`` (None: logged to the ``saspec.policy``
+            logger where ``$SASPEC_POLICY_LOG`` is set, else not).
         max_detached: without the plugin: how many requests that left their
             rows (finished, preempted or moved) are kept for a possible resume
             before the oldest is freed. Default: ``$SASPEC_VLLM_MAX_DETACHED``,
@@ -160,14 +170,14 @@ class SAProposer:
             ps = policy_settings if policy_settings is not None else PolicySettings()
             cost = StepCost(ps.cost_shape or shape, max_tokens=cfg.max_rows * (cfg.k + 1), window=ps.window,
                             max_age=ps.max_age, quantile=ps.quantile)
-            self.policy = DraftPolicy(cfg.k, cost=cost, settings=ps, log=log)
+            self.policy = DraftPolicy(cfg.k, cost=cost, settings=ps, log=log if log is not None else env_log())
         self._clock = time.perf_counter
         self._t_return: float | None = None  # when the last propose returned
         self._last_rids: list[Hashable] | None = None  # the rows of the last step the policy chose for
         self._last_tokens = 0  # tokens that step verified (rows and drafts)
         self._prev = np.zeros((0, self.k), np.int32)  # the last step's offered drafts, per row
-        self._prev_match = np.zeros(0, np.int64)
-        self._prev_offered = np.zeros(0, np.int64)
+        self._prev_match = np.zeros(0, np.int32)
+        self._prev_offered = np.zeros(0, np.int32)
         # The policy sizes drafts itself: the automaton offers all it has ("fixed"), the policy cuts.
         rule = "fixed" if self.policy is not None else cfg.length_rule
         self.drafts = RequestDrafts(self.k, min_match=self.min_match, length_rule=rule,
@@ -288,19 +298,16 @@ class SAProposer:
             p.observe(self._prev_match[:b], self._prev_offered[:b], self._prev[:b], new, lens)
         if not same:
             p.rows(rids)
-        offered = np.minimum(offered, np.maximum(room, 0)).astype(np.int64)
-        m = match.astype(np.int64)
-        m[lens == 0] = 0  # a row in prefill drafts nothing
-        count, _ = p.decide(m, offered)
         if self._prev.shape[0] < b:
             self._prev = np.zeros((max(b, 2 * self._prev.shape[0]), self.k), np.int32)
-            self._prev_match = np.zeros(self._prev.shape[0], np.int64)
-            self._prev_offered = np.zeros(self._prev.shape[0], np.int64)
-        self._prev[:b] = draft[:, : self.k]
-        self._prev_match[:b] = m
-        self._prev_offered[:b] = offered
+            self._prev_match = np.zeros(self._prev.shape[0], np.int32)
+            self._prev_offered = np.zeros(self._prev.shape[0], np.int32)
+        m, off = self._prev_match[:b], self._prev_offered[:b]
+        _policy_inputs(match, lens, offered, room, m, off)  # a row in prefill drafts nothing
+        count, _ = p.decide(m, off)
+        self._prev[:b] = draft
         self._last_rids = list(rids)
-        self._last_tokens = int(np.count_nonzero(lens)) + int(count.sum())
+        self._last_tokens = b + p.last_tokens
         return count
 
     # -- inspection -----------------------------------------------------------------

@@ -76,9 +76,13 @@ class SADraftModel:
             :meth:`close`). Share one pool across drafters for memory across
             requests (the server does).
         policy: the automaton's policy (``saspec.build.POLICIES``).
+        min_match: draft only after a match of at least this many tokens
+            (>= 1). On a CPU, where verifying each drafted token costs nearly a
+            forward of its own, the drafts of short matches cost more than
+            they save.
 
     Raises:
-        ValueError, TypeError: a bad ``k``, length rule, scale, pool or policy.
+        ValueError, TypeError: a bad ``k``, length rule, scale, pool, policy or ``min_match``.
 
     As a ``LlamaDraftModel``: ``model(input_ids)`` with the whole verified history
     (int 1-D) returns the draft (int32 1-D, possibly empty). When ``input_ids``
@@ -89,8 +93,9 @@ class SADraftModel:
 
     def __init__(self, k: int = DEFAULT_K, *, length_rule: str = DEFAULT_LENGTH_RULE,
                  length_scale: float = DEFAULT_LENGTH_SCALE, pool: RequestPool | None = None,
-                 policy: str | None = None) -> None:
+                 policy: str | None = None, min_match: int = 1) -> None:
         self.k = check_count(k, "k")
+        self.min_match = check_int(min_match, "min_match", 1)
         self._rule = check_length_rule(length_rule, length_scale)
         self.length_rule, self.length_scale = length_rule, float(length_scale)
         kw = {} if policy is None else {"policy": policy}
@@ -145,7 +150,8 @@ class SADraftModel:
 
     def _cut(self, m: int, draft: list[int]) -> list[int]:
         self.match_len = m
-        draft = draft[: draft_length(m, self.k, self._rule, self.length_scale, -1)]
+        n = draft_length(m, self.k, self._rule, self.length_scale, -1) if m >= self.min_match else 0
+        draft = draft[:n]
         self.source = ("pool" if self._seq.from_pool else "sa") if draft else "none"
         return draft
 

@@ -51,6 +51,10 @@ from typing import Any
 METHODS = ("plain", "prompt-lookup", "saspec-in-llama", "own-plain", "saspec", "draft-model", "hybrid")
 NEURAL_METHODS = ("draft-model", "hybrid")
 DEFAULT_LLAMA_PYTHON = "/work/venvs/llama/bin/python"
+#: saspec's defaults in llama.cpp (``saspec.integrations.llama_cpp.drafter``; not imported here: the parent
+#: must not load numba, and the child reads them from the job).
+DEFAULT_K = 32
+DEFAULT_MIN_MATCH = 3
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -69,7 +73,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--multi-turn-prompts", type=nonnegative_int, default=2, help="multi-turn code edits")
     p.add_argument("--max-new-tokens", type=positive_int, default=300, help="cap for code-edit prompts")
     p.add_argument("--free-max-new-tokens", type=positive_int, default=200, help="cap for free-form prompts")
-    p.add_argument("--k", type=positive_int, default=16, help="saspec: the automaton's most draft tokens per step")
+    p.add_argument("--k", type=positive_int, default=DEFAULT_K, help="saspec: the automaton's most draft tokens per step")
+    p.add_argument("--min-match", type=positive_int, default=DEFAULT_MIN_MATCH,
+                   help="saspec: the shortest match (tokens) the automaton drafts after")
     p.add_argument("--neural-k", type=positive_int, default=8, help="draft-model, hybrid: the draft model's most tokens")
     p.add_argument("--p-min", type=float, default=0.75, help="draft-model, hybrid: stop drafting below this probability")
     p.add_argument("--threshold", type=positive_int, default=4, help="hybrid: the minimum match for the automaton")
@@ -118,10 +124,12 @@ def main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
             "cpu": platform.processor() or platform.machine(), "threads": args.threads, "n_ctx": args.n_ctx,
-            "k": args.k, "neural_k": args.neural_k, "p_min": args.p_min, "threshold": args.threshold,
+            "k": args.k, "min_match": args.min_match, "neural_k": args.neural_k, "p_min": args.p_min,
+            "threshold": args.threshold,
             "target": str(paths["target"]), "draft": str(paths["draft"]), "argv": sys.argv[1:]}
     job_common = {"target": str(paths["target"]), "draft": str(paths["draft"]), "threads": args.threads,
-                  "n_ctx": args.n_ctx, "k": args.k, "neural_k": args.neural_k, "p_min": args.p_min,
+                  "n_ctx": args.n_ctx, "k": args.k, "min_match": args.min_match, "neural_k": args.neural_k,
+                  "p_min": args.p_min,
                   "threshold": args.threshold}
     if args.drafter_cost:
         corpus = [t for p in prompts for t in p["prompt_ids"]]
@@ -203,7 +211,8 @@ def format_report(info: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     s = summarize(runs)
     lines = [f"# saspec in llama.cpp ({info.get('llama_cpp')}), Q4_K_M GGUFs, {info['threads']} threads, greedy, batch 1",
              "", f"{info['date']}; {info['cpus']} CPUs ({info['cpu']}). Command: `saspec " + " ".join(info["argv"]) + "`.",
-             f"target {Path(info['target']).name}, draft {Path(info['draft']).name}; automaton K = {info['k']}, "
+             f"target {Path(info['target']).name}, draft {Path(info['draft']).name}; automaton K = {info['k']} "
+             f"(min match {info.get('min_match', 1)}), "
              f"draft model K = {info['neural_k']} (p_min {info['p_min']}), hybrid threshold {info['threshold']}.", "",
              "tok/s: generated tokens over the whole call (prefill included), summed over the kind's prompts. "
              "x plain: over `plain` on the same prompts. identical: outputs equal to plain's.", "",
@@ -263,18 +272,21 @@ def run_prompt(job: dict[str, Any]) -> dict[str, Any]:
     plain = _load(job["target"], job)  # plain's Llama, and the target of saspec's own loop
     lookup = _load(job["target"], job, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), logits_all=True) \
         if "prompt-lookup" in methods else None
-    in_llama = _load(job["target"], job, draft_model=SADraftModel(job["k"]), logits_all=True) \
+    in_llama = _load(job["target"], job, draft_model=SADraftModel(job["k"], min_match=job.get("min_match", 1)),
+                     logits_all=True) \
         if "saspec-in-llama" in methods else None
     small = _load(job["draft"], job) if any(m in NEURAL_METHODS for m in methods) else None
 
+    def sa() -> Any:
+        return SADraftModel(job["k"], min_match=job.get("min_match", 1))
+
     def drafter(method: str) -> Any:
         if method == "saspec":
-            return SADraftModel(job["k"])
+            return sa()
         if method == "draft-model":
             return ModelDrafter(small, job["neural_k"], job["p_min"])
         if method == "hybrid":
-            return HybridDrafter(SADraftModel(job["k"]), ModelDrafter(small, job["neural_k"], job["p_min"]),
-                                 job["threshold"])
+            return HybridDrafter(sa(), ModelDrafter(small, job["neural_k"], job["p_min"]), job["threshold"])
         return None
 
     def one(method: str, prompt: list[int], max_new: int) -> dict[str, Any]:

@@ -147,7 +147,7 @@ def test_drafts_are_accepted_when_the_target_repeats_itself(llama):
     from saspec.integrations.llama_cpp import SADraftModel, generate
 
     prompt = repetitive_prompt(5)
-    got = generate(llama, prompt, 200, SADraftModel(16), stop_at_eog=False)
+    got = generate(llama, prompt, 200, SADraftModel(16, min_match=1), stop_at_eog=False)
     assert got.tokens == plain_greedy(llama, prompt, 200)
     assert got.accepted.get("sa", 0) > 0.5 * len(got.tokens)
     assert got.steps < len(got.tokens) / 2

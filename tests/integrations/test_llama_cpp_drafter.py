@@ -77,7 +77,7 @@ def test_begin_then_propose_matches_the_call_interface():
 def test_draft_length_is_the_per_match_rule():
     text = np.array([5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3 + [5, 6], np.int32)
     for k in (1, 3, 16):
-        d = SADraftModel(k)
+        d = SADraftModel(k, min_match=1)
         out = d(text)
         assert d.match_len > 0
         assert out.size == draft_length(d.match_len, k, PER_MATCH, 2.0, -1)
@@ -145,3 +145,13 @@ def test_import_loads_neither_llama_cpp_nor_numba():
     assert out.stdout.split() == ["False", "False"]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False"]
+
+
+def test_min_match_withholds_drafts_of_short_matches():
+    text = np.array([1, 2, 3, 4, 5, 9, 8, 7, 1, 2], np.int32)  # ends in a 2-token match of "1 2"
+    assert SADraftModel(8, min_match=1)(text).size > 0
+    d = SADraftModel(8, min_match=3)
+    assert d(text).size == 0 and d.match_len == 2 and d.source == "none"
+    assert d(np.r_[text, 3]).tolist() == [4, 5, 9, 8, 7, 1]  # a 3-token match drafts again (ceil(2 * 3) tokens)
+    with pytest.raises(ValueError, match="min_match"):
+        SADraftModel(min_match=0)

@@ -1,4 +1,4 @@
-"""The ``saspec`` command line: simulate, bench, models, generate, bench-e2e, record-traces, calibrate, bench-vllm.
+"""The ``saspec`` command line: simulate, bench, models, generate, bench-e2e, record-traces, calibrate, bench-vllm, bench-llama-cpp.
 
 Every bad option or input ends in one line on stderr,
 ``saspec <command>: error: <what is wrong>``, and exit status 2: option
@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from .commands import bench, bench_vllm, calibrate, e2e, proposer_cost, record, served_vllm, simulate
+from .commands import bench, bench_llama_cpp, bench_vllm, calibrate, e2e, proposer_cost, record, served_vllm, simulate
 from .models import ModelError
 from .options import CliError, Parser, output_file
 from .workloads import TraceFormatError, WorkloadUnavailable
@@ -74,6 +74,7 @@ def build_parser() -> Parser:
     calibrate.add_command(sub)
     bench_vllm.add_command(sub)  # bench-vllm (vLLM runs in its own environment)
     sub.choices["bench-vllm"].set_defaults(func=_bench_vllm)
+    bench_llama_cpp.add_command(sub)  # bench-llama-cpp (llama-cpp-python runs in its own environment)
     return parser
 
 

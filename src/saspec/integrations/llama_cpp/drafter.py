@@ -33,8 +33,12 @@ from ...select import HYBRID_THRESHOLD
 from ...single import SingleSequence
 from ...validate import check_count, check_int
 
-#: Draft tokens per step the automaton may propose (the length rule cuts each draft to its match).
-DEFAULT_K = 16
+#: Draft tokens per step the automaton may propose (the length rule cuts each draft to its match), and the
+#: shortest match it drafts after. On a CPU a llama.cpp step costs nearly its token count (each verified
+#: token almost a forward), so short matches' drafts cost more than they save, and long matches pay
+#: most in long steps (BENCHMARKS.md, llama.cpp).
+DEFAULT_K = 32
+DEFAULT_MIN_MATCH = 3
 #: The draft model's most draft tokens per step, and the probability below which it stops
 #: (llama.cpp's ``--draft-p-min`` idea: an unsure draft model wastes verification).
 DEFAULT_MODEL_K = 8
@@ -76,9 +80,13 @@ class SADraftModel:
             :meth:`close`). Share one pool across drafters for memory across
             requests (the server does).
         policy: the automaton's policy (``saspec.build.POLICIES``).
+        min_match: draft only after a match of at least this many tokens
+            (>= 1; default 3). On a CPU, where verifying each drafted token
+            costs nearly a forward of its own, the drafts of short matches
+            cost more than they save.
 
     Raises:
-        ValueError, TypeError: a bad ``k``, length rule, scale, pool or policy.
+        ValueError, TypeError: a bad ``k``, length rule, scale, pool, policy or ``min_match``.
 
     As a ``LlamaDraftModel``: ``model(input_ids)`` with the whole verified history
     (int 1-D) returns the draft (int32 1-D, possibly empty). When ``input_ids``
@@ -89,8 +97,9 @@ class SADraftModel:
 
     def __init__(self, k: int = DEFAULT_K, *, length_rule: str = DEFAULT_LENGTH_RULE,
                  length_scale: float = DEFAULT_LENGTH_SCALE, pool: RequestPool | None = None,
-                 policy: str | None = None) -> None:
+                 policy: str | None = None, min_match: int = DEFAULT_MIN_MATCH) -> None:
         self.k = check_count(k, "k")
+        self.min_match = check_int(min_match, "min_match", 1)
         self._rule = check_length_rule(length_rule, length_scale)
         self.length_rule, self.length_scale = length_rule, float(length_scale)
         kw = {} if policy is None else {"policy": policy}
@@ -145,7 +154,8 @@ class SADraftModel:
 
     def _cut(self, m: int, draft: list[int]) -> list[int]:
         self.match_len = m
-        draft = draft[: draft_length(m, self.k, self._rule, self.length_scale, -1)]
+        n = draft_length(m, self.k, self._rule, self.length_scale, -1) if m >= self.min_match else 0
+        draft = draft[:n]
         self.source = ("pool" if self._seq.from_pool else "sa") if draft else "none"
         return draft
 

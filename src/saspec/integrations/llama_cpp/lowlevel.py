@@ -99,6 +99,10 @@ class Context:
             want_from: return the logits of ``tokens[want_from:]``, float32
                 [len(tokens) - want_from, n_vocab] (they must fit one chunk).
 
+        Returns:
+            a read-only view of llama.cpp's logits buffer, valid until this
+            context's next ``decode`` (copy it to keep it).
+
         Raises:
             ValueError: the tokens do not fit the context, or a bad ``want_from``.
             RuntimeError: ``llama_decode`` failed.
@@ -140,11 +144,11 @@ class Context:
         return out if want_from is not None and not want_last else out[-1]
 
     def _rows(self, lo: int, hi: int) -> np.ndarray:
-        """Copies of the logits of batch rows lo..hi-1, float32 [hi - lo, n_vocab]."""
-        rows = np.empty((hi - lo, self.n_vocab), np.float32)
-        for j, i in enumerate(range(lo, hi)):
-            p = self.api.llama_get_logits_ith(self.ctx, i)
-            rows[j] = np.ctypeslib.as_array(p, shape=(self.n_vocab,))
+        """The logits of batch rows lo..hi-1 (every row with an output), float32 [hi - lo, n_vocab]: a
+        view of llama.cpp's output buffer, which holds the outputs contiguously in batch order."""
+        p = self.api.llama_get_logits_ith(self.ctx, lo)
+        rows = np.ctypeslib.as_array(p, shape=(hi - lo, self.n_vocab))
+        rows.flags.writeable = False
         return rows
 
     def close(self) -> None:

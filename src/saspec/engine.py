@@ -6,7 +6,8 @@
     engine.add_request("a", prompt_ids)          # while the model does prefill
     engine.prepare(["a", "b"])                   # this step's batch rows
     engine.extend(accepted, accepted_lens, match_len_out, draft_out)  # each decode step
-    engine.remove_request("a")
+    engine.remove_request("a")                   # when it finishes (or is aborted)
+    engine.close()                               # when the engine is done: closes a pool it made
 
 The engine keeps the request ids, the prepared batch, the order of its argument
 checks and the threading rules; a backend object keeps the automata. Each
@@ -76,7 +77,8 @@ class SpecEngine:
             which). Off (None) by default: BENCHMARKS.md, "Cross-request pool".
         pool: a ``RequestPool`` to use instead (shared by several engines, or
             kept across them, e.g. across ``generate`` calls). Not with
-            ``pool_tokens``.
+            ``pool_tokens``. The caller closes it; ``close()`` closes only a
+            pool the engine made for ``pool_tokens``.
 
     Threads: every method may be called from any thread; one engine
     serialises its calls with a lock, except that ``add_request`` builds

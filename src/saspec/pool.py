@@ -16,6 +16,10 @@ amortized), and the draft is the pool text after ``s``'s occurrence, up to the
 separator that ends each pooled text (``core.continuation``, ``core.draft_from``).
 The per-row state lives in the engine's host backend (``extend.pool_rows`` updates it each step).
 
+Lifecycle: ``add`` (an engine's ``remove_request`` calls it), ``publish`` (manual
+pools), ``flush`` (wait for the builder), ``close`` (stop the builder; a context
+manager calls it; an unreferenced pool is collected and its thread ends).
+
 Building never blocks a step. ``add`` queues a text; one background thread
 per pool builds it in with the GIL released into a *copy* of the current
 automaton, then swaps the copy in. Copying keeps every state's number, so the

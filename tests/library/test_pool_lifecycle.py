@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import threading
 import tracemalloc
 import weakref
 

@@ -55,8 +55,9 @@ def build_parser() -> Parser:
                        description="Host ingestion speed, per-decode-step cost against the n-gram baseline, memory.")
     p.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     p.add_argument("--json", metavar="PATH", type=output_file, help="also write the results as JSON")
-    p.add_argument("--only", choices=("pool",), default=None,
-                   help="run one benchmark alone: pool (the cross-request pool's per-step cost and memory)")
+    p.add_argument("--only", choices=("pool", "tail"), default=None,
+                   help="run one benchmark alone: pool (the cross-request pool's per-step cost and memory) or "
+                        "tail (median, p99 and worst step of a 64-row x 4k-prompt batch that outgrows its blobs)")
     p.add_argument("--peer-sa-spec", metavar="PATH", default=None,
                    help="sa_spec host-logic harness binary (built outside the repository, see BENCHMARKS.md): "
                         "adds side-by-side ingestion and per-step tables against it (default: not run)")

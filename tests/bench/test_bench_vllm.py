@@ -258,3 +258,21 @@ def test_a_served_server_is_stopped_with_its_process_group(tmp_path):
     failed = sv.Server([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), port, tmp_path / "log2")
     with pytest.raises(RuntimeError, match=r"exited \(3\) before it was ready"):
         failed.__enter__()
+
+
+def test_a_terminated_served_command_still_stops_its_servers():
+    import os
+    import signal
+
+    from saspec_bench.commands import served_vllm as sv
+
+    stopped = []
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with sv.TerminateAsInterrupt():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)  # what `timeout` sends; the handler runs before the next line
+                stopped.append("not interrupted")
+            finally:
+                stopped.append("stopped")  # where Server.__exit__ stops the server
+    assert stopped == ["stopped"] and signal.getsignal(signal.SIGTERM) is before

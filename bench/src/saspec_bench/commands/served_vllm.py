@@ -357,6 +357,24 @@ class Server:
 # -- the command -----------------------------------------------------------------------------
 
 
+class TerminateAsInterrupt:
+    """Within the block, SIGTERM raises ``KeyboardInterrupt`` (as Ctrl-C does), so the ``with``
+    blocks that stop the servers run when the command is terminated (e.g. by ``timeout``);
+    Python's default SIGTERM action would exit at once and leave the server's process group
+    running. The previous handler is restored on exit."""
+
+    def __enter__(self) -> TerminateAsInterrupt:
+        self._previous = signal.signal(signal.SIGTERM, self._interrupt)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+    @staticmethod
+    def _interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _concurrency(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -374,6 +392,11 @@ def _arctic_importable(vllm_python: str, env: dict[str, str]) -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
+    with TerminateAsInterrupt():
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.served_methods.split(",") if m.strip()]
     for m in methods:
         if m not in SERVED_METHODS:

@@ -174,7 +174,7 @@ def test_served_commands_stay_on_localhost_and_ask_for_what_is_compared(tmp_path
     assert server[server.index("--speculative-config") + 1] == '{"method": "suffix", "num_speculative_tokens": 32}'
     assert "--speculative-config" not in sv.server_command("/v/python", "/m/t", 8123, 1, None)
     client = sv.client_command("/v/python", "/m/t", 8123, tmp_path / "d.jsonl", 12, 8, 256, tmp_path, "r.json")
-    assert client[:3] == ["/v/python", "-m", "vllm.benchmarks.serve"]
+    assert client[:2] == ["/v/python", "-c"] and "from vllm.benchmarks.serve import add_cli_args, main" in client[2]
     opt = {client[i]: client[i + 1] for i in range(3, len(client) - 1) if client[i].startswith("--")}
     assert opt["--backend"] == "openai-chat" and opt["--base-url"] == "http://127.0.0.1:8123"
     assert opt["--temperature"] == "0" and opt["--max-concurrency"] == "8" and opt["--num-prompts"] == "12"
@@ -258,3 +258,21 @@ def test_a_served_server_is_stopped_with_its_process_group(tmp_path):
     failed = sv.Server([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), port, tmp_path / "log2")
     with pytest.raises(RuntimeError, match=r"exited \(3\) before it was ready"):
         failed.__enter__()
+
+
+def test_a_terminated_served_command_still_stops_its_servers():
+    import os
+    import signal
+
+    from saspec_bench.commands import served_vllm as sv
+
+    stopped = []
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with sv.TerminateAsInterrupt():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)  # what `timeout` sends; the handler runs before the next line
+                stopped.append("not interrupted")
+            finally:
+                stopped.append("stopped")  # where Server.__exit__ stops the server
+    assert stopped == ["stopped"] and signal.getsignal(signal.SIGTERM) is before

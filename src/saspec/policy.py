@@ -693,6 +693,7 @@ class DraftPolicy:
         self._nn_seen = 0
         self._rows: list[Any] | None = None
         self._saved: dict[Any, tuple[float, float]] = {}
+        self._views = None
         self._grow(0)
         self.stats = {k: 0 for k in ("steps", "rows", "automaton_rows", "neural_rows", "none_rows",
                                       "automaton_tokens", "neural_tokens", "neural_steps", "plain_steps",
@@ -716,6 +717,7 @@ class DraftPolicy:
         self._cnt = np.zeros(N_BINS, np.int64)
         self._tot = np.zeros(N_BINS)
         self._cap = cap
+        self._views = None
 
     def _update_buckets(self) -> None:
         _buckets(self._hits, self._trials, self._prior, self.prior_weight, self.p_bucket)
@@ -803,20 +805,24 @@ class DraftPolicy:
             self._grow(b)
         if self._rows is not None and len(self._rows) != b:
             self._rows = None  # positions: the caller named no rows for this batch
-        nn_ok = self._nn_ok[:b]
+        v = self._views
+        if v is None or v[0] != b:  # views of this batch's size, reused while it stays
+            v = self._views = (b, self._nn_ok[:b], self._len[:b], self._src[:b], self._row_f[:b], self._probs[:b],
+                               self._alt[:b])
+        _, nn_ok, lengths, src, row_f, probs, alt = v
         if neural_k > 0:
             nn_ok[:] = True if neural_rows is None else np.asarray(neural_rows, dtype=np.bool_)
-        q_nn = self.q_neural()
-        ratio = self.neural_ratio() if neural_k > 0 else 0.0
-        catch = 0.0
-        if neural_k > 0 and not self.catchup_sunk:
-            catch = self.cost.seconds(max(int(neural_behind), 1)) * min(max(float(catchup_share), 0.0), 1.0)
-        lengths, src = self._len[:b], self._src[:b]
+            q_nn, ratio = self.q_neural(), self.neural_ratio()
+            catch = 0.0
+            if not self.catchup_sunk:
+                catch = self.cost.seconds(max(int(neural_behind), 1)) * min(max(float(catchup_share), 0.0), 1.0)
+        else:
+            q_nn = ratio = catch = 0.0
         c = self.cost
-        rate, plain, nk, n_auto, n_nn, t_auto, t_nn = _allocate(match_len, offered,
-                                    self._row_f[:b], self.p_bucket, self.k_max, nn_ok, q_nn, int(neural_k), ratio,
-                                    catch, c.shape, c._lo, c._w, c.knot_ratio, self._probs[:b], src, self._alt[:b],
-                                    self._cnt, self._tot, lengths)
+        rate, plain, nk, n_auto, n_nn, t_auto, t_nn = _allocate(match_len, offered, row_f, self.p_bucket, self.k_max,
+                                                                nn_ok, q_nn, int(neural_k), ratio, catch, c.shape,
+                                                                c._lo, c._w, c.knot_ratio, probs, src, alt, self._cnt,
+                                                                self._tot, lengths)
         st = self.stats
         st["steps"] += 1
         st["rows"] += b

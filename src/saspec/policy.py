@@ -167,8 +167,12 @@ def _record(ratio, k, step, ratios, steps, filled, scale_buf, scale_seen):
 
 @njit(cache=True)
 def _refresh(ratios, steps, scale_buf, scale_seen, step, max_age, q, knot_ratio, scratch, knot_n, knot_shape,
-             mem_dev, mem_step):
-    """Recompute every knot's correction (see the module doc); returns the global scale."""
+             mem_dev, mem_step, ratio, knot, filled):
+    """Record a timing (``ratio`` at ``knot``; none where ``knot < 0``) and recompute every knot's
+    correction (see the module doc); returns the global scale."""
+    if knot >= 0:
+        _record(ratio, knot, step, ratios, steps, filled, scale_buf, scale_seen)
+        scale_seen += 1
     m = min(scale_seen, scale_buf.shape[0])
     if m == 0:
         for k in range(knot_ratio.shape[0]):
@@ -321,18 +325,17 @@ class StepCost:
             return False
         n = min(int(tokens), self.max_tokens)
         ratio = seconds / (self.shape[n] + self._extra(tokens))
-        _record(ratio, self._nearest[n], self.step, self._ratios, self._steps, self._filled, self._scale_buf,
-                self._scale_seen)
+        self.refresh(ratio, int(self._nearest[n]))
         self._scale_seen += 1
         self.timed += 1
-        self.refresh()
         return True
 
-    def refresh(self) -> None:
-        """Recompute the correction (timings age by the steps :meth:`observe` counts)."""
-        self.scale = float(_refresh(self._ratios, self._steps, self._scale_buf, self._scale_seen, self.step,
-                                    self.max_age, self.quantile, self.knot_ratio, self._scratch, self.knots,
-                                    self._knot_shape, self._mem_dev, self._mem_step))
+    def refresh(self, ratio: float = 0.0, knot: int = -1) -> None:
+        """Recompute the correction (timings age by the steps :meth:`observe` counts), recording a timing
+        of ``ratio`` (seconds over the shape) at ``knot`` first where ``knot >= 0``."""
+        self.scale = _refresh(self._ratios, self._steps, self._scale_buf, self._scale_seen, self.step,
+                              self.max_age, self.quantile, self.knot_ratio, self._scratch, self.knots,
+                              self._knot_shape, self._mem_dev, self._mem_step, ratio, knot, self._filled)
 
     def _extra(self, tokens: int) -> float:
         if tokens <= self.max_tokens:

@@ -167,8 +167,12 @@ def _record(ratio, k, step, ratios, steps, filled, scale_buf, scale_seen):
 
 @njit(cache=True)
 def _refresh(ratios, steps, scale_buf, scale_seen, step, max_age, q, knot_ratio, scratch, knot_n, knot_shape,
-             mem_dev, mem_step):
-    """Recompute every knot's correction (see the module doc); returns the global scale."""
+             mem_dev, mem_step, ratio, knot, filled):
+    """Record a timing (``ratio`` at ``knot``; none where ``knot < 0``) and recompute every knot's
+    correction (see the module doc); returns the global scale."""
+    if knot >= 0:
+        _record(ratio, knot, step, ratios, steps, filled, scale_buf, scale_seen)
+        scale_seen += 1
     m = min(scale_seen, scale_buf.shape[0])
     if m == 0:
         for k in range(knot_ratio.shape[0]):
@@ -321,18 +325,17 @@ class StepCost:
             return False
         n = min(int(tokens), self.max_tokens)
         ratio = seconds / (self.shape[n] + self._extra(tokens))
-        _record(ratio, self._nearest[n], self.step, self._ratios, self._steps, self._filled, self._scale_buf,
-                self._scale_seen)
+        self.refresh(ratio, int(self._nearest[n]))
         self._scale_seen += 1
         self.timed += 1
-        self.refresh()
         return True
 
-    def refresh(self) -> None:
-        """Recompute the correction (timings age by the steps :meth:`observe` counts)."""
-        self.scale = float(_refresh(self._ratios, self._steps, self._scale_buf, self._scale_seen, self.step,
-                                    self.max_age, self.quantile, self.knot_ratio, self._scratch, self.knots,
-                                    self._knot_shape, self._mem_dev, self._mem_step))
+    def refresh(self, ratio: float = 0.0, knot: int = -1) -> None:
+        """Recompute the correction (timings age by the steps :meth:`observe` counts), recording a timing
+        of ``ratio`` (seconds over the shape) at ``knot`` first where ``knot >= 0``."""
+        self.scale = _refresh(self._ratios, self._steps, self._scale_buf, self._scale_seen, self.step,
+                              self.max_age, self.quantile, self.knot_ratio, self._scratch, self.knots,
+                              self._knot_shape, self._mem_dev, self._mem_step, ratio, knot, self._filled)
 
     def _extra(self, tokens: int) -> float:
         if tokens <= self.max_tokens:
@@ -693,6 +696,7 @@ class DraftPolicy:
         self._nn_seen = 0
         self._rows: list[Any] | None = None
         self._saved: dict[Any, tuple[float, float]] = {}
+        self._views = None
         self._grow(0)
         self.stats = {k: 0 for k in ("steps", "rows", "automaton_rows", "neural_rows", "none_rows",
                                       "automaton_tokens", "neural_tokens", "neural_steps", "plain_steps",
@@ -716,6 +720,7 @@ class DraftPolicy:
         self._cnt = np.zeros(N_BINS, np.int64)
         self._tot = np.zeros(N_BINS)
         self._cap = cap
+        self._views = None
 
     def _update_buckets(self) -> None:
         _buckets(self._hits, self._trials, self._prior, self.prior_weight, self.p_bucket)
@@ -803,20 +808,24 @@ class DraftPolicy:
             self._grow(b)
         if self._rows is not None and len(self._rows) != b:
             self._rows = None  # positions: the caller named no rows for this batch
-        nn_ok = self._nn_ok[:b]
+        v = self._views
+        if v is None or v[0] != b:  # views of this batch's size, reused while it stays
+            v = self._views = (b, self._nn_ok[:b], self._len[:b], self._src[:b], self._row_f[:b], self._probs[:b],
+                               self._alt[:b])
+        _, nn_ok, lengths, src, row_f, probs, alt = v
         if neural_k > 0:
             nn_ok[:] = True if neural_rows is None else np.asarray(neural_rows, dtype=np.bool_)
-        q_nn = self.q_neural()
-        ratio = self.neural_ratio() if neural_k > 0 else 0.0
-        catch = 0.0
-        if neural_k > 0 and not self.catchup_sunk:
-            catch = self.cost.seconds(max(int(neural_behind), 1)) * min(max(float(catchup_share), 0.0), 1.0)
-        lengths, src = self._len[:b], self._src[:b]
+            q_nn, ratio = self.q_neural(), self.neural_ratio()
+            catch = 0.0
+            if not self.catchup_sunk:
+                catch = self.cost.seconds(max(int(neural_behind), 1)) * min(max(float(catchup_share), 0.0), 1.0)
+        else:
+            q_nn = ratio = catch = 0.0
         c = self.cost
-        rate, plain, nk, n_auto, n_nn, t_auto, t_nn = _allocate(match_len, offered,
-                                    self._row_f[:b], self.p_bucket, self.k_max, nn_ok, q_nn, int(neural_k), ratio,
-                                    catch, c.shape, c._lo, c._w, c.knot_ratio, self._probs[:b], src, self._alt[:b],
-                                    self._cnt, self._tot, lengths)
+        rate, plain, nk, n_auto, n_nn, t_auto, t_nn = _allocate(match_len, offered, row_f, self.p_bucket, self.k_max,
+                                                                nn_ok, q_nn, int(neural_k), ratio, catch, c.shape,
+                                                                c._lo, c._w, c.knot_ratio, probs, src, alt, self._cnt,
+                                                                self._tot, lengths)
         st = self.stats
         st["steps"] += 1
         st["rows"] += b

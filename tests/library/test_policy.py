@@ -157,7 +157,7 @@ def test_a_slow_first_neural_call_does_not_shut_the_draft_model_out():
     assert out["rate"] > 1.5 * plain
 
 
-def test_a_poor_draft_model_is_dropped_and_tried_again_later():
+def test_a_poor_draft_model_is_dropped():
     out = run(SequencePolicy(K), 1500, DEAR, q=0.0, match=0, offered=0, q_nn=0.05, nn_forward=0.5)
     share = drafting_share(out["choices"], "draft")
     assert share < 0.1

@@ -254,6 +254,8 @@ def child(job_path: str, out_path: str) -> None:
     import llama_cpp
 
     result = drafter_cost(job) if job["mode"] == "drafter-cost" else run_prompts(job)
+    if job["mode"] != "drafter-cost" and job.get("corpus"):  # both in one lock hold
+        result["drafter_cost"] = drafter_cost(job)["rows"]
     result["llama_cpp"] = f"llama-cpp-python {llama_cpp.__version__}"
     Path(out_path).write_text(json.dumps(result))
 

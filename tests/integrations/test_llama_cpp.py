@@ -326,6 +326,49 @@ def test_server_hook_serves_completions_with_saspec(gguf_path):
     assert gen.fallbacks == 1
 
 
+def test_server_launcher_serves_openai_completions(gguf_path, tmp_path):
+    """``python -m saspec.integrations.llama_cpp.server``: llama-cpp-python's OpenAI server with saspec's
+    loop (and the pool) answers a completion with plain greedy decoding's text."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "server.log", "w")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "saspec.integrations.llama_cpp.server", "--model", str(gguf_path),
+                             "--n_ctx", "1024", "--n_threads", "1", "--port", str(port), "--saspec-k", "16",
+                             "--saspec-pool-tokens", "10000"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        body = json.dumps({"prompt": "abcabcabcabc", "max_tokens": 30, "temperature": 0, "repeat_penalty": 1.1}).encode()
+        for _ in range(120):
+            try:
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    got = json.loads(r.read())
+                break
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "server.log").read_text()
+                time.sleep(0.5)
+        else:
+            raise AssertionError("the server did not answer")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+    ref = new_llama(gguf_path).create_completion("abcabcabcabc", max_tokens=30, temperature=0, repeat_penalty=1.1)
+    assert got["choices"][0]["text"] == ref["choices"][0]["text"]
+    assert "decodes with saspec's loop" in (tmp_path / "server.log").read_text()
+
+
 def test_server_arguments_split():
     from saspec.integrations.llama_cpp.server import parse_saspec_args
 

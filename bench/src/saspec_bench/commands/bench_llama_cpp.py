@@ -5,11 +5,11 @@ so, as ``bench-vllm``, the command is split in two:
 
 * the parent (``saspec bench-llama-cpp``) builds the prompts with the bench's shared
   builders (code edits given in full, multi-turn edits, free-form questions; Qwen chat
-  format, token ids), then for each prompt starts a child (under ``flock --lock``, so a
-  shared machine's other jobs get the CPUs between prompts) and collects its results;
+  format, token ids), then for each ``--per-child`` prompts starts a child (under ``flock --lock``, so a
+  shared machine's other jobs get the CPUs between children) and collects its results;
 * the child (this file run as a script, ``--child JOB OUT``, with ``--llama-python``)
-  loads the Q4_K_M GGUFs with ``llama_cpp.Llama`` (``n_threads`` threads) and runs the
-  prompt greedily with every method, interleaved (each prompt starts at another method;
+  loads the Q4_K_M GGUFs with ``llama_cpp.Llama`` (``n_threads`` threads) and runs each
+  prompt greedily with every method, interleaved (each child starts at another method;
   ``--repeats`` rounds, the fastest counts), each from an empty KV cache, after an untimed
   warm-up of every method, and after waiting (up to 30 s) for other processes to use
   less than 10% of the CPUs; ``contention`` records how much they used during the run.
@@ -85,7 +85,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="timed runs per prompt and method (interleaved); the fastest counts")
     p.add_argument("--lock", default=None, metavar="PATH",
-                   help="run each child (one prompt, every method) under `flock PATH` (a shared machine's CPU lock)")
+                   help="run each child (--per-child prompts, every method) under `flock PATH` (a shared machine's "
+                        "CPU lock)")
+    p.add_argument("--per-child", type=positive_int, default=1, help="prompts per child (one lock hold)")
     p.add_argument("--drafter-cost", action="store_true", help="time one drafting call at 1k/8k/32k tokens instead")
     p.add_argument("--out", default="benchmarks/llama_cpp/run", help="output directory")
     p.set_defaults(func=main)
@@ -142,12 +144,13 @@ def main(args: argparse.Namespace) -> int:
         print(report)
         return 0
     runs: list[dict[str, Any]] = []
-    for i, p in enumerate(prompts):
-        order = methods[i % len(methods):] + methods[: i % len(methods)]  # interleaved: each prompt starts elsewhere
+    n = args.per_child
+    for c, group in enumerate(prompts[i: i + n] for i in range(0, len(prompts), n)):
+        order = methods[c % len(methods):] + methods[: c % len(methods)]  # interleaved: each child starts elsewhere
         job = {**job_common, "mode": "generate", "methods": order, "repeats": args.repeats,
-               "prompt": {k: p[k] for k in ("id", "kind", "prompt_ids", "max_new")}}
-        print(f"[bench-llama-cpp] {p['id']}: {', '.join(order)}", file=sys.stderr)
-        res = _run_child(args.llama_python, job, out / f".job-{i}", args.lock)
+               "prompts": [{k: p[k] for k in ("id", "kind", "prompt_ids", "max_new")} for p in group]}
+        print(f"[bench-llama-cpp] {', '.join(p['id'] for p in group)}: {', '.join(order)}", file=sys.stderr)
+        res = _run_child(args.llama_python, job, out / f".job-{c}", args.lock)
         info["llama_cpp"] = res.get("llama_cpp")
         runs += res["runs"]
         (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
@@ -166,7 +169,7 @@ def _run_child(python: str, job: dict[str, Any], stem: Path, lock: str | None = 
     paths = (str(root / "src"), str(root / "bench" / "src"), os.environ.get("PYTHONPATH"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     cmd = [python, "-P", __file__, "--child", str(job_path), str(out_path)]
-    if lock:  # one hold per child: other jobs on a shared machine get the CPUs between prompts
+    if lock:  # one hold per child: other jobs on a shared machine get the CPUs between children
         cmd = ["flock", lock] + cmd
     with open(log_path, "w") as log:
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -250,7 +253,9 @@ def child(job_path: str, out_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     import llama_cpp
 
-    result = drafter_cost(job) if job["mode"] == "drafter-cost" else run_prompt(job)
+    result = drafter_cost(job) if job["mode"] == "drafter-cost" else run_prompts(job)
+    if job["mode"] != "drafter-cost" and job.get("corpus"):  # both in one lock hold
+        result["drafter_cost"] = drafter_cost(job)["rows"]
     result["llama_cpp"] = f"llama-cpp-python {llama_cpp.__version__}"
     Path(out_path).write_text(json.dumps(result))
 
@@ -262,8 +267,8 @@ def _load(path: str, job: dict[str, Any], **kw: Any) -> Any:
                  n_threads_batch=job["threads"], verbose=False, seed=0, **kw)
 
 
-def run_prompt(job: dict[str, Any]) -> dict[str, Any]:
-    """Every method of ``job["methods"]`` on one prompt, in that order, each after an untimed warm-up."""
+def run_prompts(job: dict[str, Any]) -> dict[str, Any]:
+    """Every method of ``job["methods"]`` on each of ``job["prompts"]``, in that order, after untimed warm-ups."""
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     from saspec.integrations.llama_cpp import HybridDrafter, ModelDrafter, SADraftModel, Speculator
     from saspec_bench.cpumeter import CpuMeter
@@ -311,25 +316,25 @@ def run_prompt(job: dict[str, Any]) -> dict[str, Any]:
                 break
         return {"tokens": toks, "wall_s": time.perf_counter() - t0}
 
-    p = job["prompt"]
     meter = CpuMeter()
     runs = []
-    for method in methods:
-        one(method, p["prompt_ids"][:64], 4)  # warm-up, not timed
-    for rep in range(job.get("repeats", 1)):
+    for p in job["prompts"]:
         for method in methods:
-            meter.wait_quiet(0.1, 30.0)
-            meter.start()
-            r = one(method, p["prompt_ids"], p["max_new"])
-            r["contention"] = meter.stop()
-            best = next((x for x in runs if x["method"] == method), None)
-            if best is None or r["wall_s"] < best["wall_s"]:
-                if best is not None:
-                    runs.remove(best)
-                runs.append({"method": method, "id": p["id"], "kind": p["kind"],
-                             "prompt_tokens": len(p["prompt_ids"]), "repeat": rep, **r})
-            print(f"{method} {p['id']}: {len(r['tokens'])} tokens in {r['wall_s']:.2f} s "
-                  f"(contention {r['contention']})", file=sys.stderr, flush=True)
+            one(method, p["prompt_ids"][:64], 4)  # warm-up, not timed
+        for rep in range(job.get("repeats", 1)):
+            for method in methods:
+                meter.wait_quiet(0.1, 30.0)
+                meter.start()
+                r = one(method, p["prompt_ids"], p["max_new"])
+                r["contention"] = meter.stop()
+                best = next((x for x in runs if x["method"] == method and x["id"] == p["id"]), None)
+                if best is None or r["wall_s"] < best["wall_s"]:
+                    if best is not None:
+                        runs.remove(best)
+                    runs.append({"method": method, "id": p["id"], "kind": p["kind"],
+                                 "prompt_tokens": len(p["prompt_ids"]), "repeat": rep, **r})
+                print(f"{method} {p['id']}: {len(r['tokens'])} tokens in {r['wall_s']:.2f} s "
+                      f"(contention {r['contention']})", file=sys.stderr, flush=True)
     return {"runs": runs}
 
 

@@ -141,6 +141,14 @@ def attach(llama: Any, settings: SaspecSettings, pool: RequestPool | None = None
     return gen
 
 
+def describe(settings: SaspecSettings) -> str:
+    """One line naming the drafter a server's models get."""
+    what = f"automaton K {settings.k}"
+    if settings.draft_model:
+        what += f", draft model {settings.draft_model} below a match of {settings.threshold}"
+    return what + (f", pool of {settings.pool_tokens} tokens" if settings.pool_tokens else "")
+
+
 def install(settings: SaspecSettings) -> None:
     """Make llama-cpp-python's server give every ``Llama`` it loads saspec's ``generate``."""
     import llama_cpp
@@ -159,6 +167,7 @@ def install(settings: SaspecSettings) -> None:
                                     n_threads=model_settings.n_threads, n_threads_batch=model_settings.n_threads_batch,
                                     n_gpu_layers=model_settings.n_gpu_layers, verbose=model_settings.verbose)
         attach(llama, settings, pool, draft)
+        print(f"saspec: {model_settings.model} decodes with saspec's loop ({describe(settings)})", file=sys.stderr)
         return llama
 
     LlamaProxy.load_llama_from_model_settings = staticmethod(load_with_saspec)

@@ -309,7 +309,9 @@ class SpecEngine:
     def stats(self) -> dict[str, int]:
         """Requests, tokens and host bytes held by the automata, and
         ``overflowed``: requests that outgrew their device slot (always 0 on
-        the CPU backend, where blobs grow).
+        the CPU backend, where blobs grow). CPU backend: ``grown_ahead`` and
+        ``grown_in_step`` count the blobs grown on the background thread before
+        they filled up, and those a step had to grow itself.
 
         CUDA backend (reading token counts and overflow flags synchronizes):
         ``bytes`` counts requests still on the host; also ``device_bytes``

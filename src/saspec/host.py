@@ -428,7 +428,8 @@ class HostBackend:
     def stats(self, slot_of: dict[Hashable, int]) -> dict[str, int]:
         blobs = [self.slots.blobs[s] for s in slot_of.values()]
         return {"requests": len(blobs), "tokens": sum(self.kind.tokens(b) for b in blobs),
-                "bytes": sum(blob_bytes(b) for b in blobs), "overflowed": 0}
+                "bytes": sum(blob_bytes(b) for b in blobs), "overflowed": 0,
+                "grown_ahead": self.grown_ahead, "grown_in_step": self.grown_in_step}
 
     def blob_copies(self, slot_of: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
         return {r: self.slots.blobs[s].copy() for r, s in slot_of.items()}

@@ -137,7 +137,9 @@ def test_bench_tail_reports_median_p99_and_worst_step():
         t["now"] += (i // 2 + 1) * 1e-6
         return t["now"]
 
-    (row,) = bench_tail(batch=4, context=300, steps=101, clock=clock)
+    slept = []
+    (row,) = bench_tail(batch=4, context=300, steps=101, clock=clock, gaps_s=(0.005,), sleep=slept.append)
+    assert slept == [0.005] * 100 and row["gap_ms"] == 5.0  # the gap between steps is slept, never timed
     assert row["steps"] == 100 and row["median_us"] == pytest.approx(50.5) and row["worst_us"] == pytest.approx(100)
     assert row["p99_us"] == pytest.approx(99.01)
     assert row["grown_ahead"] + row["grown_in_step"] >= 4  # 300 + 303 tokens outgrow every first blob

@@ -187,13 +187,21 @@ def bench_step(
 
 
 def bench_tail(batch: int = 64, context: int = 4096, steps: int = 1500, k: int = 8,
-               clock: Callable[[], float] = time.perf_counter) -> list[dict]:
+               clock: Callable[[], float] = time.perf_counter, gaps_s: tuple[float, ...] = (0.0, 0.005),
+               sleep: Callable[[float], None] = time.sleep) -> list[dict]:
     """Per-step ``extend`` time of one batch whose rows outgrow their blobs together:
     ``batch`` code-like prompts of ``context`` tokens, each accepting ``ACCEPTED``
     tokens a step (copying its prompt) for ``steps`` steps, no ``expected_new_tokens``
     hint. Reports the median, p99 and worst step in µs for the whole batch (the worst
     is where a step pays blob growth), and how many blobs grew ahead of need or inside
-    a step (where the engine says)."""
+    a step (where the engine says). One row per gap in ``gaps_s``: the seconds between two
+    steps, untimed (0: back to back; a server steps once per model forward, and the
+    background growth runs in between)."""
+    return [_tail_row(batch, context, steps, k, clock, gap, sleep) for gap in gaps_s]
+
+
+def _tail_row(batch: int, context: int, steps: int, k: int, clock: Callable[[], float], gap: float,
+              sleep: Callable[[float], None]) -> dict:
     prompts = [code_like_prompt(context, seed=i) for i in range(batch)]
     acc = _accepted_stream(prompts, k, ACCEPTED, steps, "copy")
     eng = SpecEngine(parallel_threshold=SERIAL)
@@ -201,18 +209,21 @@ def bench_tail(batch: int = 64, context: int = 4096, steps: int = 1500, k: int =
     eng.extend(acc[0], lens, mout, dout)  # compile / warm
     times = np.empty(steps - 1)
     for s in range(1, steps):
+        if gap:
+            sleep(gap)
         t0 = clock()
         eng.extend(acc[s], lens, mout, dout)
         times[s - 1] = clock() - t0
-    backend = getattr(eng, "_backend", None)
-    row = {"batch": batch, "context": context, "steps": steps - 1,
+    grown = eng.stats()
+    row = {"batch": batch, "context": context, "steps": steps - 1, "gap_ms": gap * 1e3,
            "tokens_per_row": context + ACCEPTED * steps,
            "median_us": float(np.median(times)) * 1e6, "p99_us": float(np.percentile(times, 99)) * 1e6,
            "worst_us": float(times.max()) * 1e6, "mean_us": float(times.mean()) * 1e6,
-           "grown_ahead": getattr(backend, "grown_ahead", -1), "grown_in_step": getattr(backend, "grown_in_step", -1)}
-    progress(f"tail B={batch} ctx {context:,}: median {row['median_us']:.1f} us, p99 {row['p99_us']:.1f} us, "
-             f"worst {row['worst_us']:.1f} us")
-    return [row]
+           "grown_ahead": grown["grown_ahead"], "grown_in_step": grown["grown_in_step"]}
+    progress(f"tail B={batch} ctx {context:,}, {gap * 1e3:g} ms between steps: median {row['median_us']:.1f} us, "
+             f"p99 {row['p99_us']:.1f} us, worst {row['worst_us']:.1f} us")
+    eng.close()
+    return row
 
 
 def _pool_texts(prompts: list[np.ndarray], tokens: int, seed: int = 1, related: bool = True) -> list[np.ndarray]:

@@ -138,6 +138,9 @@ def test_batch_property(eng):
 
 
 def snapshot(eng: SpecEngine):
+    wait = getattr(eng._backend, "wait_growth", None)
+    if wait is not None:  # growth ahead of need lands on its own thread: let it land before the call under test
+        wait()
     return eng._blob_copies(), eng._batch, eng.stats()
 
 

@@ -232,7 +232,7 @@ def section_graph() -> dict:
     """Graph replays of extend + select_drafts against the CPU backend, step by step."""
     import torch
 
-    from saspec.select import select_drafts, select_drafts_np
+    from saspec.rules import select_drafts, select_drafts_np
 
     rng = np.random.default_rng(0)
     b, prompt, steps, thr = 256, 1500, 120, 4
@@ -403,7 +403,7 @@ def section_threads() -> dict:
         gpu, _ = new_engines(streams, prompt, streams.shape[1], with_cpu=False)
         rows = list(range(b))
         gpu.prepare(rows)
-        dev = gpu._pool._dev
+        dev = gpu._backend.slots._dev
         default = dev.extend_threads
         acc_all = torch.zeros((group, b, K + 1), dtype=torch.int32, device="cuda")
         _, lens, mout, dout = device_tensors(torch, b)
@@ -467,7 +467,7 @@ def section_overhead() -> dict:
     """Decode-step loops: no SA at all vs SA disabled (threshold=inf) vs SA on."""
     import torch
 
-    from saspec.select import select_drafts
+    from saspec.rules import select_drafts
 
     rng = np.random.default_rng(2)
     b, hidden, layers, vocab, prompt, steps, warm = 256, 4096, 8, 32000, 1000, 100, 5
@@ -591,8 +591,8 @@ def section_prepare() -> dict:
         t0 = time.perf_counter()
         eng.add_request(rid, prompt)
         build_ms = 1000 * (time.perf_counter() - t0)
-        payload = 4 * payload_words(eng._blobs[eng._slot[rid]])
-        reused = eng._pool._used[eng._pool._free[-1]]
+        payload = 4 * payload_words(eng._backend.host.blobs[eng._slot[rid]])
+        reused = eng._backend.slots._used[eng._backend.slots._free[-1]]
         torch.cuda.synchronize()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()

@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import saspec.integrations.hf as sahf
 from saspec_bench import models
-from saspec.gate import CostGate
+from saspec.policy import SequencePolicy
 
 EDITS = (
     ("rename", "Rename the parameter `path` to `search_path` everywhere in this function and return the full updated "
@@ -47,9 +47,9 @@ METHODS = {  # name -> extra generate() keywords; "assistant" is replaced by the
     "hf-prompt-lookup": {"prompt_lookup_num_tokens": 10},
     "hf-assisted": {"assistant_model": "assistant"},
     "saspec": {"custom_generate": sahf.generate},
-    "saspec-no-gate": {"custom_generate": sahf.generate, "saspec_gate": False},
+    "saspec-no-gate": {"custom_generate": sahf.generate, "saspec_policy": False},
     "saspec-hybrid": {"custom_generate": sahf.generate, "assistant_model": "assistant"},
-    "saspec-hybrid-no-gate": {"custom_generate": sahf.generate, "assistant_model": "assistant", "saspec_gate": False},
+    "saspec-hybrid-no-gate": {"custom_generate": sahf.generate, "assistant_model": "assistant", "saspec_policy": False},
 }
 
 
@@ -83,8 +83,10 @@ class Counter:
 def run(target, draft, ids: list[int], new_tokens: int, method: str) -> dict:
     kw = {k: (draft if v == "assistant" else v) for k, v in METHODS[method].items()}
     gate = None
-    if kw.get("custom_generate") and kw.get("saspec_gate", True):
-        gate = kw["saspec_gate"] = CostGate(8)  # what saspec_gate=True builds, kept to read its step counts
+    if kw.get("custom_generate") and kw.get("saspec_policy", True):
+        from saspec.integrations.hf import _policy_for  # what saspec_policy=True builds, kept to read its counts
+
+        gate = kw["saspec_policy"] = _policy_for(True, 8, target)
     x = torch.tensor([ids])
     with Counter(target) as f, Counter(draft) as d:
         t0 = time.perf_counter()

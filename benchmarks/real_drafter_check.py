@@ -25,7 +25,7 @@ import numpy as np
 def main() -> int:
     from saspec_bench import realsim
     from saspec_bench.costmodel import gpu_like_profile
-    from saspec_bench.loop import HybridDrafter, ModelDrafter, SADrafter, speculative_generate
+    from saspec_bench.loop import SAModelDrafter, ModelDrafter, SADrafter, speculative_generate
     from saspec_bench.lm import load_models
     from saspec_bench.datafiles import REAL_OUTPUTS_PATH
     from saspec_bench.positions import Flat
@@ -47,10 +47,10 @@ def main() -> int:
                 dict(mode="sa", k_sa=32, rule="per-match", scale=2.0)),
                ("draft-model K=3", lambda: ModelDrafter(draft, k=3), dict(mode="neural", k_nn=3)),
                ("draft-model K=8", lambda: ModelDrafter(draft, k=8), dict(mode="neural", k_nn=8)),
-               ("hybrid T=4 K=8", lambda: HybridDrafter(SADrafter(8), ModelDrafter(draft, k=8), 4),
+               ("hybrid T=4 K=8", lambda: SAModelDrafter(SADrafter(8), ModelDrafter(draft, k=8), 4),
                 dict(mode="hybrid", k_nn=8, k_sa=8, threshold=4)),
                ("hybrid T=4 K=8 patience 3 per-match 2",
-                lambda: HybridDrafter(SADrafter(32, per_match=2.0), ModelDrafter(draft, k=8), 4, 3),
+                lambda: SAModelDrafter(SADrafter(32, per_match=2.0), ModelDrafter(draft, k=8), 4, 3),
                 dict(mode="hybrid", k_nn=8, k_sa=32, threshold=4, patience=3, rule="per-match", scale=2.0))]
     bad = 0
     for i, t in enumerate(traces):

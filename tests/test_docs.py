@@ -1,4 +1,7 @@
-"""The README's usage example runs and prints what its comment says."""
+"""The documentation holds: the README's usage example runs and prints what its comment
+says, the README and BENCHMARKS.md stay within their sizes, BENCHMARKS.md keeps current
+results only, and every pointer from code or docs to a BENCHMARKS.md section or a doc
+page names one that exists."""
 
 from __future__ import annotations
 
@@ -7,12 +10,92 @@ import io
 import re
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+
 
 def test_readme_example_runs():
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
     promised = re.search(r"print\(.*\)\s+# (.*)", code).group(1).strip()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md", "exec"), {})
     assert out.getvalue().strip() == promised
+
+
+def test_readme_and_benchmarks_stay_short():
+    assert len(README.read_text().splitlines()) <= 200
+    assert len(BENCHMARKS.read_text().splitlines()) <= 500
+
+
+def test_benchmarks_holds_results_not_history_or_verdicts():
+    text = BENCHMARKS.read_text()
+    headings = [h.lower() for h in re.findall(r"^#+ (.*)$", text, re.M)]
+    assert not [h for h in headings if "earlier" in h or "history" in h]
+    verdicts = re.findall(r".*\b(?:MISSED|[Tt]argets?\b[^.|]{0,40}\b(?:met|missed))\b.*", text)
+    assert verdicts == [], "targets and verdicts belong in the issues' closing notes"
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", lambda m: "_" if m.group() == "_" else "", heading.strip().lower())
+    return re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", text))
+
+
+def sections(path: Path) -> tuple[set[str], set[str]]:
+    """(headings, anchors) of a Markdown file."""
+    heads = {h.strip().strip("`") for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}
+    return heads, {slug(h) for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}
+
+
+def sources() -> list[Path]:
+    """Every file that may point into the docs: the Markdown pages and both packages' code."""
+    files = [README, ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    files += sorted((ROOT / "src").rglob("*.py")) + sorted((ROOT / "bench" / "src").rglob("*.py"))
+    files += sorted((ROOT / "benchmarks").rglob("*.py"))
+    return [f for f in files if f.is_file()]
+
+
+def flat(path: Path) -> str:
+    """The text with line breaks (and the comment marks that continue a sentence) folded into spaces."""
+    return re.sub(r"\s*\n\s*(?:#\s*)?", " ", path.read_text())
+
+
+def pointers(text: str) -> list[tuple[str, str | None, str | None]]:
+    """(page, anchor, quoted section name) for every ``PAGE.md#anchor`` link and ``PAGE.md, "Section"`` mention."""
+    out = []
+    for m in re.finditer(r"((?:\.\./)*(?:docs/)?[\w-]+\.md)(?:#([\w-]+)|[,:]? \(?\"([^\"]+)\")", text):
+        out.append((m.group(1), m.group(2), m.group(3)))
+    return out
+
+
+def page(name: str) -> Path | None:
+    base = Path(name).name
+    for candidate in (ROOT / base, ROOT / "docs" / base, ROOT / "benchmarks" / base):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def test_every_pointer_to_a_section_names_one_that_exists():
+    broken = []
+    for src in sources():
+        for name, anchor, quoted in pointers(flat(src)):
+            target = page(name)
+            if target is None:
+                if name.upper() == name or name.startswith(("docs/", "../")):
+                    broken.append(f"{src.relative_to(ROOT)}: {name} (no such page)")
+                continue
+            heads, anchors = sections(target)
+            if anchor is not None and anchor not in anchors:
+                broken.append(f"{src.relative_to(ROOT)}: {name}#{anchor}")
+            if quoted is not None and quoted not in heads and not quoted.startswith(("(", "--")):
+                broken.append(f'{src.relative_to(ROOT)}: {name}, "{quoted}"')
+    assert broken == []
+
+
+def test_the_pointer_check_finds_a_broken_pointer(tmp_path):
+    assert pointers('see BENCHMARKS.md, "No such section" and BENCHMARKS.md#host-engine') == [
+        ("BENCHMARKS.md", None, "No such section"), ("BENCHMARKS.md", "host-engine", None)]
+    assert slug("Against `sa_spec`") == "against-sa_spec" and slug("The hybrid in vLLM") == "the-hybrid-in-vllm"

@@ -234,12 +234,24 @@ def _run(code: str, **env: str) -> str:
 def test_import_saspec_is_light():
     out = _run(
         "import sys, saspec\n"
-        "from saspec import SpecEngine, SuffixAutomaton, NgramDrafter, select_drafts\n"
+        "from saspec import SpecEngine, SuffixAutomaton, NgramDrafter, DraftPolicy, SequencePolicy\n"
         f"heavy = {HEAVY!r}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy"
         " or m.startswith(('saspec_bench', 'saspec.device'))))"
     )
     assert out.strip() == "[]"
+
+
+def test_the_old_select_drafts_export_still_works_and_warns():
+    out = _run(
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    from saspec import select_drafts\n"
+        "from saspec.rules import select_drafts as new\n"
+        "print(select_drafts is new, [str(x.message) for x in w if x.category is DeprecationWarning])"
+    )
+    assert out.startswith("True") and "saspec.rules.select_drafts" in out
 
 
 def test_cpu_engine_loads_nothing_heavy():

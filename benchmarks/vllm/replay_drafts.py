@@ -19,7 +19,7 @@ import numpy as np
 from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as ngram_draft
 
 from saspec import SuffixAutomaton
-from saspec.select import DEFAULT_LENGTH_SCALE, draft_lengths
+from saspec.rules import DEFAULT_LENGTH_SCALE, draft_lengths
 
 
 def forwards(prompt: list[int], out: list[int], draft) -> int:

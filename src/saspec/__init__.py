@@ -4,10 +4,13 @@ The package is laid out by what each part is for:
 
 * the library an inference engine imports: ``core`` (the automaton, written once
   as numba ``register_jitable`` functions), ``build`` (host automata),
-  ``engine`` (``SpecEngine``: add / prepare / extend / remove), ``extend`` (the
-  host batch kernels), ``pool`` (``RequestPool``: memory across requests),
-  ``select`` (the hybrid choice) and ``ngram`` (the n-gram baseline);
-* ``saspec.device``: the CUDA backend (device slot pool, uploads, kernels);
+  ``engine`` (``SpecEngine``: add / prepare / extend / remove, over a backend),
+  ``host`` (its CPU backend), ``extend`` (the host batch kernels, the pool's
+  per-step kernel included), ``pool`` (``RequestPool``: memory across requests),
+  ``policy`` (each step's draft length and source per row, from what
+  verification costs), ``rules`` (the fixed rules, where the policy is off) and
+  ``ngram`` (the n-gram baseline);
+* ``saspec.device``: the CUDA backend (device slots, uploads, kernels);
 * ``saspec.integrations``: one thin adapter per inference engine.
 
 What measures saspec (workloads, the simulator, benchmarks, model set-up, the
@@ -24,13 +27,22 @@ from typing import Any
 #: Public names and the modules that define them. They load on first use, so ``import saspec``
 #: (and an engine plugin importing ``saspec.integrations``) loads no numba until a kernel is needed.
 _EXPORTS = {"POLICIES": "build", "SuffixAutomaton": "build", "SpecEngine": "engine", "NgramDrafter": "ngram",
-            "RequestPool": "pool", "select_drafts": "select"}
+            "RequestPool": "pool", "DraftPolicy": "policy", "SequencePolicy": "policy", "StepCost": "policy",
+            "PolicySettings": "policy"}
+#: Names kept for old code: each warns once on first use and names its new home.
+_DEPRECATED = {"select_drafts": ("rules", "saspec.rules.select_drafts (the default choice is saspec.DraftPolicy)")}
 
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        module, instead = _DEPRECATED[name]
+        import warnings
+
+        warnings.warn(f"saspec.{name} is deprecated: use {instead}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(f".{module}", __name__), name)
     if name not in _EXPORTS:
         raise AttributeError(f"module 'saspec' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

@@ -1,4 +1,5 @@
-"""Adaptive: pick the SA or the neural draft per row by expected accepted length.
+"""Deprecated (importing it warns; :mod:`saspec.policy` is the drafting choice): the SA or the neural draft
+per row by expected accepted length.
 
 Pick the source with the higher expected accepted length. For the SA it is the
 mean acceptance seen so far at this match-length bucket (all requests), scaled
@@ -17,7 +18,12 @@ import numpy as np
 from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
+import warnings
+
 from .validate import check_count
+
+warnings.warn("saspec.adaptive is deprecated: saspec.policy chooses each row's draft source and length",
+              DeprecationWarning, stacklevel=2)
 
 N_BUCKETS = 16
 

@@ -267,6 +267,159 @@ def step(table, rp, accepted, lens, match_out, draft_out, ctl):
     return extend_rows(table, rp, accepted, lens, match_out, draft_out, ctl[C_POLICY], ctl[C_DEPTH], ctl[C_LOOKAHEAD])
 
 
+# -- growth ahead of need (``host.HostBackend`` grows marked blobs on a background thread) ----------
+
+GROW_MARK_MIN = 32  # tokens of room below which a blob is grown ahead, at least
+GROW_MARK_FRACTION = 16  # ... or below 1/16 of its token capacity
+
+
+@njit(nogil=True, cache=True, **core.NO_NRT)
+def rows_past_mark(table, rp, ahead, out):
+    """Mark the batch's blobs that are nearly full, for growth ahead of need.
+
+    ahead: int64 [2, slots]: row 0, 1 where a slot is marked already; row 1,
+    the tokens its request is expected to reach (0: unknown), whose blob is
+    never marked once it has room for them. A blob is marked when it has less
+    room than its mark (``GROW_MARK_MIN`` tokens, or 1/``GROW_MARK_FRACTION``
+    of its token capacity) for tokens, twice that for states, or that many
+    table edges. Writes the newly marked slots to ``out[:n]``; returns n.
+    """
+    rows = rp[0]
+    n = 0
+    for b in range(rows.shape[0]):
+        slot = rows[b]
+        if ahead[0, slot]:
+            continue
+        buf = blob_at(table, slot)
+        cap = buf[core.H_CAP_TOK]
+        if 0 < ahead[1, slot] <= cap:
+            continue
+        mark = max(GROW_MARK_MIN, cap // GROW_MARK_FRACTION)
+        if (cap - buf[core.H_N] < mark or buf[core.H_CAP_ST] - buf[core.H_NSTATES] < 2 * mark
+                or core.max_used(buf[core.H_HT_SIZE]) - buf[core.H_USED] < mark):
+            ahead[0, slot] = 1
+            out[n] = slot
+            n += 1
+    return n
+
+
+# -- the cross-request pool's side of a step (the pool itself: ``pool.RequestPool``) ------------
+
+@njit(nogil=True, cache=True, **core.NO_NRT)
+def check_source(source_out, rows, accepted, lens, match_out, draft_out):
+    """``extend``'s check of ``source_out`` (numpy arrays), before the step runs: -2 if it is not
+    [rows], i in 0..3 if it shares memory with the i-th of the other arrays, else -1."""
+    if source_out.shape[0] != rows:
+        return -2
+    if overlap(source_out, accepted):
+        return 0
+    if overlap(source_out, lens):
+        return 1
+    if overlap(source_out, match_out):
+        return 2
+    if overlap(source_out, draft_out):
+        return 3
+    return -1
+
+
+@njit(inline="always")
+def _follow_pool(pool, s, m, token):
+    """``core.follow`` in the pool, except that a row token equal to the separator
+    (id 2**31-1) breaks the match: a match never spans the end of a pooled text."""
+    if token == core.SEPARATOR:
+        return 0, 0
+    return core.follow(pool, s, m, token)
+
+
+POOL_LOOKAHEAD = 3  # rows ahead whose pool walk pool_rows prefetches (see _pool_look_ahead)
+
+
+@njit(inline="always")
+def _pool_look_ahead(pool, base, state, slot, accepted, lens, b, hops, epoch):
+    """Prefetch the pool record row ``b``'s walk will miss on after ``hops`` tokens.
+
+    The pool is one large automaton that the rows' walks cross at random, so each
+    token that continues a match is a cache miss on the next state's record. As in
+    ``extend_rows``, rows ahead are walked along records already cached (by
+    earlier visits) and the next one is prefetched; this reads and writes nothing else.
+    """
+    if state[2, slot] != epoch:
+        return
+    s = state[0, slot]
+    n = row_len(lens, accepted, b)
+    i = 0
+    while i < min(n, hops) and s >= 0:
+        r = core.state(pool, s)
+        d = pool[r + core.DST]
+        if d <= 0 or pool[r + core.TOK] != accepted[b, i]:
+            return  # a branching state or a mismatch: the walk probes the table, not worth guessing
+        s = d
+        i += 1
+    prefetch(base + 4 * core.state(pool, s))
+    prefetch(base + 4 * core.aux(pool, s))
+
+
+@njit(nogil=True, cache=True, **core.NO_NRT)
+def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, pool, base, state, epoch, sync_tokens):
+    """After a step's own extend: follow each row's accepted tokens in the pool and
+    draft from it where its match is strictly longer than the row's own.
+
+    pool: the pool's blob, at address ``base``; state: int32 [3, slots], per slot
+    its pool state, match length and the pool epoch they belong to (another epoch:
+    re-match from the row's last ``sync_tokens`` tokens, which include this
+    step's). Writes ``source_out[b]`` (1: row b's draft and match are the pool's,
+    0: its own) and, for pool rows, ``match_out[b]`` and ``draft_out[b]``.
+    """
+    rows = rp[0]
+    nb = rows.shape[0]
+    k = draft_out.shape[1]
+    # Pass 1: each row's walk; rows that may draft from the pool are marked in
+    # source_out (1), and their state's occurrence record is prefetched. The
+    # later passes then take the two dependent misses of a pool draft (the
+    # occurrence's position, then the text there) for all rows at once.
+    for b in range(nb):
+        for j in range(1, POOL_LOOKAHEAD + 1):
+            if b + j < nb:
+                _pool_look_ahead(pool, base, state, rows[b + j], accepted, lens, b + j, POOL_LOOKAHEAD + 1 - j,
+                                 epoch)
+        slot = rows[b]
+        if state[2, slot] != epoch:
+            buf = blob_at(table, slot)
+            text = buf[core.H_O_TEXT]
+            n = buf[core.H_N]
+            s, m = 0, 0
+            for i in range(max(0, n - sync_tokens), n):
+                s, m = _follow_pool(pool, s, m, buf[text + i])
+            state[2, slot] = epoch
+        else:
+            s, m = state[0, slot], state[1, slot]
+            for j in range(row_len(lens, accepted, b)):
+                s, m = _follow_pool(pool, s, m, accepted[b, j])
+        state[0, slot] = s
+        state[1, slot] = m
+        source_out[b] = 0
+        if m > match_out[b] and s > 0:
+            source_out[b] = 1
+            prefetch(base + 4 * (core.aux(pool, s) + core.POS))
+    # Pass 2: prefetch the text where each marked row's continuation starts.
+    text = pool[core.H_O_TEXT]
+    n = pool[core.H_N]
+    for b in range(nb):
+        if source_out[b]:
+            start = pool[core.aux(pool, state[0, rows[b]]) + core.POS] + 1
+            if start < n:
+                prefetch(base + 4 * (text + start))
+    # Pass 3: the drafts.
+    for b in range(nb):
+        if source_out[b]:
+            start = core.continuation(pool, state[0, rows[b]], core.SEPARATOR)
+            source_out[b] = 0
+            if start >= 0:
+                core.draft_from(pool, start, draft_out[b], k, core.SEPARATOR)
+                match_out[b] = state[1, rows[b]]
+                source_out[b] = 1
+
+
 # Parallel kernels run one at a time in the process. numba's workqueue
 # threading layer aborts the process when two threads enter parallel code at
 # once, and the other layers gain nothing from it (each parallel call already

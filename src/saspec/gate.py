@@ -1,4 +1,5 @@
-"""Gate: draft only where a draft pays for its verification, learnt as a sequence runs.
+"""Deprecated (``CostGate`` warns when built; :class:`saspec.policy.SequencePolicy` replaces it, with the
+same call pattern): draft only where a draft pays for its verification, learnt as a sequence runs.
 
 A step that verifies ``d`` draft tokens costs a target forward over ``d + 1``
 tokens, plus ``d`` draft-model forwards for a model's draft (the SA's costs
@@ -87,7 +88,9 @@ import numpy as np
 from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
-from .adaptive import N_BUCKETS, match_bucket
+import warnings
+
+from .policy import N_BUCKETS, match_bucket
 from .validate import check_count, check_int, check_seconds
 
 
@@ -238,6 +241,8 @@ class CostGate:
                  slope_prior: float = 0.1, model_prior: float = 0.8, prior_weight: float = 8.0,
                  window: int = 5, retry_after: int = 8, max_retry_after: int = 256,
                  clock: Callable[[], float] = time.perf_counter) -> None:
+        warnings.warn("saspec.gate.CostGate is deprecated: use saspec.policy.SequencePolicy (the same calls)",
+                      DeprecationWarning, stacklevel=2)
         k_max = check_count(k_max, "k_max")
         window = check_count(window, "window")
         retry_after = check_count(retry_after, "retry_after")

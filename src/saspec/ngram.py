@@ -14,10 +14,12 @@ import numpy as np
 from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit, prange
 
-from .validate import check_int
+from .arena import Allocator
 from .engine import SpecEngine
 from .extend import row_len
+from .host import HostBackend
 from .intrinsics import blob_at
+from .validate import check_int
 
 _GROWTH = 1.5
 
@@ -85,8 +87,48 @@ def _step_parallel(table, rp, accepted, lens, match_out, draft_out, min_n, max_n
     return blocked
 
 
+class NgramBlobs:
+    """The n-gram baseline's blobs (``[n, tokens...]``, int32) for ``host.HostBackend``.
+
+    Args:
+        min_n, max_n: n-gram sizes tried, longest first (validated by ``NgramDrafter``).
+    """
+
+    n_word = 0  # a blob is [n, tokens...]
+    fused = False  # extend.step is the SA kernel: steps go through check_step, then ``run``
+    grows_ahead = False  # a copy of tokens only: cheap enough inside the step
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+
+    # Blobs are plain arrays (``alloc`` unused): they hold tokens only, a few bytes each.
+    def build(self, tokens: np.ndarray, headroom: int | None, alloc: Allocator) -> np.ndarray:
+        room = max(64, tokens.shape[0] // 8, headroom or 0)
+        blob = np.empty(1 + tokens.shape[0] + room, dtype=np.int32)
+        blob[0] = tokens.shape[0]
+        blob[1: 1 + tokens.shape[0]] = tokens
+        return blob
+
+    def grow(self, blob: np.ndarray, more_tokens: int, alloc: Allocator) -> np.ndarray:
+        n = int(blob[0])
+        new = np.empty(max(1 + n + more_tokens, int(blob.shape[0] * _GROWTH)), dtype=np.int32)
+        new[: 1 + n] = blob[: 1 + n]
+        return new
+
+    def tokens(self, blob: np.ndarray) -> int:
+        return int(blob[0])
+
+    def text(self, blob: np.ndarray) -> np.ndarray:
+        return blob[1: 1 + int(blob[0])].copy()
+
+    def run(self, table, rp, acc, lens, mout, dout, parallel: bool, ctl) -> int:
+        run = _step_parallel if parallel else _step
+        return run(table, rp, acc, lens, mout, dout, self.min_n, self.max_n)
+
+
 class NgramDrafter(SpecEngine):
-    """Prompt-lookup drafts (the baseline), driven exactly like ``SpecEngine``.
+    """Prompt-lookup drafts (the baseline), driven exactly like ``SpecEngine``
+    (whose ids, checks and threading it keeps; its blobs are ``NgramBlobs``).
 
     ``match_len_out`` receives the length n of the matched n-gram (0: none).
 
@@ -96,9 +138,6 @@ class NgramDrafter(SpecEngine):
             which steps use all cores, as in ``SpecEngine``.
     """
 
-    _N_WORD = 0  # a blob is [n, tokens...]
-    _FUSED = False
-
     def __init__(self, *, min_n: int = 1, max_n: int = 4, parallel_threshold: int | None = None) -> None:
         check_int(min_n, "min_n", 1)
         check_int(max_n, "max_n", 1)
@@ -107,23 +146,5 @@ class NgramDrafter(SpecEngine):
         super().__init__(parallel_threshold=parallel_threshold)
         self.policy = "ngram"
         self.min_n, self.max_n = int(min_n), int(max_n)
-
-    def _build_blob(self, tokens: np.ndarray, headroom: int | None = None) -> np.ndarray:
-        room = max(64, tokens.shape[0] // 8, headroom or 0)
-        blob = np.empty(1 + tokens.shape[0] + room, dtype=np.int32)
-        blob[0] = tokens.shape[0]
-        blob[1 : 1 + tokens.shape[0]] = tokens
-        return blob
-
-    def _grow_blob(self, blob: np.ndarray, more_tokens: int) -> np.ndarray:
-        n = int(blob[0])
-        new = np.empty(max(1 + n + more_tokens, int(blob.shape[0] * _GROWTH)), dtype=np.int32)
-        new[: 1 + n] = blob[: 1 + n]
-        return new
-
-    def _blob_tokens(self, blob: np.ndarray) -> int:
-        return int(blob[0])
-
-    def _run_step(self, parallel, acc, lens, mout, dout) -> int:
-        run = _step_parallel if parallel else _step
-        return run(self._table, self._rp, acc, lens, mout, dout, self.min_n, self.max_n)
+        kind = NgramBlobs(self.min_n, self.max_n)
+        self._attach(HostBackend(kind, self._policy, self._depth, self._parallel_from))

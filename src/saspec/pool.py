@@ -14,7 +14,11 @@ How a row follows the pool: its match state ``(s, m)`` advances with each
 accepted token by ``core.follow`` (matching a text against an automaton, O(1)
 amortized), and the draft is the pool text after ``s``'s occurrence, up to the
 separator that ends each pooled text (``core.continuation``, ``core.draft_from``).
-The per-row state lives in the engine (``pool_rows`` updates it each step).
+The per-row state lives in the engine's host backend (``extend.pool_rows`` updates it each step).
+
+Lifecycle: ``add`` (an engine's ``remove_request`` calls it), ``publish`` (manual
+pools), ``flush`` (wait for the builder), ``close`` (stop the builder; a context
+manager calls it; an unreferenced pool is collected and its thread ends).
 
 Building never blocks a step. ``add`` queues a text; one background thread
 per pool builds it in with the GIL released into a *copy* of the current
@@ -32,19 +36,16 @@ rebuild). Memory: the automaton and the texts (bytes per pooled token: BENCHMARK
 
 from __future__ import annotations
 
+import logging
 import threading
+import weakref
 from collections import deque
 from typing import Any
 
 import numpy as np
 
-from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
-from numba import njit
-
 from . import build, core
 from .arena import address, blob_bytes
-from .extend import overlap, row_len
-from .intrinsics import blob_at, prefetch
 from .validate import as_tokens, check_int
 
 SEPARATOR = core.SEPARATOR  # ends each pooled text: drafts stop there
@@ -52,14 +53,27 @@ DEFAULT_SYNC_TOKENS = 256
 # Of several earlier occurrences, copy from the first: measured as good as the most recent or better on
 # every recorded workload (BENCHMARKS.md, "Cross-request pool"), and its builds update no positions.
 POOL_POLICY = "first"
+_log = logging.getLogger("saspec")
 
 
 class RequestPool:
     """A bounded automaton over finished requests' texts, shared by the rows of one or more engines.
 
+    Lifecycle: create it (or let ``SpecEngine(pool_tokens=...)`` create one it owns),
+    hand it to engines, which ``add`` each removed request's text; ``close()`` it (or
+    use it as a context manager) when no engine will step with it again: that stops
+    its builder thread and drops queued texts. An engine closes a pool it created in
+    its own ``close()``. A pool nobody references is collected like any object, and
+    its thread then ends: the thread holds the pool only while it builds.
+
+    A build that fails (e.g. ``MemoryError``) is reported, not raised: logged on the
+    ``saspec`` logger and counted in ``stats()["failed_builds"]`` (its texts in
+    ``"failed_texts"``); the pool keeps serving what it had built and builds later texts.
+
     Args:
         max_tokens: most tokens the pool holds (separators included); the
-            oldest texts are dropped first. An int >= 1.
+            oldest texts are dropped first (queued ones included). An int in
+            [2, ``build.MAX_REQUEST_TOKENS``] (blob offsets are int32).
         prompts: pool each request's prompt with its output (default: the
             output only; BENCHMARKS.md, "Cross-request pool", has both).
         sync_tokens: how many of a row's last tokens it re-matches after a
@@ -76,16 +90,20 @@ class RequestPool:
 
     def __init__(self, max_tokens: int, *, prompts: bool = False, sync_tokens: int = DEFAULT_SYNC_TOKENS,
                  manual: bool = False) -> None:
-        self.max_tokens = check_int(max_tokens, "max_tokens", 2)
+        self.max_tokens = check_int(max_tokens, "max_tokens", 2, build.MAX_REQUEST_TOKENS)
         self.sync_tokens = check_int(sync_tokens, "sync_tokens", 1)
         self.prompts = bool(prompts)
         self.manual = bool(manual)
         self._waiting: list[np.ndarray] = []  # manual: added since the last publish()
+        self._waiting_tokens = 0  # with their separators
+        self._waiting_drop = False  # some were dropped unbuilt: the built texts go with the next build
         self._policy = build.policy_code(POOL_POLICY)
         self._depth = build.DEFAULT_RECENT_DEPTH
         self._cond = threading.Condition()
         self._pending: list[np.ndarray] = []
         self._pending_tokens = 0  # with their separators: kept <= max_tokens (add drops the oldest)
+        # Queued texts were dropped unbuilt: every built text, being older, goes at the next build.
+        self._drop_built = False
         self._building = False
         self._texts: deque[np.ndarray] = deque()  # the pooled texts, oldest first
         self._held = 0  # their tokens, one separator each included
@@ -94,35 +112,41 @@ class RequestPool:
         empty = build.new_blob(0)
         self.current: tuple[np.ndarray, int, int] = (empty, 0, address(empty))
         self._latest = self.current
-        self._stats = {"added": 0, "builds": 0, "rebuilds": 0, "evicted": 0}
+        self._stats = {"added": 0, "builds": 0, "rebuilds": 0, "evicted": 0, "failed_builds": 0, "failed_texts": 0}
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        # The thread sees the pool through a weak reference; this stops it once the pool is collected.
+        weakref.finalize(self, _stop_builder, self._cond, self._stop)
 
     # -- what an engine calls ----------------------------------------------------
 
     def add(self, tokens: Any, prompt_len: int = 0) -> None:
         """Queue a finished request's text (1-D token ids; its first ``prompt_len`` are its
         prompt, pooled only with ``prompts=True``). Returns at once: a background thread
-        builds it in. Raises ``TypeError``/``ValueError`` for bad ids or ``prompt_len``,
-        and re-raises a failure of an earlier build."""
+        builds it in. A text longer than the pool keeps its last ``max_tokens - 1`` tokens
+        (a copy: the caller's array is not kept). Raises ``TypeError``/``ValueError`` for
+        bad ids or ``prompt_len`` and ``RuntimeError`` after ``close()``."""
         ids = as_tokens(tokens, "tokens")
         check_int(prompt_len, "prompt_len", 0)
         if prompt_len > ids.shape[0]:
             raise ValueError(f"prompt_len={prompt_len} is more than the text's {ids.shape[0]} tokens")
         text = ids if self.prompts else ids[prompt_len:]
+        text = np.array(text[-(self.max_tokens - 1):], np.int32)  # a text longer than the pool keeps its end
         with self._cond:
-            self._raise_failure()
+            if self._stop.is_set():
+                raise RuntimeError("saspec: the request pool is closed")
             self._stats["added"] += 1
             if text.shape[0] == 0:
                 return
             if self.manual:
-                self._waiting.append(np.array(text, np.int32))
-                held = sum(t.shape[0] + 1 for t in self._waiting)
-                while held > self.max_tokens and len(self._waiting) > 1:  # would be evicted unbuilt
-                    held -= self._waiting.pop(0).shape[0] + 1
+                self._waiting.append(text)
+                self._waiting_tokens += text.shape[0] + 1
+                while self._waiting_tokens > self.max_tokens and len(self._waiting) > 1:  # would be evicted unbuilt
+                    self._waiting_tokens -= self._waiting.pop(0).shape[0] + 1
                     self._stats["evicted"] += 1
+                    self._waiting_drop = True
                 return
-            self._queue([np.array(text, np.int32)])
+            self._queue([text])
 
     def publish(self) -> None:
         """Manual pools: make what the builder built from the texts of the previous call the
@@ -132,33 +156,62 @@ class RequestPool:
         if not self.manual:
             raise RuntimeError("publish() is for RequestPool(manual=True); this pool publishes each build")
         with self._cond:
-            self._cond.wait_for(lambda: not self._pending and not self._building or self._error)
-            self._raise_failure()
+            self._cond.wait_for(lambda: not self._pending and not self._building or self._stop.is_set())
             self.current = self._latest
-            waiting, self._waiting = self._waiting, []
-            if waiting:
-                self._queue(waiting)
+            waiting, self._waiting, self._waiting_tokens = self._waiting, [], 0
+            drop, self._waiting_drop = self._waiting_drop, False
+            if waiting and not self._stop.is_set():
+                self._queue(waiting, drop)
 
-    def _queue(self, texts: list[np.ndarray]) -> None:
-        """Hand texts to the builder (under the lock), dropping the oldest beyond the bound."""
+    def _queue(self, texts: list[np.ndarray], drop_built: bool = False) -> None:
+        """Hand texts to the builder (under the lock), dropping the oldest beyond the bound
+        (and with them, at the next build, every built text: those are older still)."""
+        self._drop_built |= drop_built
         for t in texts:
             self._pending.append(t)
             self._pending_tokens += t.shape[0] + 1
         while self._pending_tokens > self.max_tokens and len(self._pending) > 1:  # would be evicted unbuilt
             self._pending_tokens -= self._pending.pop(0).shape[0] + 1
             self._stats["evicted"] += 1
+            self._drop_built = True
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="saspec-pool", daemon=True)
+            self._thread = threading.Thread(target=_build_loop, args=(weakref.ref(self), self._cond, self._stop),
+                                            name="saspec-pool", daemon=True)
             self._thread.start()
         self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every text handed to the builder is built in (manual pools: those of
-        the last ``publish()``, not yet seen by the engines); False if ``timeout`` (s) passed first."""
+        the last ``publish()``, not yet seen by the engines); False if ``timeout`` (s) passed
+        first. Texts of a build that failed count as done (see ``stats()``)."""
         with self._cond:
-            done = self._cond.wait_for(lambda: not self._pending and not self._building or self._error, timeout)
-            self._raise_failure()
+            done = self._cond.wait_for(lambda: not self._pending and not self._building or self._stop.is_set(),
+                                       timeout)
             return bool(done)
+
+    def close(self) -> None:
+        """Stop the builder thread (after the build it is running, if any) and drop queued
+        texts. What was built stays readable (``current``, ``texts()``); ``add`` raises
+        from now on. Idempotent; call it when no engine will use the pool again."""
+        with self._cond:
+            self._stop.set()
+            self._pending, self._pending_tokens = [], 0
+            self._waiting, self._waiting_tokens = [], 0
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._stop.is_set()
+
+    def __enter__(self) -> RequestPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- inspection ----------------------------------------------------------------
 
@@ -174,48 +227,51 @@ class RequestPool:
         return int(self.current[0][core.H_N])
 
     def stats(self) -> dict[str, int]:
-        """``texts`` and ``tokens`` pooled, ``bytes`` (automaton + texts), ``pending`` texts,
-        and counters: ``added``, ``builds``, ``rebuilds`` (evictions), ``evicted`` texts."""
+        """``texts`` and ``tokens`` pooled, ``bytes`` (the automata held, two for a manual
+        pool whose newest build is not published yet, plus the texts), ``pending`` texts,
+        and counters: ``added``, ``builds``, ``rebuilds`` (evictions), ``evicted`` texts,
+        ``failed_builds`` and the ``failed_texts`` they dropped."""
         with self._cond:
             blob, epoch, _ = self.current
+            held = blob_bytes(blob)
+            if self._latest[0] is not blob:
+                held += blob_bytes(self._latest[0])
             return {"texts": len(self._texts), "tokens": int(blob[core.H_N]),
-                    "bytes": blob_bytes(blob) + 4 * sum(t.shape[0] for t in self._texts),
-                    "pending": len(self._pending), "epoch": epoch, **self._stats}
+                    "bytes": held + 4 * sum(t.shape[0] for t in self._texts),
+                    "pending": len(self._pending) + len(self._waiting), "epoch": epoch, **self._stats}
 
     # -- the builder thread ----------------------------------------------------------
 
-    def _raise_failure(self) -> None:
-        if self._error is not None:
-            raise RuntimeError("saspec: building the request pool failed") from self._error
+    def _take_batch(self) -> tuple[list[np.ndarray], bool]:
+        """The queued texts and whether every built text goes (under the lock)."""
+        batch, self._pending, self._pending_tokens = self._pending, [], 0
+        drop, self._drop_built = self._drop_built, False
+        self._building = True
+        return batch, drop
 
-    def _run(self) -> None:
-        while True:
+    def _build_or_report(self, batch: list[np.ndarray], drop_built: bool) -> None:
+        try:
+            self._build(batch, drop_built)
+        except Exception as exc:  # reported, not raised: the pool keeps what it has and builds on
+            _log.error("saspec: building %d text(s) into the request pool failed; they are dropped",
+                       len(batch), exc_info=exc)
             with self._cond:
-                self._cond.wait_for(lambda: self._pending)
-                batch, self._pending, self._pending_tokens = self._pending, [], 0
-                self._building = True
-            try:
-                self._build(batch)
-            except BaseException as exc:  # surfaced by the next add() or flush()
-                with self._cond:
-                    self._error = exc
-                    self._building = False
-                    self._cond.notify_all()
-                return
+                self._stats["failed_builds"] += 1
+                self._stats["failed_texts"] += len(batch)
+        finally:
             with self._cond:
                 self._building = False
                 self._cond.notify_all()
 
-    def _build(self, batch: list[np.ndarray]) -> None:
+    def _build(self, batch: list[np.ndarray], drop_built: bool = False) -> None:
         cap = self.max_tokens
-        batch = [t[-(cap - 1):] for t in batch]  # a text longer than the pool keeps its end
         new = sum(t.shape[0] + 1 for t in batch)
         blob, epoch, _ = self._latest
-        if self._held + new <= cap:
+        if not drop_built and self._held + new <= cap:
             seq = _joined(batch)
             blob = build.ingest(build.copy_with_room(blob, seq.shape[0]), seq, self._policy, self._depth)
         else:  # drop the oldest texts, to 3/4 of the pool with the new ones, and rebuild
-            texts = list(self._texts) + batch
+            texts = ([] if drop_built else list(self._texts)) + batch
             keep, held = [], 0
             for t in reversed(texts):
                 if held + t.shape[0] + 1 > (3 * cap) // 4 and keep:
@@ -223,7 +279,7 @@ class RequestPool:
                 keep.append(t)
                 held += t.shape[0] + 1
             keep.reverse()
-            dropped = len(texts) - len(keep)
+            dropped = len(texts) - len(keep) + (len(self._texts) if drop_built else 0)
             seq = _joined(keep)
             blob = build.ingest(build.new_blob(seq.shape[0], 0), seq, self._policy, self._depth)
             with self._cond:
@@ -242,6 +298,34 @@ class RequestPool:
             self._stats["builds"] += 1
 
 
+def _stop_builder(cond: threading.Condition, stop: threading.Event) -> None:
+    """Wake a pool's builder thread to end (its pool was collected)."""
+    with cond:
+        stop.set()
+        cond.notify_all()
+
+
+def _build_loop(ref: weakref.ref, cond: threading.Condition, stop: threading.Event) -> None:
+    """A pool's builder thread. It holds the pool (``ref()``) only while it takes a
+    batch and builds it, so a pool nobody else references is collected (and its
+    finalizer sets ``stop``)."""
+    while True:
+        with cond:
+            while True:
+                if stop.is_set():
+                    return
+                pool = ref()
+                if pool is None:
+                    return
+                if pool._pending:
+                    batch, drop = pool._take_batch()
+                    break
+                del pool
+                cond.wait()
+        pool._build_or_report(batch, drop)
+        del pool, batch
+
+
 def _joined(texts: list[np.ndarray]) -> np.ndarray:
     """The texts, each followed by ``SEPARATOR``, as one int32 array."""
     out = np.empty(sum(t.shape[0] + 1 for t in texts), np.int32)
@@ -252,108 +336,3 @@ def _joined(texts: list[np.ndarray]) -> np.ndarray:
         out[i] = SEPARATOR
         i += 1
     return out
-
-
-@njit(nogil=True, cache=True, **core.NO_NRT)
-def check_source(source_out, rows, accepted, lens, match_out, draft_out):
-    """``extend``'s check of ``source_out`` (numpy arrays), before the step runs: -2 if it is not
-    [rows], i in 0..3 if it shares memory with the i-th of the other arrays, else -1."""
-    if source_out.shape[0] != rows:
-        return -2
-    if overlap(source_out, accepted):
-        return 0
-    if overlap(source_out, lens):
-        return 1
-    if overlap(source_out, match_out):
-        return 2
-    if overlap(source_out, draft_out):
-        return 3
-    return -1
-
-
-LOOKAHEAD = 3  # rows ahead whose pool walk pool_rows prefetches (see _look_ahead)
-
-
-@njit(inline="always")
-def _look_ahead(pool, base, state, slot, accepted, lens, b, hops, epoch):
-    """Prefetch the pool record row ``b``'s walk will miss on after ``hops`` tokens.
-
-    The pool is one large automaton that the rows' walks cross at random, so each
-    token that continues a match is a cache miss on the next state's record. As in
-    ``extend.extend_rows``, rows ahead are walked along records already cached (by
-    earlier visits) and the next one is prefetched; this reads and writes nothing else.
-    """
-    if state[2, slot] != epoch:
-        return
-    s = state[0, slot]
-    n = row_len(lens, accepted, b)
-    i = 0
-    while i < min(n, hops) and s >= 0:
-        r = core.state(pool, s)
-        d = pool[r + core.DST]
-        if d <= 0 or pool[r + core.TOK] != accepted[b, i]:
-            return  # a branching state or a mismatch: the walk probes the table, not worth guessing
-        s = d
-        i += 1
-    prefetch(base + 4 * core.state(pool, s))
-    prefetch(base + 4 * core.aux(pool, s))
-
-
-@njit(nogil=True, cache=True, **core.NO_NRT)
-def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, pool, base, state, epoch, sync_tokens):
-    """After a step's own extend: follow each row's accepted tokens in the pool and
-    draft from it where its match is strictly longer than the row's own.
-
-    pool: the pool's blob, at address ``base``; state: int32 [3, slots], per slot
-    its pool state, match length and the pool epoch they belong to (another epoch:
-    re-match from the row's last ``sync_tokens`` tokens, which include this
-    step's). Writes ``source_out[b]`` (1: row b's draft and match are the pool's,
-    0: its own) and, for pool rows, ``match_out[b]`` and ``draft_out[b]``.
-    """
-    rows = rp[0]
-    nb = rows.shape[0]
-    k = draft_out.shape[1]
-    # Pass 1: each row's walk; rows that may draft from the pool are marked in
-    # source_out (1), and their state's occurrence record is prefetched. The
-    # later passes then take the two dependent misses of a pool draft (the
-    # occurrence's position, then the text there) for all rows at once.
-    for b in range(nb):
-        for j in range(1, LOOKAHEAD + 1):
-            if b + j < nb:
-                _look_ahead(pool, base, state, rows[b + j], accepted, lens, b + j, LOOKAHEAD + 1 - j, epoch)
-        slot = rows[b]
-        if state[2, slot] != epoch:
-            buf = blob_at(table, slot)
-            text = buf[core.H_O_TEXT]
-            n = buf[core.H_N]
-            s, m = 0, 0
-            for i in range(max(0, n - sync_tokens), n):
-                s, m = core.follow(pool, s, m, buf[text + i])
-            state[2, slot] = epoch
-        else:
-            s, m = state[0, slot], state[1, slot]
-            for j in range(row_len(lens, accepted, b)):
-                s, m = core.follow(pool, s, m, accepted[b, j])
-        state[0, slot] = s
-        state[1, slot] = m
-        source_out[b] = 0
-        if m > match_out[b] and s > 0:
-            source_out[b] = 1
-            prefetch(base + 4 * (core.aux(pool, s) + core.POS))
-    # Pass 2: prefetch the text where each marked row's continuation starts.
-    text = pool[core.H_O_TEXT]
-    n = pool[core.H_N]
-    for b in range(nb):
-        if source_out[b]:
-            start = pool[core.aux(pool, state[0, rows[b]]) + core.POS] + 1
-            if start < n:
-                prefetch(base + 4 * (text + start))
-    # Pass 3: the drafts.
-    for b in range(nb):
-        if source_out[b]:
-            start = core.continuation(pool, state[0, rows[b]], SEPARATOR)
-            source_out[b] = 0
-            if start >= 0:
-                core.draft_from(pool, start, draft_out[b], k, SEPARATOR)
-                match_out[b] = state[1, rows[b]]
-                source_out[b] = 1

@@ -112,3 +112,39 @@ def as_int32_array(x: Any, name: str, ndim: int, *, writable: bool = False, wher
     if writable and not x.flags.writeable:
         raise ValueError(f"{name} must be writable")
     return x
+
+
+def array_span(x: Any) -> tuple[int, int] | None:
+    """Byte range of a numpy array or torch tensor's elements (from metadata
+    only: no sync), or None for anything else or an empty one."""
+    if isinstance(x, np.ndarray):
+        lo, n = x.__array_interface__["data"][0], x.nbytes
+    elif is_torch(x) and hasattr(x, "data_ptr"):
+        lo, n = x.data_ptr(), x.numel() * x.element_size()
+    else:
+        return None
+    return (lo, lo + n) if n else None
+
+
+STEP_ARG_NAMES = ("accepted", "accepted_lens", "match_len_out", "draft_out", "source_out")  # extend's order
+OUTPUT_PAIRS = ((0, 2), (0, 3), (1, 2), (1, 3), (2, 3))  # an output and an input, or both outputs
+SOURCE_PAIRS = ((4, 0), (4, 1), (4, 2), (4, 3))  # source_out and each of the others
+
+
+def check_no_overlap(args: Any, pairs: Any = OUTPUT_PAIRS) -> None:
+    """Raise ``ValueError`` if an output shares memory with an input or with
+    another output (``args`` in ``extend``'s order, ``STEP_ARG_NAMES``;
+    ``pairs``: which of them to compare)."""
+    spans = [array_span(x) for x in args]
+    for i, j in pairs:
+        a, b = spans[i], spans[j]
+        if a is not None and b is not None and a[0] < b[1] and b[0] < a[1]:
+            raise ValueError(overlap_message(i, j))
+
+
+def overlap_message(i: int, j: int) -> str:
+    """The message for step arguments ``i`` and ``j`` (``STEP_ARG_NAMES``) sharing memory."""
+    return (
+        f"{STEP_ARG_NAMES[i]} and {STEP_ARG_NAMES[j]} share memory: "
+        "the outputs must not overlap an input or each other"
+    )

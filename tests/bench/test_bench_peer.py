@@ -121,3 +121,23 @@ def test_peer_ingest_rows(fake_harness):
     for a, b in zip(rows[::2], rows[1::2]):  # one saspec measurement per case
         assert a["saspec_Mtok_per_s"] == b["saspec_Mtok_per_s"]
     assert [(r["prompt"], r["tokens"], r["sa_spec_sizing"]) for r in quick] == [("random", 500, "fresh memory")]
+
+
+def test_bench_tail_reports_median_p99_and_worst_step():
+    """With an injected clock where step s takes s µs, the statistics are exact."""
+    from saspec_bench.commands.bench import bench_tail
+
+    ticks = iter(range(10**6))
+    t = {"now": 0.0}
+
+    def clock():  # start and end of each step: step i (1-based) lasts i µs
+        i = next(ticks)
+        if i % 2 == 0:
+            return t["now"]
+        t["now"] += (i // 2 + 1) * 1e-6
+        return t["now"]
+
+    (row,) = bench_tail(batch=4, context=300, steps=101, clock=clock)
+    assert row["steps"] == 100 and row["median_us"] == pytest.approx(50.5) and row["worst_us"] == pytest.approx(100)
+    assert row["p99_us"] == pytest.approx(99.01)
+    assert row["grown_ahead"] + row["grown_in_step"] >= 4  # 300 + 303 tokens outgrow every first blob

@@ -11,7 +11,7 @@ import pytest
 from saspec_bench import realsim
 from saspec_bench.costmodel import BatchCosts, Profile, _fill, gpu_like_profile, lookup
 from saspec_bench.positions import Flat
-from saspec.select import DRAFT_LENGTH_RULES, draft_length, draft_lengths, truncate_drafts
+from saspec.rules import DRAFT_LENGTH_RULES, draft_length, draft_lengths, truncate_drafts
 
 
 # -- cost profiles: the roofline's shape, the JSON round trip, the table lookup --------------------

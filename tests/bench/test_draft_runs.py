@@ -31,7 +31,7 @@ from saspec_bench.draft_runs import (  # noqa: E402
     teacher_forced_argmax,
 )
 from saspec_bench.loop import (  # noqa: E402
-    HybridDrafter,
+    SAModelDrafter,
     ModelDrafter,
     NoDrafter,
     SADrafter,
@@ -134,7 +134,7 @@ def test_draft_model_steps_equal_loop(models, traces, case, k):
 def test_hybrid_steps_equal_loop(models, traces, case, k, threshold, patience, per_match):
     prompt_name, target, draft = CASES[case]
     prompt, output, runs = traces[case]
-    drafter = HybridDrafter(SADrafter(k, per_match=per_match), ModelDrafter(models[draft], k=k), threshold, patience)
+    drafter = SAModelDrafter(SADrafter(k, per_match=per_match), ModelDrafter(models[draft], k=k), threshold, patience)
     fed = []
     hook = models[draft].register_forward_pre_hook(lambda mod, args, kw: fed.append(kw["input_ids"].numel()),
                                                    with_kwargs=True)
@@ -165,7 +165,7 @@ def test_hybrid_steps_equal_loop(models, traces, case, k, threshold, patience, p
 
 def test_hybrid_cases_use_both_sources(models, traces):
     prompt, output, _ = traces["enter-loop"]
-    drafter = HybridDrafter(SADrafter(8), ModelDrafter(models["draft-close"], k=8), 4, 0)
+    drafter = SAModelDrafter(SADrafter(8), ModelDrafter(models["draft-close"], k=8), 4, 0)
     st = speculative_generate(models["cycle"], prompt, drafter, MAX_NEW, NO_EOS).stats
     assert st.steps["sa"] > 0 and st.steps["draft"] > 0
 

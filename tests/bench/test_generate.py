@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 from saspec_bench.loop import (  # noqa: E402
     DRAFTERS,
     SMALL_ROWS,
-    HybridDrafter,
+    SAModelDrafter,
     ModelDrafter,
     SADrafter,
     fast_small_linears,
@@ -242,7 +242,7 @@ def test_draft_k_larger_than_sa_k_and_early_stop(models):
     target_name, prompt = PROMPTS["enter-loop"]
     expected = greedy(models[target_name], prompt, 80)
     draft = models[DRAFT_FOR[target_name]]
-    drafter = HybridDrafter(SADrafter(k=3), ModelDrafter(draft, k=12), threshold=2)
+    drafter = SAModelDrafter(SADrafter(k=3), ModelDrafter(draft, k=12), threshold=2)
     assert speculative_generate(models[target_name], prompt, drafter, 80, NO_EOS).tokens == expected
     drafter = ModelDrafter(draft, k=12, stop_below=0.9)
     res = speculative_generate(models[target_name], prompt, drafter, 80, NO_EOS)
@@ -465,11 +465,11 @@ def test_sliding_window_model(models):
         assert speculative_generate(model, prompt, drafter, 30, NO_EOS).tokens == expected, kind
 
 
-# -- drafting only where it pays (the cost gate), under an injected clock -----------
+# -- drafting only where it pays (the policy), under an injected clock -----------
 
 from clocks import ModelClock  # noqa: E402
 
-from saspec.gate import CostGate  # noqa: E402
+from saspec.policy import SequencePolicy  # noqa: E402
 
 DEAR = lambda n: float(n)  # noqa: E731  (every verified token costs a forward: bf16 on a CPU without bf16 matmuls)
 CHEAP = lambda n: 1.0 + 0.01 * (n - 1)  # noqa: E731  (verifying is nearly free: a GPU at small batch)
@@ -490,24 +490,28 @@ def _gated(models, prompt_name, kind, cost, draft_s=0.3, k=8):
     target_name, prompt = PROMPTS[prompt_name]
     target, draft = models[target_name], models[DRAFT_FOR[target_name]]
     with ModelClock(target, cost, draft, draft_s) as clock:
-        gate = CostGate(k, clock=clock)
+        gate = SequencePolicy(k, clock=clock)
         drafter = {"sa": lambda: SADrafter(k, gate=gate), "draft": lambda: ModelDrafter(draft, k, gate=gate),
-                   "hybrid": lambda: HybridDrafter(SADrafter(k), ModelDrafter(draft, k), gate=gate)}[kind]()
+                   "hybrid": lambda: SAModelDrafter(SADrafter(k), ModelDrafter(draft, k), gate=gate)}[kind]()
         res = speculative_generate(target, prompt, drafter, 60, NO_EOS)
     assert res.tokens == greedy(target, prompt, 60)
     return res.stats, clock.t - len(prompt)  # the decode's time: the prefill costs len(prompt)
 
 
-def test_gate_costs_about_plain_decoding_where_verify_is_dear(models):
+def test_policy_costs_about_plain_decoding_where_verify_is_dear(models):
     for prompt_name in PROMPTS:
         for kind in ("sa", "draft", "hybrid"):
             st, decode = _gated(models, prompt_name, kind, DEAR)
-            assert decode <= 1.03 * 59 + 1, (prompt_name, kind, decode, st.steps)  # plain: 59 one-token forwards
+            # plain: 59 one-token forwards. Finding out costs a few steps: the policy takes two timings of
+            # a size before it believes it dearer than its prior shape says (one slow timing moves nothing),
+            # and a neural step that finds out also pays its draft forwards.
+            bound = 1.35
+            assert decode <= bound * 59 + 1, (prompt_name, kind, decode, st.steps)
 
 
-def test_gate_drafts_where_verify_is_cheap(models):
+def test_policy_drafts_where_verify_is_cheap(models):
     st, _ = _gated(models, "loop", "sa", CHEAP)
-    assert st.frac("sa") > 0.6 and st.al > 5.0  # the long copy is drafted at full length after the warm-up
+    assert st.frac("sa") > 0.6 and st.al > 5.0  # the long copy is drafted at full length
     st, _ = _gated(models, "count", "hybrid", CHEAP)
     assert st.steps["sa"] == 0 and st.steps["draft"] > 0 and st.al > 1.5  # no SA match: the close draft model
     st, _ = _gated(models, "count", "hybrid", CHEAP, draft_s=5.0)
@@ -515,28 +519,24 @@ def test_gate_drafts_where_verify_is_cheap(models):
 
 
 def test_gated_hybrid_drives_its_parts(models):
-    gate = CostGate(8)
+    gate = SequencePolicy(8)
     with pytest.raises(ValueError, match="give them no gate"):
-        HybridDrafter(SADrafter(8, gate=gate), ModelDrafter(models["draft-close"], 8), gate=gate)
+        SAModelDrafter(SADrafter(8, gate=gate), ModelDrafter(models["draft-close"], 8), gate=gate)
 
 
-def test_gate_warms_up_before_starting_the_draft_model(models):
-    from saspec.gate import PROBE_WAIT
-
+def test_policy_does_not_start_the_draft_model_where_each_verified_token_costs_a_forward(models):
     target_name, prompt = PROMPTS["count"]
-    gate = CostGate(8, clock=lambda: 0.0)
+    clock = [0.0]
+    gate = SequencePolicy(8, clock=lambda: clock[0])
     drafter = ModelDrafter(models[DRAFT_FOR[target_name]], 8, gate=gate)
     drafter.begin(prompt)
     seq = list(prompt)
-    for _ in range(2):  # the unit of cost, twice
-        assert drafter.propose(seq) == ([], "none")
-        gate.observe_forward(1, 0.3)
-    for _ in range(PROBE_WAIT):  # no SA draft to probe with: plain steps wait for one
-        assert drafter.propose(seq) == ([], "none")
-    assert drafter.propose(seq) == (seq[-1:], "none")  # then a free one-token guess, to time a 2-token verify
-    gate.observe_forward(2, 0.6)  # each verified token costs a forward
-    assert drafter.propose(seq) == ([], "none")
-    assert drafter.lm.forwards == 0  # the draft model never had to read the prompt
+    for _ in range(30):
+        draft, _ = drafter.propose(seq, limit=30)
+        gate.observe_forward(1 + len(draft), 0.3 * (1 + len(draft)))  # each verified token costs a forward
+        seq.append(int(seq[-1]) % 50 + 1)
+        drafter.update(seq, 1)
+    assert drafter.lm.forwards <= 8 + 1  # tried once at most: the catch-up over the prompt never pays
     drafter.end()
 
 

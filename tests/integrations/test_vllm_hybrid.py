@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from saspec import SuffixAutomaton
+from saspec import SuffixAutomaton, core
 from saspec.integrations.vllm import TESTED_VLLM, HybridDrafter, RequestDrafts, hybrid_config, proposer_config
 from saspec.integrations.vllm.config import HYBRID_ENV, hybrid_settings
-from saspec.lengths import draft_lengths
+from saspec.rules import draft_lengths
 
 
 @pytest.fixture
@@ -172,10 +172,12 @@ def test_request_drafts_reject_bad_steps_without_changing_state():
 # -- HybridDrafter -----------------------------------------------------------------------------------------
 
 
-def hybrid(k=4, sa_tokens=16, threshold=4) -> HybridDrafter:
+def hybrid(k=4, sa_tokens=16, threshold=4, policy=False, **kw) -> HybridDrafter:
+    """The fixed threshold rule by default (its tests check the row bookkeeping); ``policy=True`` for the policy."""
     from saspec.integrations.vllm.config import HybridSettings
 
-    return HybridDrafter(HybridSettings("draft_model", k, sa_tokens, threshold, sa_tokens), max_model_len=256)
+    return HybridDrafter(HybridSettings("draft_model", k, sa_tokens, threshold, sa_tokens, policy=policy),
+                         max_model_len=256, **kw)
 
 
 def sampled(rows: list[list[int]], width: int) -> np.ndarray:
@@ -199,6 +201,47 @@ def test_long_matches_take_sa_drafts_and_the_rest_the_neural_ones():
     assert out[0] == reference(copy + [100], 16, 4, 256) and len(out[0]) > 4  # longer than the neural K
     assert out[1] == [5, 6, 7, 8] and out[2] == [9, 9, 9, 9]
     assert h.stats["sa_rows"] == 1 and h.stats["neural_rows"] == 2 and h.stats["mixed_steps"] == 1
+
+
+def test_the_policy_gives_long_copies_the_automaton_and_the_rest_the_neural_drafter_cut_to_its_length():
+    from saspec.policy import PolicySettings, gpu_like
+
+    h = hybrid(policy=True, device="cuda", policy_settings=PolicySettings(neural_prior=0.8, neural_cost=0.01))
+    copy = list(range(100, 140)) * 2
+    fresh = list(range(500, 580))
+    ids = rows_of([copy, fresh, fresh])
+    discard = np.array([False, False, True])
+    count, draft, k = h.sa_step(["c", "f", "p"], sampled([[100], [900], [5]], 5), discard,
+                                np.array([80, 80, 80], np.int32), ids)
+    assert count[0] > 4 and count[1] == 0 and count[2] == 0
+    assert 1 <= k <= 4 and h._nn_len[1] == k and h._nn_len[2] == 0  # a prefill row drafts nothing
+    out = h.merge(["c", "f", "p"], count, draft, [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]])
+    assert out[0] == reference(copy + [100], 16, 4, 256)[: count[0]]
+    assert out[1] == [5, 6, 7, 8][:k] and out[2] == []
+    assert h.policy_stats["policy_neural_rows"] == 1 and h.policy_stats["policy_automaton_rows"] == 1
+
+
+def test_the_policy_drops_a_neural_drafter_that_never_pays():
+    """Every neural draft misses and each neural call is timed dear: after a few steps the policy gives the
+    fresh rows no neural draft (K = 0: only the catch-up forward runs)."""
+    h = hybrid(policy=True, device="cpu")
+    clock = [0.0]
+    h._clock = lambda: clock[0]
+    rng = np.random.default_rng(0)
+    texts = [rng.integers(1000, 2000, 80).tolist() for _ in range(2)]
+    ks = []
+    for step in range(60):
+        ids = rows_of(texts)
+        count, draft, k = h.sa_step(["a", "b"], sampled([[t[-1]] for t in texts], 5), np.array([False, False]),
+                                    np.array([len(t) - 1 for t in texts], np.int32), ids)
+        clock[0] += 0.1
+        h.time_neural(k, 0.5 * max(k, 1))  # a neural forward costs five target steps
+        h.merge(["a", "b"], count, draft, [[7] * k, [7] * k] if k else [])
+        clock[0] += 0.1 * (1 + k)
+        for t in texts:
+            t.append(int(rng.integers(1000, 2000)))  # never the neural draft's 7
+        ks.append(k)
+    assert sum(ks[:5]) > 0 and sum(ks[-20:]) == 0
 
 
 def test_a_step_of_sa_rows_only_skips_the_neural_drafting_and_acceptance_is_counted_by_source():
@@ -339,3 +382,28 @@ def test_hybrid_config_passes_the_pool_to_the_workers(monkeypatch):
     cfg.proposer_config(8, pool_tokens=4096)
     assert os.environ[cfg.POOL_ENV] == "4096"
     assert cfg.HybridSettings(method="draft_model", k=4, sa_tokens=32, threshold=4, vllm_tokens=32).pool_tokens == 0
+
+
+def test_a_gap_rebuild_does_not_pool_the_live_request_and_keeps_its_expected_room():
+    """A step vLLM did not show (a gap) makes the request be rebuilt from its text: the
+    text it had is not pooled (the request is live; it joins the pool at its finish),
+    and the rebuilt automaton is sized for the tokens the request was started with."""
+    d = RequestDrafts(4, min_match=1, length_rule="per-match", length_scale=2.0, pool_tokens=10_000)
+    prompt = list(range(100, 160))
+    d.start("a", prompt, 500)
+    text = list(prompt)
+    for t in range(6):
+        new = [100 + t, 101 + t]
+        if t == 3:
+            text = text + [7, 7]  # the gap
+        step(d, ["a"], [text], [new])
+        text = text + new
+    assert d.stats["rebuilt"] == 1
+    d.pool.flush(30)
+    assert d.pool.stats()["added"] == 0, "a live request's partial text was pooled"
+    cap = int(d.engine._blob_copies()["a"][core.H_CAP_TOK])
+    assert cap >= len(prompt) + 500
+    d.finish("a")
+    d.pool.flush(30)
+    pooled = [t.tolist() for t in d.pool.texts()]
+    assert d.pool.stats()["added"] == 1 and len(pooled) == 1 and pooled[0] == text[len(text) - len(pooled[0]):]

@@ -129,6 +129,33 @@ def run(model: str, mode: str, n_prompts: int, out_path: str) -> None:
                                           "metrics": metrics, "stats": stats}))
 
 
+def runners(model: str, out_path: str) -> None:
+    """Which model runner vLLM picks for each configuration when it believes Triton usable (as on a
+    GPU), at the config level: ``EngineArgs.create_engine_config`` after ``HAS_TRITON`` is set in
+    ``vllm.config.vllm`` (where ``VllmConfig.use_v2_model_runner`` reads it). Writes, per case,
+    ``"v2"``, ``"v1"`` or the error vLLM raised."""
+    import vllm.config.vllm as vllm_config_module
+    from vllm.engine.arg_utils import EngineArgs
+
+    from saspec.integrations.vllm import hybrid_config, proposer_config
+
+    vllm_config_module.HAS_TRITON = True
+    cases = {"draft_model": {"method": "draft_model", "model": model, "num_speculative_tokens": K},
+             "hybrid": hybrid_config("draft_model", model=model, num_speculative_tokens=K, sa_tokens=16),
+             "saspec": proposer_config(K)}
+    got = {}
+    for name, spec in [*cases.items(), ("hybrid-forced-v2", cases["hybrid"])]:
+        if name == "hybrid-forced-v2":
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+        try:
+            cfg = EngineArgs(model=model, dtype="float32", enforce_eager=True, max_model_len=MAX_MODEL_LEN,
+                             skip_tokenizer_init=True, speculative_config=dict(spec)).create_engine_config()
+            got[name] = "v2" if cfg.use_v2_model_runner else "v1"
+        except Exception as e:  # vLLM wraps config errors; the message is what a user sees
+            got[name] = f"{type(e).__name__}: {e}"
+    Path(out_path).write_text(json.dumps(got))
+
+
 def _drafter_stats(worker) -> dict:
     """Runs in the worker: the saspec drafter's counters (the proposer's, or the hybrid's)."""
     runner = worker.model_runner
@@ -184,7 +211,9 @@ def test_saspec_in_vllm_is_exact_and_accepted_with_request_ids(tiny):
     (stats,) = sa["stats"]
     assert stats["by_id"] == stats["steps"], f"the plugin names every step's rows: {stats}"
     assert stats["built_ahead"] == N_PROMPTS and stats["new"] == N_PROMPTS, stats  # built during prefill
-    assert stats["tracked"] == 0, f"finished requests are freed: {stats}"
+    # every request but the last is freed at a later step (how many are tracked at the end depends
+    # on whether vLLM ran a step after the last finish, so it is not compared)
+    assert stats["freed"] >= N_PROMPTS - 1, f"finished requests are freed: {stats}"
     assert stats["drafted"] > 0, stats
 
 
@@ -211,8 +240,30 @@ def test_the_hybrid_with_a_pool_on_two_tensor_parallel_ranks_drafts_the_same_on_
     tmp, model, plain = tiny
     hy = _child(tmp, model, "hybrid-tp2", N_PROMPTS)
     assert hy["outputs"] == plain["outputs"]
-    a, b = ({k: v for k, v in s.items() if not k.endswith("_s")} for s in hy["stats"])  # timings differ per rank
+    a, b = (drafting_counters(s) for s in hy["stats"])
     assert a == b and a["sa_accepted"] > 0 and a["pool_rows"] > 0, (a, b)
+
+
+#: Counters that depend on timing, not on what was drafted: seconds, and whether a step found
+#: a request's build still running (``waited``) or its finish already seen.
+TIMING_COUNTERS = ("waited",)
+
+
+def drafting_counters(stats: dict) -> dict:
+    """The drafter's counters of what it drafted (every rank must agree on these)."""
+    return {k: v for k, v in stats.items() if not k.endswith("_s") and k not in TIMING_COUNTERS}
+
+
+def test_where_vllm_would_pick_model_runner_v2_saspec_keeps_it_on_the_runner_it_patches(tiny):
+    # vLLM 0.32 runs Model Runner V2 wherever Triton is usable unless a feature V2 lacks is
+    # configured; draft_model is V2-supported, so without the plugin's choice the hybrid would
+    # land on V2, whose runner the plugin does not patch, and draft without the automaton.
+    tmp, model, _ = tiny
+    got = _child(tmp, model, "runners", 0)
+    assert got["draft_model"] == "v2", got  # the setup does make vLLM choose V2
+    assert got["hybrid"] == "v1" and got["saspec"] == "v1", got
+    assert "runs only in vLLM's V1 model runner" in got["hybrid-forced-v2"], got
+    assert "VLLM_USE_V2_MODEL_RUNNER" in got["hybrid-forced-v2"], got
 
 
 def copy_rate(run: dict) -> float:
@@ -272,4 +323,7 @@ def _draft_model(tmp: Path) -> Path:
 
 
 if __name__ == "__main__":
-    run(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    if sys.argv[2] == "runners":
+        runners(sys.argv[1], sys.argv[4])
+    else:
+        run(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])

@@ -20,7 +20,7 @@ from numba import njit
 
 from saspec import SpecEngine, core
 from saspec.build import DEFAULT_POLICY, policy_code
-from saspec.select import select_drafts, select_drafts_np
+from saspec.rules import select_drafts, select_drafts_np
 from test_engine import step_arrays
 
 K = 5
@@ -89,7 +89,7 @@ def test_matches_cpu_backend_through_reuse_overflow_and_bad_values(cuda_backend)
             gpu.remove_request(rid)
             cpu.remove_request(rid)
         ids = [live[i] for i in rng.permutation(len(live))[: rng.integers(1, len(live) + 1)]]
-        pool = gpu._pool
+        pool = gpu._backend.slots
         new = [r for r in ids if r not in pool.slot_of]
         seen["reuse"] += sum(pool._used[s] for s in pool._free[len(pool._free) - len(new) :]) if new else 0
         if len(new) > pool.free_slots:
@@ -133,7 +133,7 @@ def test_matches_cpu_backend_through_reuse_overflow_and_bad_values(cuda_backend)
         seen["padding"] += pad
     assert min(seen.values()) > 0, seen
     stats = gpu.stats()
-    assert stats["requests"] == len(live) and stats["free_slots"] == n_slots - len(gpu._pool.slot_of)
+    assert stats["requests"] == len(live) and stats["free_slots"] == n_slots - len(gpu._backend.slots.slot_of)
 
 
 def test_values_out_of_range_are_handled_on_the_device(cuda_backend):
@@ -219,19 +219,19 @@ def test_no_free_slot_changes_nothing_and_freed_slots_are_reused(cuda_backend):
         eng.add_request(rid, p)
         cpu.add_request(rid, p)
     eng.prepare(["a", "b"])
-    slots = dict(eng._pool.slot_of)
+    slots = dict(eng._backend.slots.slot_of)
     before = eng._blob_copies(), eng.stats()
     with pytest.raises(
         RuntimeError, match=r"no free device slot: the batch needs 1 new slot\(s\) but 0 of max_slots=2"
     ):
         eng.prepare(["a", "c"])
-    assert eng._batch == ("a", "b") and eng._pool.slot_of == slots
+    assert eng._batch == ("a", "b") and eng._backend.slots.slot_of == slots
     assert eng.stats() == before[1]
     after = eng._blob_copies()
     assert all(np.array_equal(after[r], before[0][r]) for r in prompts)
     eng.remove_request("b")
     eng.prepare(["c", "a"])  # "c" reuses b's slot, which must be cleared first
-    assert eng._pool.slot_of["c"] == slots["b"]
+    assert eng._backend.slots.slot_of["c"] == slots["b"]
     cpu.prepare(["c", "a"])
     for _ in range(3):
         got, want = step_arrays(2), step_arrays(2)
@@ -362,13 +362,13 @@ def test_requests_stay_resident_and_are_uploaded_once(cuda_backend):
     for rid in "abc":
         eng.add_request(rid, [1, 2, 3, 1])
     eng.prepare(["a", "b"])
-    slots = dict(eng._pool.slot_of)
-    assert eng._blobs[eng._slot["a"]][core.H_N] == 0  # the host copy was dropped
+    slots = dict(eng._backend.slots.slot_of)
+    assert eng._backend.host.blobs[eng._slot["a"]][core.H_N] == 0  # the host copy was dropped
     arrays = step_arrays(2)
     arrays[0][:, 0], arrays[1][:] = 2, 1
     bk.extend(eng, *arrays)
     eng.prepare(["b", "c", "a"])  # a and b keep their slots and their appended token
-    assert {r: eng._pool.slot_of[r] for r in "ab"} == slots
+    assert {r: eng._backend.slots.slot_of[r] for r in "ab"} == slots
     assert [eng.automaton_len(r) for r in "abc"] == [5, 5, 4]
 
 
@@ -400,7 +400,7 @@ def test_cpu_backend_does_not_import_numba_cuda():
         "e = saspec.SpecEngine(); e.add_request(0, [1, 2, 1]); e.prepare([0])\n"
         "a = np.zeros((1, 3), np.int32); l = np.ones(1, np.int32); m = np.zeros(1, np.int32); d = np.zeros((1, 2), np.int32)\n"
         "e.extend(a, l, m, d)\n"
-        "import saspec.select\n"
+        "import saspec.rules, saspec.policy\n"
         "bad = [m for m in sys.modules if m.startswith(('numba.cuda', 'numba_cuda'))]\n"
         "assert not bad, bad\n"
     )

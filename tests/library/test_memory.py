@@ -177,11 +177,11 @@ def test_engine_reports_blocks_and_keeps_results():
     eng.add_request("a", p1)
     bytes_a = eng.stats()["bytes"]
     assert 4000 * 70 < bytes_a <= 1.125 * 4000 * 100
-    addr_a = eng._blobs[eng._slot["a"]].ctypes.data
+    addr_a = eng._backend.slots.blobs[eng._slot["a"]].ctypes.data
     eng.remove_request("a")
     eng.add_request("b", p2)
     if arenas.ADVISES_HUGE_PAGES:  # the arena is in use: b takes the block a left
-        assert eng._blobs[eng._slot["b"]].ctypes.data == addr_a
+        assert eng._backend.slots.blobs[eng._slot["b"]].ctypes.data == addr_a
     ref = SpecEngine()
     ref.add_request("b", p2)
     out = []

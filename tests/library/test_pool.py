@@ -6,7 +6,6 @@ within the bound; bad arguments change nothing."""
 from __future__ import annotations
 
 import random
-import threading
 
 import numpy as np
 import pytest
@@ -162,42 +161,34 @@ def test_pool_memory_per_token_is_bounded():
 
 
 def test_builds_run_beside_steps_and_drafts_stay_real():
+    """Pool swaps land between steps while a row decodes (a manual pool: each publish
+    shows the build of the texts before it, so where they land is fixed, not timed)."""
     # Texts are only added (no eviction), so every occurrence in any earlier pool is in the final one.
     rng = random.Random(5)
     phrases = [[rng.randrange(40) for _ in range(6)] for _ in range(8)]
-    pool = RequestPool(1 << 20, prompts=True, sync_tokens=10_000)
-    stop = threading.Event()
-
-    def feed():
-        for _ in range(400):  # 80k tokens: no eviction
-            if stop.is_set():
-                return
-            pool.add(phrase_text(rng, phrases, 200))
-            stop.wait(0.001)
-
+    pool = RequestPool(1 << 20, prompts=True, sync_tokens=10_000, manual=True)
     eng = SpecEngine(pool=pool)
     eng.add_request("r", phrase_text(random.Random(1), phrases, 5))
     eng.prepare(["r"])
     text = list(phrase_text(random.Random(1), phrases, 5))
     acc, lens, m, d, src = buffers(1)
-    feeder = threading.Thread(target=feed)
-    feeder.start()
-    seen = []
-    try:
-        step = 0
-        while step < 300 or pool.stats()["builds"] < 5 and feeder.is_alive():  # steps while builds land
-            new = phrase_text(rng, phrases, 3)
-            acc[0, :3], lens[0] = new, 3
-            text += new
-            eng.extend(acc, lens, m, d, src)
-            seen.append((len(text), int(m[0]), d[0].tolist(), int(src[0])))
-            step += 1
-    finally:
-        stop.set()
-        feeder.join()
+    seen, swaps, last = [], 0, pool.current[0]
+    for step in range(300):
+        if step % 7 == 0:
+            for _ in range(2):  # 172 texts of 200 tokens by the end: no eviction
+                pool.add(phrase_text(rng, phrases, 200))
+            pool.publish()  # the texts of the last publish become the rows' pool
+        new = phrase_text(rng, phrases, 3)
+        acc[0, :3], lens[0] = new, 3
+        text += new
+        eng.extend(acc, lens, m, d, src)
+        seen.append((len(text), int(m[0]), d[0].tolist(), int(src[0])))
+        swaps += pool.current[0] is not last
+        last = pool.current[0]
+    pool.publish()
     pool.flush()
     docs = [t.tolist() for t in pool.texts()]
-    assert pool.stats()["builds"] > 1 and pool.stats()["rebuilds"] == 0
+    assert pool.stats()["builds"] > 40 and pool.stats()["rebuilds"] == 0 and swaps > 40  # the row stepped across every swap
     pooled = [s for s in seen if s[3]]
     assert pooled
     for n, mm, dd, _ in pooled[:: max(1, len(pooled) // 100)]:

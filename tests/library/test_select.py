@@ -1,4 +1,5 @@
-"""select_drafts (torch) and select_drafts_np agree at the limits of a scalar threshold."""
+"""select_drafts (torch) and select_drafts_np agree at the limits of a scalar threshold; the deprecated
+modules still work and warn."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from saspec.select import (N_BUCKETS, AdaptiveSelector, adaptive_init, match_bucket, select_drafts,
-                            select_drafts_np)
+from saspec.policy import N_BUCKETS, match_bucket
+from saspec.rules import select_drafts, select_drafts_np
 
 MATCH = [0, 1, 2, 2**31 - 2, 2**31 - 1]
 
@@ -93,7 +94,7 @@ def test_non_numeric_threshold_is_rejected(threshold):
 
 
 def test_check_length_rule_names_the_problem():
-    from saspec.select import DRAFT_LENGTH_RULES, check_length_rule
+    from saspec.rules import DRAFT_LENGTH_RULES, check_length_rule
 
     assert [check_length_rule(r, 2.0) for r in DRAFT_LENGTH_RULES] == [0, 1, 2]
     assert check_length_rule("fixed", float("nan")) == 0  # fixed ignores its scale
@@ -104,7 +105,10 @@ def test_check_length_rule_names_the_problem():
             check_length_rule("per-match", bad)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_adaptive_selector_checks_rows_before_updating():
+    from saspec.adaptive import AdaptiveSelector, adaptive_init
+
     sel = AdaptiveSelector(8)
     with pytest.raises(ValueError, match="match_len has 1 rows, expected 3"):
         sel.choose(["x", "y", "z"], np.array([5]))
@@ -118,3 +122,22 @@ def test_adaptive_selector_checks_rows_before_updating():
     adaptive_init(g_sum, g_cnt, 32)
     assert g_sum[match_bucket(5)] == 2.5 and g_sum[match_bucket(16)] == 8.0 and g_sum[match_bucket(100)] == 16.0
 
+
+
+@pytest.mark.parametrize("module", ["saspec.select", "saspec.lengths", "saspec.adaptive"])
+def test_the_old_policy_modules_warn_on_import_and_still_work(module):
+    import importlib
+    import sys
+
+    sys.modules.pop(module, None)
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        mod = importlib.import_module(module)
+    assert hasattr(mod, "select_drafts" if module == "saspec.select" else
+                   "draft_lengths" if module == "saspec.lengths" else "AdaptiveSelector")
+
+
+def test_the_old_cost_gate_warns_when_built():
+    from saspec.gate import CostGate
+
+    with pytest.warns(DeprecationWarning, match="SequencePolicy"):
+        CostGate(4)

@@ -1,22 +1,26 @@
-"""The evidence: what measures saspec, never what an engine imports.
+"""saspec-bench: what measures saspec, never what an engine imports.
 
-Each module imports only modules listed before it (``tests/test_layout.py``
-checks that there is no import cycle and that nothing imports ``cli``):
+The layers, each importing only the ones above it (``tests/test_layout.py`` checks
+that there is no cycle, that commands never import each other and that nothing
+imports ``cli``):
 
-* ``options``: ``CliError``, the option validators and parser classes every command uses;
-  ``cpumeter``: how busy other processes kept the CPUs during a timed run;
-  ``tokenizers``, ``code_edits``: tokenizers and the code-edit kinds;
-  ``models``: installing and loading the real models; ``positions``: a workload as flat
-  arrays and each drafter's quality at every output position; ``bench``: host speed and memory.
-* ``lm``: the model plumbing (which models, dtype, KV cache, ``CausalLM``).
-* ``generate``: the reference speculative loop over HF models; ``draft_runs``: a real
-  draft model's exact acceptance from one teacher-forced pass; ``costmodel``: cost profiles;
-  ``gate_replay``: the cost gate replayed over the shipped real outputs under cost models.
-* ``workloads``: real tokenized workloads and trace files; ``realsim``: costed walks.
-* ``record``: real outputs and draft-model runs as shipped data.
-* ``simulate``: the acceptance simulator (``saspec simulate``, the main job).
-* ``e2e``: the end-to-end benchmark; then ``bench_vllm``: saspec inside vLLM.
+* **data and options**: ``datafiles`` (where the shipped recordings and the CPU
+  profile live), ``options`` (``CliError`` and the option validators every
+  command uses), ``cpumeter`` (how busy other processes kept the CPUs);
+* **workloads**: ``tokenizers``, ``code_edits`` (the code-edit kinds),
+  ``draft_runs`` (a real draft model's exact acceptance from one teacher-forced
+  pass), ``workloads`` (real tokenized workloads and trace files),
+  ``cross_requests`` (workloads that repeat across requests), ``prompts`` (what
+  the end-to-end benchmarks send), ``synthetic`` (random and code-like streams);
+* **models**: ``models`` (installing the real models from PyPI), ``lm`` (loading
+  them: dtype, KV cache), ``loop`` (the own speculative loop over HF models);
+* **measurement**: ``positions`` (a workload as flat arrays, each drafter's
+  quality at every position), ``acceptance`` (the acceptance simulator's walks),
+  ``costmodel`` (step-cost profiles), ``realsim`` (costed walks), ``pool_sim``
+  (the cross-request pool replayed), ``gate_replay``;
+* **commands** (``commands/``: simulate, bench, e2e, record, calibrate,
+  bench_vllm, proposer_cost) and **studies** (``studies/``: one-off measurements);
 * ``cli``: the ``saspec`` command.
 
-The library (``saspec`` outside this package) imports nothing from here.
+The library (``saspec``) imports nothing from here.
 """

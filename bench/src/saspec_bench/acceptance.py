@@ -34,7 +34,10 @@ from numba import njit
 
 from saspec import NgramDrafter, SpecEngine
 from saspec.build import DEFAULT_POLICY, POLICIES
-from saspec.select import HYBRID_THRESHOLD, N_BUCKETS, adaptive_init, adaptive_observe, adaptive_prefers_sa
+from saspec.policy import N_BUCKETS
+from saspec.rules import HYBRID_THRESHOLD
+
+from .adaptive_rule import adaptive_init, adaptive_observe, adaptive_prefers_sa
 from .positions import ADAPTIVE, HYBRID, NEURAL, NONE, SA, TREE, Flat, extend_buffers, neural_positions, sa_positions
 
 DEFAULT_P = (0.85, 0.75, 0.65, 0.6, 0.55, 0.5, 0.5, 0.5)

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from .commands import bench, bench_llama_cpp, bench_vllm, calibrate, e2e, proposer_cost, record, simulate
+from .commands import bench, bench_llama_cpp, bench_vllm, calibrate, e2e, proposer_cost, record, served_vllm, simulate
 from .models import ModelError
 from .options import CliError, Parser, output_file
 from .workloads import TraceFormatError, WorkloadUnavailable
@@ -38,7 +38,12 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_vllm(args: argparse.Namespace) -> int:
-    """``bench-vllm`` runs models end to end; ``bench-vllm --proposer-cost`` times the drafters alone."""
+    """``bench-vllm`` runs models end to end; ``--proposer-cost`` times the drafters alone; ``--served``
+    runs them behind vLLM's OpenAI server."""
+    if args.proposer_cost and args.served:
+        raise CliError("--proposer-cost and --served are separate benchmarks: pass one")
+    if args.served:
+        return served_vllm.main(args)
     return proposer_cost.main(args) if args.proposer_cost else bench_vllm.main(args)
 
 
@@ -50,8 +55,9 @@ def build_parser() -> Parser:
                        description="Host ingestion speed, per-decode-step cost against the n-gram baseline, memory.")
     p.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     p.add_argument("--json", metavar="PATH", type=output_file, help="also write the results as JSON")
-    p.add_argument("--only", choices=("pool",), default=None,
-                   help="run one benchmark alone: pool (the cross-request pool's per-step cost and memory)")
+    p.add_argument("--only", choices=("pool", "tail"), default=None,
+                   help="run one benchmark alone: pool (the cross-request pool's per-step cost and memory) or "
+                        "tail (median, p99 and worst step of a 64-row x 4k-prompt batch that outgrows its blobs)")
     p.add_argument("--peer-sa-spec", metavar="PATH", default=None,
                    help="sa_spec host-logic harness binary (built outside the repository, see BENCHMARKS.md): "
                         "adds side-by-side ingestion and per-step tables against it (default: not run)")

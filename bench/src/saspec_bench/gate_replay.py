@@ -1,13 +1,15 @@
-"""The cost gate replayed over real outputs under a synthetic clock: no model, no real timing.
+"""The drafting policy replayed over real outputs under a synthetic clock: no model, no real timing.
 
 Each shipped real output of Qwen2.5-Coder-1.5B (``data/real_outputs.jsonl.gz``: code edits, HumanEval edits,
 chat) is decoded again with a real ``SpecEngine``: each step offers the automaton's draft to a
-:class:`~saspec.gate.CostGate`, verifies what it chose (the target accepts the drafts that equal the output,
-then one token of its own) and reports the step time a *cost model* gives for the forward's size (times a seeded
-burst of load where asked). Deterministic, so it measures the gate's rule and what its exploration costs;
-``tests/test_gate.py`` states the gate's properties on the same replay.
+:class:`~saspec.policy.SequencePolicy` (or the deprecated ``saspec.gate.CostGate``, with the same calls),
+verifies what it chose (the target accepts the drafts that equal the output, then one token of its own) and
+reports the step time a *cost model* gives for the forward's size (times a seeded load where asked: bursts, 20%
+of steps 2-5x slower, or a competing process, a third of the steps 2-5x slower). Deterministic, so it measures
+the rule and what its exploration costs; ``tests/library/test_gate.py`` states the old gate's properties on the
+same replay.
 
-    python -m saspec_bench.gate_replay   # the table in BENCHMARKS.md, "The cost gate" (about 10 seconds)
+    python -m saspec_bench.gate_replay   # policy and old gate, every machine and load (about a minute)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from saspec.engine import SpecEngine
-from saspec.gate import CostGate
+from saspec.policy import SequencePolicy, StepCost, cpu_like, gpu_like
 
 REAL_OUTPUTS = Path(__file__).parent / "data" / "real_outputs.jsonl.gz"
 
@@ -50,8 +52,14 @@ def fixed_overhead(n: int) -> float:
     return 1.0 if n == 1 else 1.4 + 0.03 * (n - 2)
 
 
+def compute_bound(n: int) -> float:
+    """A fixed part worth four tokens, then every verified token costs as much as a row's own: a CPU."""
+    return (4.0 + n) / 5.0
+
+
 MACHINES: dict[str, Callable[[int], float]] = {
     "cheap verify (a GPU at small batch)": cheap,
+    "compute-bound (a CPU: 4 + n)": compute_bound,
     "a forward per token (bf16, no native bf16 matmuls)": dear,
     "flattening (fp32 F.linear on an x86 CPU)": flattening,
     "fixed overhead (a tiny model)": fixed_overhead,
@@ -77,7 +85,7 @@ def bursts(machine: Callable[[int], float], seed: int, share: float = 0.2, lo: f
     return cost
 
 
-def replay(gate: CostGate, trace: dict[str, Any], cost: Cost, k: int = 8) -> dict[str, Any]:
+def replay(gate: Any, trace: dict[str, Any], cost: Cost, k: int = 8) -> dict[str, Any]:
     """Greedy decoding of ``trace``'s fixed output with SA drafts chosen by ``gate``.
 
     Returns ``choices`` (per step: match length, the gate's source, tokens verified), ``steps`` (per step:
@@ -121,36 +129,88 @@ def plain_time(trace: dict[str, Any], cost: Cost) -> float:
     return sum(cost(step, 1) for step in range(len(trace["output_ids"])))
 
 
-def summary(runs: list[dict[str, Any]], plain: list[float], gates: list[CostGate], long: int = 16) -> dict[str, float]:
+def summary(runs: list[dict[str, Any]], plain: list[float], long: int = 16) -> dict[str, float]:
     """Speed-up over plain decoding (``plain``: its time per run, under the same load), the share of steps
-    with a match of at least ``long`` tokens that drafted, and the shares of steps that were warm-up or
-    re-tries."""
-    steps = sum(len(r["choices"]) for r in runs)
-    longs = [c for r in runs for c in r["choices"] if c[0] >= long]
+    with a match of at least ``long`` tokens that drafted, and the share of steps that drafted at all."""
+    steps = [c for r in runs for c in r["choices"]]
+    longs = [c for c in steps if c[0] >= long]
     return {"x_plain": sum(plain) / sum(r["time"] for r in runs),
             "drafted_long": sum(c[2] > 0 for c in longs) / max(len(longs), 1),
-            "warm_up": sum(g.stats["warm-up"] for g in gates) / steps,
-            "retries": sum(g.stats["retries"] for g in gates) / steps}
+            "drafted": sum(c[2] > 0 for c in steps) / max(len(steps), 1)}
+
+
+def best_fixed(trace: dict[str, Any], cost: Cost, k: int = 8) -> float:
+    """The time of the best of the fixed rules for this trace: every SA draft cut to d tokens, d = 0..k
+    (an oracle that knows the trace and the machine)."""
+    return min(replay(_Fixed(d), trace, cost, k)["time"] for d in range(k + 1))
+
+
+class _Fixed:
+    """The SA's draft cut to ``d`` tokens, every step."""
+
+    def __init__(self, d: int) -> None:
+        self.d = d
+
+    def offer(self, match: int, draft: Any) -> None:
+        pass
+
+    def choose(self, match: int, sa_len: int) -> tuple[str, int]:
+        return ("sa", min(self.d, sa_len)) if self.d and sa_len else ("none", 0)
+
+    def observe_forward(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def observe_tokens(self, tokens: Any) -> None:
+        pass
+
+
+LOADS = ("steady", "bursts", "competing")
+
+
+def loaded(machine: Callable[[int], float], load: str, seed: int) -> Cost:
+    """``machine`` under ``load``: steady; bursts (20% of steps 2-5x); a competing process (1/3 of steps 2-5x)."""
+    if load == "steady":
+        return lambda s, n: machine(n)
+    return bursts(machine, seed=seed, share=0.2 if load == "bursts" else 1 / 3)
+
+
+def make(name: str) -> Any:
+    """A fresh policy: ``policy-cpu`` / ``policy-gpu`` (the prior shape of a CPU / a GPU), or ``gate``."""
+    if name == "gate":
+        import warnings
+
+        from saspec.gate import CostGate
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return CostGate(8)
+    return SequencePolicy(8, cost=StepCost(cpu_like if name == "policy-cpu" else gpu_like))
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="the drafting policy replayed over real outputs")
+    ap.add_argument("--rules", nargs="+", default=["policy-cpu", "policy-gpu", "gate"])
+    ap.add_argument("--loads", nargs="+", default=list(LOADS))
+    args = ap.parse_args()
     traces = load_traces()
     kinds = sorted({t["meta"]["workload"] for t in traces})
-    print("| machine | load | workload | x plain | long matches drafted | warm-up steps | re-try steps |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    print("| machine | load | workload | best fixed length (oracle), x plain | "
+          + " | ".join(f"{r}: x plain / long drafted / drafted" for r in args.rules) + " |")
+    print("|---|---|---|---:|" + "---:|" * len(args.rules))
     for name, machine in MACHINES.items():
-        for load in ("steady", "bursts"):
+        for load in args.loads:
             for kind in kinds:
                 chosen = [(i, t) for i, t in enumerate(traces) if t["meta"]["workload"] == kind]
-
-                def cost(i: int) -> Cost:  # the same load for the gate and for plain decoding
-                    return (lambda s, n: machine(n)) if load == "steady" else bursts(machine, seed=i)
-
-                gates = [CostGate(8) for _ in chosen]
-                runs = [replay(g, t, cost(i)) for g, (i, t) in zip(gates, chosen)]
-                s = summary(runs, [plain_time(t, cost(i)) for i, t in chosen], gates)
-                print(f"| {name} | {load} | {kind} | {s['x_plain']:.2f}x | {s['drafted_long']:.0%} | "
-                      f"{s['warm_up']:.1%} | {s['retries']:.1%} |", flush=True)
+                plain = [plain_time(t, loaded(machine, load, i)) for i, t in chosen]
+                oracle = sum(plain) / sum(best_fixed(t, loaded(machine, load, i)) for i, t in chosen)
+                cells = []
+                for rule in args.rules:
+                    runs = [replay(make(rule), t, loaded(machine, load, i)) for i, t in chosen]
+                    s = summary(runs, plain)
+                    cells.append(f"{s['x_plain']:.2f}x / {s['drafted_long']:.0%} / {s['drafted']:.0%}")
+                print(f"| {name} | {load} | {kind} | {oracle:.2f}x | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

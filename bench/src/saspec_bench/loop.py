@@ -30,7 +30,7 @@ simulator agree on the same output.
 
 Drafters: :class:`NoDrafter`, :class:`ModelDrafter` (a small LM with its own KV
 cache), :class:`SADrafter` (a :class:`~saspec.SpecEngine` suffix automaton),
-and :class:`HybridDrafter` (the SA when its match is at least ``T`` tokens,
+and :class:`SAModelDrafter` (the SA when its match is at least ``T`` tokens,
 otherwise the small LM, which then catches up on the tokens it did not see in
 one forward).
 
@@ -58,10 +58,9 @@ import torch
 
 from saspec.engine import SpecEngine
 from saspec.pool import RequestPool
-from saspec.gate import CostGate
+from saspec.policy import SequencePolicy
 from saspec.integrations.hf import SMALL_ROWS, fast_small_linears  # noqa: F401  (re-exported for the loop's users)
-from saspec.lengths import DRAFT_LENGTH_RULES, draft_length
-from saspec.select import HYBRID_THRESHOLD
+from saspec.rules import DRAFT_LENGTH_RULES, HYBRID_THRESHOLD, draft_length
 from saspec.single import SingleSequence
 from .lm import CausalLM, count_forwards, model_dtype
 from .models import EOS_IDS
@@ -167,12 +166,12 @@ class Drafter(Protocol):
     verify before ``max_new_tokens``, so no draft forward is spent on tokens it
     would cut. ``update(seq, n_new)`` reports that the last ``n_new`` tokens of
     ``seq`` were appended (verified); ``end()`` releases the sequence's state.
-    ``gate``: the drafter's :class:`~saspec.select.CostGate` or None; the loop
+    ``gate``: the drafter's :class:`~saspec.policy.SequencePolicy` or None; the loop
     reports every verify forward's size and time to it.
     """
 
     name: str
-    gate: CostGate | None
+    gate: SequencePolicy | None
 
     def begin(self, prompt: Sequence[int]) -> None: ...
 
@@ -213,7 +212,7 @@ class ModelDrafter:
     token is still proposed: verifying it costs little, drafting past it
     rarely pays).
 
-    With a ``gate`` (:class:`~saspec.select.CostGate`), each step drafts the
+    With a ``gate`` (:class:`~saspec.policy.SequencePolicy`), each step drafts the
     length the gate chooses, or nothing where no draft pays; the gate times
     the draft forwards.
     """
@@ -221,7 +220,7 @@ class ModelDrafter:
     name = "draft"
 
     def __init__(self, model: torch.nn.Module, k: int = 8, stop_below: float = 0.0,
-                 gate: CostGate | None = None) -> None:
+                 gate: SequencePolicy | None = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if not 0.0 <= stop_below <= 1.0:
@@ -244,13 +243,13 @@ class ModelDrafter:
             return (self.draft(seq, k) if k else []), "draft"
         if k == 0:
             return [], "none"
-        source, n = self.gate.choose(0, 0, k, len(seq) - len(self._fed))
+        source, n = self.gate.choose(0, 0, k, len(seq) - len(self._fed), remaining=limit)
         if source == "probe":
             return seq[-1:], "none"  # a guess: only the verify's cost is wanted
         self._last = self.draft(seq, n, self.gate) if source == "draft" else []
         return (self._last, "draft") if self._last else ([], "none")
 
-    def draft(self, seq: list[int], k: int, timer: CostGate | None = None) -> list[int]:
+    def draft(self, seq: list[int], k: int, timer: SequencePolicy | None = None) -> list[int]:
         """Up to ``k`` greedy draft tokens after ``seq``; ``timer`` gets the
         time of each forward and how many tokens it read (a catch-up over a
         long stretch, like the first one after the prompt, reads many)."""
@@ -320,7 +319,7 @@ class SADrafter:
     short match rarely continues far, and every drafted token is verified by
     the target. 0 always drafts ``k`` (what ``saspec_bench.commands.simulate`` models).
 
-    With a ``gate`` (:class:`~saspec.gate.CostGate`) the gate chooses the
+    With a ``gate`` (:class:`~saspec.policy.SequencePolicy`) the gate chooses the
     draft length from the match length instead (``per_match`` is unused),
     and nothing where no draft pays; it is offered the automaton's draft
     every step.
@@ -328,7 +327,7 @@ class SADrafter:
 
     name = "sa"
 
-    def __init__(self, k: int = 8, engine: Any = None, per_match: float = 0.0, gate: CostGate | None = None) -> None:
+    def __init__(self, k: int = 8, engine: Any = None, per_match: float = 0.0, gate: SequencePolicy | None = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if per_match < 0:
@@ -394,7 +393,7 @@ class SADrafter:
             self._seq = None
 
 
-class HybridDrafter:
+class SAModelDrafter:
     """The SA's draft when its match is at least ``threshold`` tokens, else the
     small LM's. The SA sees every accepted token; the small LM runs only on
     the steps it drafts and catches up on the rest then.
@@ -407,7 +406,7 @@ class HybridDrafter:
     the small LM is not worth waking; in prose, where the SA keeps failing,
     it is. 0 is the plain threshold rule.
 
-    With a ``gate`` (:class:`~saspec.select.CostGate`) the gate makes the
+    With a ``gate`` (:class:`~saspec.policy.SequencePolicy`) the gate makes the
     choice instead (``threshold`` and ``patience`` are unused): each step,
     the SA's draft, the small LM's or none, at the length that is expected
     to make the most tokens per second. The SA and the small LM must then
@@ -417,7 +416,7 @@ class HybridDrafter:
     name = "hybrid"
 
     def __init__(self, sa: SADrafter, model: ModelDrafter, threshold: int = HYBRID_THRESHOLD,
-                 patience: int = 0, gate: CostGate | None = None) -> None:
+                 patience: int = 0, gate: SequencePolicy | None = None) -> None:
         if gate is not None and (sa.gate is not None or model.gate is not None):
             raise ValueError("a gated hybrid drives its SA and draft model itself: give them no gate")
         if threshold < 1 or patience < 0:
@@ -446,7 +445,7 @@ class HybridDrafter:
                 self._last = ("none", match, [])
                 return [], "none"
             draft = draft[: _limited(len(draft), limit)]
-            source, n = self.gate.choose(match, len(draft), model_k, len(seq) - len(self.model._fed))
+            source, n = self.gate.choose(match, len(draft), model_k, len(seq) - len(self.model._fed), remaining=limit)
             if source == "probe":
                 if not draft:
                     return seq[-1:], "none"  # a guess: only the verify's cost is wanted
@@ -486,9 +485,9 @@ def make_drafter(kind: str, *, draft_model: torch.nn.Module | None = None, k: in
     """A drafter by name (one of :data:`DRAFTERS`). ``k``: SA draft tokens
     (at most ``per_match`` per matched token when > 0); ``draft_k``: small-LM
     draft tokens (default ``k``), ``stop_below``: its confidence stop;
-    ``threshold``, ``patience``: the hybrid's rule (see :class:`HybridDrafter`).
+    ``threshold``, ``patience``: the hybrid's rule (see :class:`SAModelDrafter`).
     ``gate``: draft only where it pays, at the length that pays most, under
-    costs timed while it runs (a fresh :class:`~saspec.select.CostGate`;
+    costs timed while it runs (a fresh :class:`~saspec.policy.SequencePolicy`;
     ``per_match``, ``threshold`` and ``patience`` are then unused). ``pool``:
     the SA's engine drafts from this cross-request pool too, and each finished
     sequence joins it."""
@@ -498,7 +497,7 @@ def make_drafter(kind: str, *, draft_model: torch.nn.Module | None = None, k: in
         raise ValueError(f"drafter {kind!r} needs a draft model")
     if draft_k is not None and draft_k < 1:
         raise ValueError(f"draft_k must be None or >= 1, got {draft_k}")
-    cost_gate = CostGate(max(k, draft_k or k)) if gate else None
+    cost_gate = SequencePolicy(max(k, draft_k or k)) if gate else None
     if kind == "none":
         return NoDrafter()
     engine = SpecEngine(pool=pool) if pool is not None else None
@@ -506,7 +505,7 @@ def make_drafter(kind: str, *, draft_model: torch.nn.Module | None = None, k: in
         return SADrafter(k, engine=engine, per_match=per_match, gate=cost_gate)
     if kind == "draft":
         return ModelDrafter(draft_model, draft_k or k, stop_below, gate=cost_gate)
-    return HybridDrafter(SADrafter(k, engine=engine, per_match=per_match),
+    return SAModelDrafter(SADrafter(k, engine=engine, per_match=per_match),
                          ModelDrafter(draft_model, draft_k or k, stop_below), threshold, patience, gate=cost_gate)
 
 
@@ -590,7 +589,7 @@ def speculative_generate(
 def _draft_lm(drafter: Drafter) -> CausalLM | None:
     if isinstance(drafter, ModelDrafter):
         return drafter.lm
-    if isinstance(drafter, HybridDrafter):
+    if isinstance(drafter, SAModelDrafter):
         return drafter.model.lm
     return None
 

@@ -13,7 +13,7 @@
   cache has not seen (after rejections, and after the steps the hybrid gave to
   the SA), and no more than the tokens left in the output (as the loop does
   before ``max_new_tokens``, and as verification is charged here);
-* the hybrid is ``HybridDrafter``'s rule: the SA draft when it is non-empty and
+* the hybrid is ``loop.SAModelDrafter``'s rule: the SA draft when it is non-empty and
   its match is >= T (or the SA has failed fewer than ``patience`` steps in a
   row), else the draft model;
 * every step is charged ``target(verified tokens) + drafter cost`` under a
@@ -34,8 +34,10 @@ from saspec import kernel_cache  # noqa: F401  (first: saspec's numba cache loca
 from numba import njit
 
 from saspec.build import DEFAULT_POLICY
-from saspec.select import (DRAFT_LENGTH_RULES, HYBRID_THRESHOLD, N_BUCKETS, adaptive_init, adaptive_observe,
-                      adaptive_prefers_sa, draft_length)
+from saspec.policy import N_BUCKETS
+from saspec.rules import DRAFT_LENGTH_RULES, HYBRID_THRESHOLD, draft_length
+
+from .adaptive_rule import adaptive_init, adaptive_observe, adaptive_prefers_sa
 from .costmodel import Profile, default_profiles, lookup
 from .positions import ADAPTIVE, HYBRID, NEURAL, NONE, SA, TREE, Flat, neural_positions, sa_positions
 
@@ -360,7 +362,7 @@ def format_length_study(study: dict) -> str:
     for key, v in sorted(study["score"].items(), key=lambda x: -x[1]):
         lines.append(f"| {key} | {v:.3f}x |")
     r, s = study["best"]
-    lines.append(f"\nbest draft-length rule: {r} scale {s:g} (saspec.select.draft_lengths(match_len, k_max, "
+    lines.append(f"\nbest draft-length rule: {r} scale {s:g} (saspec.rules.draft_lengths(match_len, k_max, "
                  f"rule={r!r}, scale={s:g}))")
     return "\n".join(lines)
 

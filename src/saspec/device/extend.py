@@ -87,8 +87,8 @@ def _no_draft(match_out, out, b, k, source_out):
 
 
 @cuda.jit(device=True)
-def _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, xpool, pstate, pctl):
-    """The cross-request pool's side of row ``b`` (``pool.pool_rows`` on the host):
+def _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, pool_automaton, pstate, pctl):
+    """The cross-request pool's side of row ``b`` (``extend.pool_rows`` on the host):
     follow its new tokens in the pool (re-matching its last ``pctl[2]`` tokens when
     its state belongs to another pool epoch than ``pctl[1]``), and draft from the pool
     where its match there is strictly longer than its own."""
@@ -98,20 +98,22 @@ def _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, xpool, p
         s = int64(0)
         m = int64(0)
         for i in range(max(0, nt - pctl[2]), nt):
-            s, m = core.follow(xpool, s, m, int64(buf[text + i]))
+            t = int64(buf[text + i])
+            s, m = (int64(0), int64(0)) if t == core.SEPARATOR else core.follow(pool_automaton, s, m, t)
         pstate[2, slot] = pctl[1]
     else:
         s = int64(pstate[0, slot])
         m = int64(pstate[1, slot])
         for j in range(n):
-            s, m = core.follow(xpool, s, m, int64(accepted[b, j]))
+            t = int64(accepted[b, j])  # the separator's id breaks the match (as on the host)
+            s, m = (int64(0), int64(0)) if t == core.SEPARATOR else core.follow(pool_automaton, s, m, t)
     pstate[0, slot] = s
     pstate[1, slot] = m
     src = 0
     if m > match_out[b]:
-        start = core.continuation(xpool, s, core.SEPARATOR)
+        start = core.continuation(pool_automaton, s, core.SEPARATOR)
         if start >= 0:
-            core.draft_from(xpool, start, out, k, core.SEPARATOR)
+            core.draft_from(pool_automaton, start, out, k, core.SEPARATOR)
             match_out[b] = m
             src = 1
     if b < source_out.shape[0]:
@@ -119,15 +121,16 @@ def _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, xpool, p
 
 
 @cuda.jit(cache=True)
-def extend_kernel(pool, rows, accepted, lens, match_out, draft_out, policy, depth, xpool, pstate, pctl, source_out):
+def extend_kernel(slots, rows, accepted, lens, match_out, draft_out, policy, depth, pool_automaton, pstate, pctl,
+                  source_out):
     """One decode step; thread ``b`` handles batch row ``b``.
 
-    pool: int32 [max_slots, words], one automaton per row. rows: int32
+    slots: int32 [max_slots, words], one automaton per slot. rows: int32
     [1 + max_slots], ``rows[0]`` the prepared batch size, ``rows[1 + b]`` row
     b's slot. accepted: int32 [B, K+1]; lens: int32 [B]; match_out: int32 [B];
     draft_out: int32 [B, K]. The cross-request pool (used where ``pctl[0]`` is
-    1): xpool, its automaton; pstate: int32 [3, max_slots], each slot's state,
-    match length and epoch there; pctl: int32 [3], (in use, epoch, sync tokens);
+    1): pool_automaton, its automaton; pstate: int32 [3, max_slots], each slot's
+    state, match length and epoch there; pctl: int32 [3], (in use, epoch, sync tokens);
     source_out: int32 [>= 1], 1 where row b drafted from the pool (written for
     the rows it has room for).
     """
@@ -140,10 +143,10 @@ def extend_kernel(pool, rows, accepted, lens, match_out, draft_out, policy, dept
     slot = -1
     if b < rows[0] and b + 1 < rows.shape[0]:
         slot = rows[1 + b]
-    if slot < 0 or slot >= pool.shape[0]:
+    if slot < 0 or slot >= slots.shape[0]:
         _no_draft(match_out, out, b, k, source_out)
         return
-    buf = pool[slot]
+    buf = slots[slot]
     n = min(max(lens[b], 0), accepted.shape[1])
     for j in range(n):
         token = accepted[b, j]
@@ -156,11 +159,11 @@ def extend_kernel(pool, rows, accepted, lens, match_out, draft_out, policy, dept
     match_out[b] = core.match_len(buf)
     core.draft(buf, out, k)
     if pctl[0] != 0 and slot < pstate.shape[1]:
-        _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, xpool, pstate, pctl)
+        _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, pool_automaton, pstate, pctl)
 
 
 @cuda.jit(cache=True)
-def unpack_kernel(pool, stage, n_req, o_states, o_aux, o_slots, o_text, ht_size, pstate):
+def unpack_kernel(slots, stage, n_req, o_states, o_aux, o_slots, o_text, ht_size, pstate):
     """Copy each uploaded request's header, text, hot and cold state records
     into its slot, clearing the slot's edge table first when ``D_CLEAR`` is set,
     and mark its cross-request pool state stale (``pstate[2, slot] = -1``).
@@ -172,7 +175,7 @@ def unpack_kernel(pool, stage, n_req, o_states, o_aux, o_slots, o_text, ht_size,
     xs = cuda.gridDim.x * cuda.blockDim.x
     for r in range(cuda.blockIdx.y, n_req, cuda.gridDim.y):
         d = DESC_WORDS * r
-        buf = pool[stage[d + D_SLOT]]
+        buf = slots[stage[d + D_SLOT]]
         if x0 == 0:
             pstate[2, stage[d + D_SLOT]] = -1
         off = stage[d + D_OFFSET]
@@ -198,7 +201,7 @@ def unpack_kernel(pool, stage, n_req, o_states, o_aux, o_slots, o_text, ht_size,
 
 
 @cuda.jit(cache=True)
-def link_kernel(pool, stage, n_req, o_states, o_aux, o_slots, o_text, ht_size):
+def link_kernel(slots, stage, n_req, o_states, o_aux, o_slots, o_text, ht_size):
     """Insert each uploaded request's table edges into its slot's table and chains.
 
     Runs after ``unpack_kernel`` (the table is clear, every MORE is -1). One
@@ -209,7 +212,7 @@ def link_kernel(pool, stage, n_req, o_states, o_aux, o_slots, o_text, ht_size):
     xs = cuda.gridDim.x * cuda.blockDim.x
     for r in range(cuda.blockIdx.y, n_req, cuda.gridDim.y):
         d = DESC_WORDS * r
-        buf = pool[stage[d + D_SLOT]]
+        buf = slots[stage[d + D_SLOT]]
         off = stage[d + D_OFFSET]
         n_st = (core.STATE_WORDS + core.AUX_WORDS) * stage[off + core.H_NSTATES]
         edges = off + core.HEADER + stage[off + core.H_N] + n_st

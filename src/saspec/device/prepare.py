@@ -1,6 +1,6 @@
-"""Prepare: the device slot pool of the CUDA backend, and uploads into it.
+"""Prepare: the device slots of the CUDA backend, and uploads into them.
 
-A CUDA ``SpecEngine`` owns a ``DevicePool``: ``max_slots`` fixed-capacity
+A CUDA ``SpecEngine``'s backend (``device.backend``) owns a ``DeviceSlots``: ``max_slots`` fixed-capacity
 automaton blobs in one int32 device tensor ``[max_slots, words]``, allocated at
 construction from torch's caching allocator, plus the batch's row-to-slot map
 ``rows`` (int32 ``[1 + max_slots]``: the batch size, then each row's slot).
@@ -140,7 +140,7 @@ def pack(blob, out, start, cap_tok, cap_st, ht_size):
     return p
 
 
-class DevicePool:
+class DeviceSlots:
     """``max_slots`` device slots of ``max_seq_len`` tokens, and the batch map.
 
     Not thread-safe by itself: ``SpecEngine`` calls it under its lock.
@@ -165,12 +165,12 @@ class DevicePool:
         self._depth = np.int32(max(min(depth, 2**31 - 1), -1))
         self._dev = kc.new_device(device)
         # All -1: every slot's edge table starts empty (SRC = -1).
-        self.pool = self._dev.full((self.max_slots, self.layout.words), -1)
+        self.slots = self._dev.full((self.max_slots, self.layout.words), -1)
         self.rows = self._dev.full((1 + self.max_slots,), 0)
         # The cross-request pool: its automaton, each slot's (state, length, epoch) in it, and
         # (in use, epoch, sync tokens); source_out for callers that pass none (never read).
         self.pool_words = int(pool_words)
-        self.xpool = self._dev.full((max(self.pool_words, core.HEADER),), 0)
+        self.pool_automaton = self._dev.full((max(self.pool_words, core.HEADER),), 0)
         self.pstate = self._dev.full((3, self.max_slots), -1)
         self.pctl = self._dev.full((3,), 0)
         self._no_source = self._dev.full((1,), 0)
@@ -195,7 +195,7 @@ class DevicePool:
     @property
     def device_bytes(self) -> int:
         """Device bytes allocated at construction (slots, the batch map and the cross-request pool)."""
-        return sum(self._dev.nbytes(x) for x in (self.pool, self.rows, self.xpool, self.pstate, self.pctl))
+        return sum(self._dev.nbytes(x) for x in (self.slots, self.rows, self.pool_automaton, self.pstate, self.pctl))
 
     def release(self, request_id: Hashable) -> None:
         """Free a resident request's slot (no-op for a request not on the device)."""
@@ -262,13 +262,13 @@ class DevicePool:
         dev.copy_from_stage(self.rows, 0, stage, 0, map_words)
         if new:
             dev.copy_from_stage(stage.device, 0, stage, base, upload_words)
-            pool, buf = dev.view(self.pool), dev.view(stage.device)
+            dst, buf = dev.view(self.slots), dev.view(stage.device)
             n_req, geo = np.int32(len(new)), tuple(np.int32(x) for x in (*lay.offsets, lay.ht_size))
             ys = min(len(new), 65535)
             th, mb = dev.upload_threads, dev.max_upload_blocks
-            dev.launch(kc.unpack_kernel, (kc._grid(work, th, mb), ys), th, pool, buf, n_req, *geo,
+            dev.launch(kc.unpack_kernel, (kc._grid(work, th, mb), ys), th, dst, buf, n_req, *geo,
                        dev.view(self.pstate))
-            dev.launch(kc.link_kernel, (kc._grid(edges, th, mb), ys), th, pool, buf, n_req, *geo)
+            dev.launch(kc.link_kernel, (kc._grid(edges, th, mb), ys), th, dst, buf, n_req, *geo)
         stage.release()
 
         for r, slot in slots.items():
@@ -287,7 +287,7 @@ class DevicePool:
         stage = self._dev.staging(words + 3)
         stage.host[:words] = blob
         stage.host[words: words + 3] = (1, epoch, sync_tokens)
-        self._dev.copy_from_stage(self.xpool, 0, stage, 0, words)
+        self._dev.copy_from_stage(self.pool_automaton, 0, stage, 0, words)
         self._dev.copy_from_stage(self.pctl, 0, stage, words, 3)
         stage.release()
         self.uploaded_pool = blob
@@ -324,7 +324,7 @@ class DevicePool:
             kc.extend_kernel,
             (b + th - 1) // th,
             th,
-            dev.view(self.pool),
+            dev.view(self.slots),
             dev.view(self.rows),
             dev.view(acc),
             dev.view(lens),
@@ -332,7 +332,7 @@ class DevicePool:
             dev.view(dout),
             self._policy,
             self._depth,
-            dev.view(self.xpool),
+            dev.view(self.pool_automaton),
             dev.view(self.pstate),
             dev.view(self.pctl),
             dev.view(src),
@@ -344,7 +344,7 @@ class DevicePool:
         """Tokens held by each resident request's slot."""
         if not request_ids:
             return []
-        heads = self._dev.to_numpy(self.pool[[self.slot_of[r] for r in request_ids], core.H_N])
+        heads = self._dev.to_numpy(self.slots[[self.slot_of[r] for r in request_ids], core.H_N])
         return [int(t) for t in heads]
 
     def overflowed(self, request_ids: Sequence[Hashable]) -> list[bool]:
@@ -352,16 +352,16 @@ class DevicePool:
         ``core.H_OVERFLOW`` flag, set by the kernel)."""
         if not request_ids:
             return []
-        flags = self._dev.to_numpy(self.pool[[self.slot_of[r] for r in request_ids], core.H_OVERFLOW])
+        flags = self._dev.to_numpy(self.slots[[self.slot_of[r] for r in request_ids], core.H_OVERFLOW])
         return [bool(f) for f in flags]
 
     def blob(self, request_id: Hashable) -> np.ndarray:
         """An int32 host copy of a resident request's slot."""
-        return self._dev.to_numpy(self.pool[self.slot_of[request_id]])
+        return self._dev.to_numpy(self.slots[self.slot_of[request_id]])
 
     def text(self, request_id: Hashable) -> np.ndarray:
         """An int32 host copy of a resident request's tokens."""
-        slot = self.pool[self.slot_of[request_id]]
+        slot = self.slots[self.slot_of[request_id]]
         n = int(self._dev.to_numpy(slot[core.H_N: core.H_N + 1])[0])
         o = self.layout.offsets[3]
         return self._dev.to_numpy(slot[o: o + n])

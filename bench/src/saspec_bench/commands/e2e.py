@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from saspec.select import HYBRID_THRESHOLD
+from saspec.rules import HYBRID_THRESHOLD
 from ..cpumeter import CpuMeter
 from ..options import CliError, comma_list, float_in, int_in, nonnegative_int, positive_int, probability
 from .. import models
@@ -50,8 +50,8 @@ from saspec.pool import RequestPool
 
 # -- the commands' arguments -------------------------------------------------------
 
-# By default every drafter of the loop is gated (``--gate``, see
-# ``saspec.gate.CostGate``): it times the forwards as it goes and drafts only
+# By default every drafter of the loop runs the policy (``--gate``, see
+# ``saspec.policy.SequencePolicy``): it times the forwards as it goes and drafts only
 # where a draft is expected to pay for its verify. The fixed rules below are
 # what ``--no-gate`` uses, tuned by replaying recorded outputs under a CPU's
 # costs (BENCHMARKS.md, "End to end"): on a CPU a draft-model token costs a
@@ -136,8 +136,8 @@ def _model_arguments(p: argparse.ArgumentParser, families: tuple[str, ...]) -> N
                    help="hybrid: also keep a weaker SA match until the SA missed this many steps in a row")
     p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=True,
                    help="draft only where a draft is expected to pay for its verify, at the length that pays most, "
-                        "under costs timed while generating (saspec.select.CostGate; --per-match, --threshold and "
-                        "--patience then unused); --no-gate: the fixed rules")
+                        "under costs timed while generating (saspec.policy.SequencePolicy; --per-match, --threshold "
+                        "and --patience then unused); --no-gate: the fixed rules")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="model weights' dtype; auto: bfloat16 only where the CPU has native bf16 (avx512_bf16, "
                         "amx_bf16), else float32")
@@ -456,8 +456,9 @@ def format_report(info, summary, runs, sim_rows, sim_tables, methods) -> str:
              f"{info['cores']} cores, {info['threads']} torch threads; torch {info['torch']}, transformers "
              f"{info['transformers']}. K={info['k']} (SA and HF prompt lookup), draft model K={info['draft_k']} with "
              f"confidence stop {info['stop_below']} (also for hybrid steps); "
-             + ("the loop's drafters are gated: each step drafts only where a draft is expected to pay for its verify, "
-                "at the length that pays most, under costs timed while generating (`saspec.select.CostGate`); "
+             + ("the loop's drafters run the policy: each step drafts only where a draft is expected to pay for its "
+                "verify, at the length that pays most, under costs timed while generating "
+                "(`saspec.policy.SequencePolicy`); "
                 if info.get("gate") else
                 f"SA drafts at most {info['per_match']:g} tokens per matched token, hybrid threshold "
                 f"T={info['threshold']} with patience {info['patience']}; ")

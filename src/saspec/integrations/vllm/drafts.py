@@ -34,7 +34,7 @@ from ... import kernel_cache  # noqa: F401  (first: saspec's numba cache locator
 from numba import njit
 
 from ...engine import SpecEngine
-from ...lengths import check_length_rule, draft_length
+from ...rules import check_length_rule, draft_length
 from ...pool import RequestPool
 
 #: With a pool, every this many steps the texts of requests finished since the last
@@ -98,7 +98,7 @@ class RequestDrafts:
     Args:
         k: the most draft tokens a row may propose (>= 1).
         min_match: rows whose match is shorter than this many tokens draft nothing (>= 1).
-        length_rule, length_scale: the draft-length rule (``saspec.lengths``);
+        length_rule, length_scale: the draft-length rule (``saspec.rules``);
             ``per-match-recent`` reads each row's accepted drafts at its
             previous step from its new tokens.
         policy: the automaton's occurrence policy (``SpecEngine``), or None for its default.
@@ -129,6 +129,7 @@ class RequestDrafts:
         self._pending: dict[Hashable, Future] = {}  # builds started by start(), not yet waited for
         self._dropped: set[Hashable] = set()  # finished while their build ran: freed when it ends
         self._built: set[Hashable] = set()  # built ahead, not yet taken by a step
+        self._expected: dict[Hashable, int] = {}  # tokens a started request may reach (prompt + max_tokens)
         self._lock = threading.Lock()
         self._builder: ThreadPoolExecutor | None = None
         self._rows: list[Hashable] = []  # the batch of the last step, in row order
@@ -145,6 +146,8 @@ class RequestDrafts:
         tokens = np.array(prompt, dtype=np.int32)  # a copy: the caller's buffer may change while we build
         if self._builder is None:
             self._builder = ThreadPoolExecutor(1, thread_name_prefix="saspec-build")
+        if expected_new_tokens is not None:
+            self._expected[rid] = tokens.shape[0] + int(expected_new_tokens)
         self._pending[rid] = self._builder.submit(self._build, rid, tokens, expected_new_tokens)
 
     def _build(self, rid: Hashable, tokens: np.ndarray, expected_new_tokens: int | None) -> int:
@@ -170,6 +173,7 @@ class RequestDrafts:
         if rid in self._rows:
             self._flush()
             self._rows = []  # the next step prepares its batch again
+        self._expected.pop(rid, None)
         if self._len.pop(rid, None) is not None:
             self.engine.remove_request(rid)
             self.stats["finished"] += 1
@@ -267,10 +271,11 @@ class RequestDrafts:
         have = np.fromiter((self._len.get(r, -1) for r in rids), np.int64, len(rids))
         for i in np.flatnonzero(have != before).tolist():  # unknown, or a gap (a step vLLM did not show us)
             rid, want = rids[i], int(before[i])
-            if have[i] >= 0:
-                self.engine.remove_request(rid)
+            if have[i] >= 0:  # still live: its partial text must not join the pool
+                self.engine.remove_request(rid, to_pool=False)
                 self.stats["rebuilt"] += 1
-            self.engine.add_request(rid, texts[int(rows[i]), :want])
+            more = self._expected.get(rid, 0) - want
+            self.engine.add_request(rid, texts[int(rows[i]), :want], more if more > 0 else None)
             self._len[rid] = want
             self.stats["built"] += 1
         prev = dict(zip(self._rows, self._drafted[: len(self._rows)].tolist()))

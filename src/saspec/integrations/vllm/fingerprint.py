@@ -19,7 +19,7 @@ and ``n`` tokens of text:
   one jitted pass that also gathers the new tokens;
 * **moved or resumed**: otherwise the row's ``(n - s, hash)`` is looked up
   among the requests no row continued (those whose row now holds something
-  else, kept in a bounded pool) and confirmed by the tail and the whole-text
+  else, kept in a bounded detached set) and confirmed by the tail and the whole-text
   hash; the request takes the row;
 * **new**: anything unexplained is a new request (its automaton is built from
   the row's text);
@@ -225,14 +225,14 @@ class FingerprintRows:
         self._audit = 0  # the row whose whole text the next audit checks
         self._audit_credit = 0  # audit tokens earned since the last audit
         self.started: list[tuple[int, int, int]] = []  # prefill rows of the last assign: (rid, row, tokens)
-        self._pool: OrderedDict[int, _Detached] = OrderedDict()  # rid -> fingerprint, oldest first
-        self._by_key: dict[tuple[int, int], list[int]] = {}  # (length, fingerprint hash) -> rids in the pool
+        self._detached: OrderedDict[int, _Detached] = OrderedDict()  # rid -> fingerprint, oldest first
+        self._by_key: dict[tuple[int, int], list[int]] = {}  # (length, fingerprint hash) -> rids in the detached set
         self.stats = {"continued": 0, "reclaimed": 0, "new": 0, "freed": 0}
 
     @property
     def pooled(self) -> int:
         """Requests that left their rows and are kept for a possible resume."""
-        return len(self._pool)
+        return len(self._detached)
 
     def assign(self, token_ids: np.ndarray, num_tokens: np.ndarray, lens: np.ndarray) -> list[int | None]:
         """The request id of each of the ``B = lens.shape[0]`` rows with tokens,
@@ -273,7 +273,7 @@ class FingerprintRows:
 
     def _settle(self, token_ids: np.ndarray, num_tokens: np.ndarray, lens: np.ndarray, status: np.ndarray,
                 hash_old: np.ndarray) -> None:
-        """The rows one jitted pass could not explain: departures to the pool,
+        """The rows one jitted pass could not explain: departures to the detached set,
         moved or resumed requests taken back, new requests (and prefill rows) given ids."""
         b_live = lens.shape[0]
         cont = np.zeros(self._row_rid.shape[0], bool)
@@ -285,7 +285,7 @@ class FingerprintRows:
             row = token_ids[b]
             rid = self._reclaim(row, n - s, int(hash_old[b]))
             if rid is not None:
-                self._row_whole[b] = _whole_hash(row, n - s)  # equal to the pooled request's (checked)
+                self._row_whole[b] = _whole_hash(row, n - s)  # equal to the detached request's (checked)
                 self.stats["reclaimed"] += 1
             elif row[:n].min() >= 0:
                 rid = self._next_rid
@@ -325,18 +325,18 @@ class FingerprintRows:
         self._hash_new = np.zeros(self._row_rid.shape[0], np.uint64)
 
     def _detach(self, row: int) -> None:
-        """Move row ``row``'s request into the pool (newest last)."""
+        """Move row ``row``'s request into the detached set (newest last)."""
         rid = int(self._row_rid[row])
         length = int(self._row_len[row])
         tail = self._row_tail[row, : min(TAIL, length)].copy()
         entry = _Detached(rid, length, int(self._row_hash[row]), tail, int(self._row_whole[row]))
-        self._pool[rid] = entry
+        self._detached[rid] = entry
         self._by_key.setdefault((entry.length, entry.hash), []).append(rid)
         self._row_rid[row] = -1
 
     def _reclaim(self, row: np.ndarray, length: int, hash_: int) -> int | None:
-        """The pooled request whose text is ``row[:length]`` (fingerprint, tail and
-        whole-text hash), taken out of the pool, with its row state restored; else None."""
+        """The detached request whose text is ``row[:length]`` (fingerprint, tail and
+        whole-text hash), taken out of the detached set, with its row state restored; else None."""
         rids = self._by_key.get((length, hash_))
         if not rids:
             return None
@@ -344,7 +344,7 @@ class FingerprintRows:
         tail = row[length - w : length]
         whole = None
         for i, rid in enumerate(rids):
-            entry = self._pool[rid]
+            entry = self._detached[rid]
             if not np.array_equal(entry.tail, tail):
                 continue
             if whole is None:
@@ -354,14 +354,14 @@ class FingerprintRows:
             del rids[i]
             if not rids:
                 del self._by_key[(length, hash_)]
-            del self._pool[rid]
+            del self._detached[rid]
             return rid
         return None
 
     def _evict(self) -> None:
-        """Drop the oldest pooled requests beyond ``max_detached``."""
-        while len(self._pool) > self.max_detached:
-            rid, entry = self._pool.popitem(last=False)
+        """Drop the oldest detached requests beyond ``max_detached``."""
+        while len(self._detached) > self.max_detached:
+            rid, entry = self._detached.popitem(last=False)
             key = (entry.length, entry.hash)
             rids = self._by_key[key]
             rids.remove(rid)

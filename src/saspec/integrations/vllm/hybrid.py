@@ -4,14 +4,28 @@ vLLM's model runner drafts with its neural drafter (``draft_model``, EAGLE,
 MTP) right after sampling, before its bookkeeping, from the sampled-token
 tensor ``[B, W]`` (-1 where a draft was rejected). The plugin wraps that call
 (``plugin``): first :meth:`HybridDrafter.sa_step` appends each row's accepted
-tokens to its automaton and drafts; rows whose match is at least the threshold
-are SA rows. Then the neural drafter runs with its own K, or with K = 0 when
-every row that drafts is an SA row: its first forward, over the tokens the
-target just verified, still runs, since the draft model's KV cache must hold
-every token of the text (a skipped step would leave a hole in it), but its K
-autoregressive drafting forwards do not. :meth:`HybridDrafter.merge` then
-gives each SA row its SA draft (up to ``sa_tokens``) and every other row its
-neural draft.
+tokens to its automaton and drafts, and the policy (``saspec.policy.DraftPolicy``)
+gives each row a source (the automaton, the neural drafter, or none) and a
+length for the most expected tokens per second of the step, and the neural
+drafter its K for the step: the longest neural draft a row takes, or 0 when no
+row takes one (with ``settings.policy`` False: rows whose match is at least the
+threshold are SA rows, the others neural, K the neural drafter's own).
+:meth:`HybridDrafter.merge` then gives each SA row its SA draft and each neural
+row its neural draft, cut to the policy's length.
+
+The catch-up. With K = 0 the neural drafter's first forward, over the tokens
+the target just verified, still runs: the draft model's KV cache must hold
+every token of the text. vLLM's draft-model path cannot skip it and catch up
+later: its proposer builds the draft forward's inputs from the target's
+batch of this step (``common_attn_metadata``: query start locations, slot
+mapping and positions of the scheduled tokens only), writes the draft's KV
+into the slots of those tokens alone and keeps no record of what the draft
+model has read, so a skipped step leaves a hole in its cache that no later
+forward fills (a scratch variant that skipped it lost a third of the neural
+acceptance). So the catch-up forward runs every step and is sunk: the policy
+charges a neural row only its drafting forwards (``neural_catchup_sunk``),
+timed apart (:meth:`time_neural`), and picks the draft model only where those
+pay.
 
 Sampling: vLLM's rejection sampler verifies a draft token ``x`` proposed with
 probability ``q(x)`` by accepting it with probability ``min(1, p(x) / q(x))``
@@ -36,13 +50,15 @@ on each rank; it is host work beside the model's.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ...lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
-from .config import HybridSettings
+from ...policy import AUTOMATON, NEURAL, DraftPolicy, PolicySettings, StepCost, cpu_like, env_log, gpu_like
+from ...rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
+from .config import DEFAULT_MIN_MATCH, HybridSettings
 from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
 
@@ -53,6 +69,13 @@ class HybridDrafter:
     Args:
         settings: from ``config.hybrid_settings``.
         max_model_len: no SA draft runs past this many tokens of text.
+        ranks: tensor-parallel ranks (each builds the same automata).
+        device: vLLM's device type (the policy's prior cost shape: ``"cpu"`` compute-bound, else
+            memory-bound); default vLLM's platform's, ``"cpu"`` where vLLM is not importable.
+        max_rows: the most rows of a step (sizes the policy's cost model).
+        policy_settings: the policy's :class:`saspec.policy.PolicySettings` (default all defaults).
+        log: called with each step's ``saspec.policy.Decision`` (None: logged to the ``saspec.policy``
+            logger where ``$SASPEC_POLICY_LOG`` is set, else not).
 
     Attributes:
         drafts: the ``RequestDrafts`` holding each request's automaton.
@@ -66,15 +89,36 @@ class HybridDrafter:
             one-hot draft probabilities beside sampled neural drafts, see above),
             ``neural_calls`` / ``neural_s`` and ``catch_up_calls`` / ``catch_up_s``
             (the neural drafter's calls with its K and with K = 0, and their
-            seconds).
+            seconds); :attr:`policy_stats` has the policy's counters.
+        policy: the ``DraftPolicy`` (None with ``settings.policy`` False).
     """
 
-    def __init__(self, settings: HybridSettings, max_model_len: int, ranks: int = 1) -> None:
+    def __init__(self, settings: HybridSettings, max_model_len: int, ranks: int = 1, *, device: str | None = None,
+                 max_rows: int = 256, policy_settings: PolicySettings | None = None, log: Any = None) -> None:
         self.settings = settings
         self.max_model_len = int(max_model_len)
-        self.drafts = RequestDrafts(settings.sa_tokens, min_match=settings.threshold,
-                                    length_rule=DEFAULT_LENGTH_RULE, length_scale=DEFAULT_LENGTH_SCALE,
-                                    pool_tokens=settings.pool_tokens, ranks=ranks)
+        self.policy: DraftPolicy | None = None
+        if settings.policy:
+            device = _device_type() if device is None else device
+            ps = policy_settings if policy_settings is not None else PolicySettings()
+            shape = ps.cost_shape or (cpu_like if device == "cpu" else gpu_like)
+            cost = StepCost(shape, max_tokens=max(int(max_rows), 1) * (settings.sa_tokens + 1), window=ps.window,
+                            max_age=ps.max_age, quantile=ps.quantile)
+            self.policy = DraftPolicy(settings.sa_tokens, cost=cost, settings=ps, neural_catchup_sunk=True,
+                                      log=log if log is not None else env_log())
+        # The policy cuts what the automaton offers ("fixed"); the fixed rules cut by the match.
+        self.drafts = RequestDrafts(settings.sa_tokens,
+                                    min_match=DEFAULT_MIN_MATCH if self.policy is not None else settings.threshold,
+                                    length_rule="fixed" if self.policy is not None else DEFAULT_LENGTH_RULE,
+                                    length_scale=DEFAULT_LENGTH_SCALE, pool_tokens=settings.pool_tokens, ranks=ranks)
+        self._clock = time.perf_counter
+        self._t_merge: float | None = None  # when the last merge returned: the target's forward runs after it
+        self._step_tokens = 0  # the tokens that forward verifies (rows and drafts)
+        self._nn_len = np.zeros(0, np.int32)  # the policy's neural draft length per row (-1: no cut)
+        self._prev = np.zeros((0, settings.sa_tokens), np.int32)  # the last step's automaton offers
+        self._prev_match = np.zeros(0, np.int64)
+        self._prev_offered = np.zeros(0, np.int64)
+        self._prev_rids: list[Hashable] | None = None
         fix_sampled_verification()  # SA drafts are point proposals: they need exact sampled verification
         self._last_rids: list[Hashable] = []  # the rows of the last merge
         self._last_sa = np.zeros(0, bool)  # which of them took an SA draft
@@ -88,6 +132,8 @@ class HybridDrafter:
         while vLLM prefills it; free the ``finished`` ids."""
         for rid in finished:
             self.drafts.finish(rid)
+            if self.policy is not None:
+                self.policy.forget(rid)
         for rid, prompt, max_new in new_requests:
             self.drafts.start(rid, prompt, max_new)
 
@@ -112,21 +158,60 @@ class HybridDrafter:
         lens = np.where(discard[:b], 0, (new >= 0).sum(axis=1)).astype(np.int32)
         text_len = np.asarray(text_len[:b], dtype=np.int32)
         width = min(self.max_model_len, token_ids.shape[1])
-        _, draft, count = self.drafts.step(req_ids, text_len, new, lens, token_ids, width)
+        match, draft, count = self.drafts.step(req_ids, text_len, new, lens, token_ids, width)
         self._score(req_ids, lens)
-        neural = (count == 0) & (lens > 0)
-        k = self.settings.k if neural.any() else 0
+        if self.policy is not None:
+            count, k = self._choose(req_ids, match, draft, count, new, lens)
+        else:
+            neural = (count == 0) & (lens > 0)
+            k = self.settings.k if neural.any() else 0
+            self._nn_len = np.full(b, -1, np.int32)
         self.stats["steps"] += 1
         self.stats["neural_skipped"] += int(k == 0 and bool((lens > 0).any()))
         return count, draft, k
+
+    def _choose(self, req_ids: Sequence[Hashable], match: np.ndarray, draft: np.ndarray, offered: np.ndarray,
+                new: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, int]:
+        """The policy's step: what the last forward cost and what followed each row's offer, then each
+        row's source and length; returns the SA counts and the neural drafter's K."""
+        p = self.policy
+        b = len(req_ids)
+        rids = list(req_ids)
+        same = self._prev_rids is not None and rids == self._prev_rids
+        now = self._clock()
+        if same and self._t_merge is not None:
+            p.observe_step(self._step_tokens, now - self._t_merge)
+            p.observe(self._prev_match[:b], self._prev_offered[:b], self._prev[:b], new, lens)
+        if not same:
+            p.rows(rids)
+        m = match.astype(np.int64)
+        m[lens == 0] = 0  # a row in prefill drafts nothing
+        off = offered.astype(np.int64)
+        lengths, src = p.decide(m, off, neural_k=self.settings.k, neural_rows=lens > 0)
+        k = p.neural_k
+        count = np.where(src == AUTOMATON, lengths, 0).astype(np.int32)
+        self._nn_len = np.where(src == NEURAL, lengths, 0).astype(np.int32)
+        if self._prev.shape[0] < b:
+            self._prev = np.zeros((max(b, 2 * self._prev.shape[0]), self.settings.sa_tokens), np.int32)
+            self._prev_match = np.zeros(self._prev.shape[0], np.int64)
+            self._prev_offered = np.zeros(self._prev.shape[0], np.int64)
+        self._prev[:b] = draft
+        self._prev_match[:b], self._prev_offered[:b] = m, off
+        self._prev_rids = rids
+        self._step_tokens = int(np.count_nonzero(lens)) + int(lengths.sum())
+        return count, k
 
     def _score(self, req_ids: Sequence[Hashable], lens: np.ndarray) -> None:
         """Count the drafts of the last step accepted by source (where the rows are the same requests)."""
         if not len(self._last_rids) or list(req_ids) != self._last_rids:
             return
-        accepted = np.where((lens > 0) & (self._last_drafted > 0), np.maximum(lens - 1, 0), 0)
+        accepted = np.where((lens > 0) & (self._last_drafted > 0), np.minimum(np.maximum(lens - 1, 0),
+                                                                              self._last_drafted), 0)
         self.stats["sa_accepted"] += int(accepted[self._last_sa].sum())
         self.stats["neural_accepted"] += int(accepted[~self._last_sa].sum())
+        if self.policy is not None:  # the neural drafts' outcomes teach the policy their acceptance
+            for i in np.flatnonzero(~self._last_sa & (self._last_drafted > 0) & (lens > 0)).tolist():
+                self.policy.observe_neural_outcome(int(self._last_drafted[i]), int(accepted[i]))
 
     def as_point_proposals(self, probs: Any, count: np.ndarray, draft: np.ndarray) -> np.ndarray:
         """Where the neural drafter left draft probabilities (``probs``, a torch
@@ -152,6 +237,9 @@ class HybridDrafter:
         kind = "neural" if k else "catch_up"
         self.stats[f"{kind}_calls"] += 1
         self.stats[f"{kind}_s"] += seconds
+        if self.policy is not None:  # what a neural forward costs against the target's over the same tokens
+            rows = max(len(self._prev_rids or ()), 1)
+            self.policy.observe_neural(seconds, read=max(self._step_tokens, 1), drafted=k, rows=rows)
 
     def merge(self, req_ids: Sequence[Hashable], count: np.ndarray, draft: np.ndarray,
               neural: list[list[int]]) -> list[list[int]]:
@@ -159,12 +247,14 @@ class HybridDrafter:
         (``neural`` may be shorter than B rows, or empty when the neural drafter drafted nothing)."""
         out = []
         n_sa = 0
+        cut = self._nn_len.tolist() if len(self._nn_len) == len(count) else [-1] * len(count)
         for b, c in enumerate(count.tolist()):
             if c:
                 out.append(draft[b, :c].tolist())
                 n_sa += 1
             else:
-                out.append(neural[b] if b < len(neural) else [])
+                row = neural[b] if b < len(neural) else []
+                out.append(row if cut[b] < 0 else row[: cut[b]])
         self.stats["mixed_steps"] += int(0 < n_sa < len(out))
         self.stats["sa_rows"] += n_sa
         self.stats["neural_rows"] += len(out) - n_sa
@@ -173,4 +263,19 @@ class HybridDrafter:
         self._last_sa = count > 0
         self._last_drafted = np.fromiter(map(len, out), np.int32, len(out))
         self.stats["neural_tokens"] += int(self._last_drafted[~self._last_sa].sum())
+        self._t_merge = self._clock()
         return out
+
+    @property
+    def policy_stats(self) -> dict[str, int]:
+        """The policy's counters, prefixed ``policy_`` (empty without the policy)."""
+        return {} if self.policy is None else {f"policy_{k}": v for k, v in self.policy.stats.items()}
+
+
+def _device_type() -> str:
+    """vLLM's platform's device type (``"cpu"``, ``"cuda"``, ...); ``"cpu"`` where vLLM is not importable."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return "cpu"
+    return str(getattr(current_platform, "device_type", "") or "cpu")

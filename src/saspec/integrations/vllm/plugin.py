@@ -1,9 +1,17 @@
 """saspec's vLLM plugin: request ids for the ``custom_class`` drafter, and the hybrid.
 
 vLLM loads ``register`` from the package's ``vllm.general_plugins`` entry
-point in each of its processes. It wraps three methods, which leave vLLM's
-behaviour unchanged unless a saspec drafter is configured:
+point in each of its processes. It wraps a property and three methods, which
+leave vLLM's behaviour unchanged unless a saspec drafter is configured:
 
+* ``VllmConfig.use_v2_model_runner``: saspec patches the V1 model runner
+  (``vllm/v1/worker/gpu_model_runner.py``), not Model Runner V2
+  (``vllm/v1/worker/gpu/model_runner.py``), which vLLM picks wherever Triton
+  is usable and every configured feature is V2-supported (``draft_model``,
+  EAGLE and MTP are, so the hybrid would land there and draft without the
+  automaton, silently). Where a saspec drafter is configured V1 is chosen
+  instead; where V2 is forced (``VLLM_USE_V2_MODEL_RUNNER=1``, or a feature
+  only V2 has) the configuration is refused with an error saying so;
 * ``VllmConfig.__post_init__``: for the hybrid (``hybrid_config``), async
   scheduling is turned off before vLLM would turn it on (async scheduling
   schedules K placeholder drafts per request; SA drafts vary in length);
@@ -30,11 +38,12 @@ import os
 import time
 from typing import Any
 
-from .config import HYBRID_ENV, check_vllm_version, hybrid_settings, tensor_parallel_ranks
+from .config import HYBRID_ENV, PROPOSER_CLASS, check_vllm_version, hybrid_settings, tensor_parallel_ranks
 
 logger = logging.getLogger(__name__)
 
 _PATCHED = "_saspec_patched"
+_LOGGED_V1: set[str] = set()  # drafters whose choice of the V1 runner this process has logged
 _STATE = "_saspec_drafter"  # runner attribute: the HybridDrafter, the SAProposer, or None (neither)
 
 
@@ -54,10 +63,65 @@ def register() -> None:
 
     if getattr(GPUModelRunner, _PATCHED, False):
         return
+    VllmConfig.use_v2_model_runner = _wrap_use_v2(VllmConfig.use_v2_model_runner)
     VllmConfig.__post_init__ = _wrap_post_init(VllmConfig.__post_init__)
     GPUModelRunner._update_states = _wrap_update_states(GPUModelRunner._update_states)
     GPUModelRunner.propose_draft_token_ids = _wrap_propose(GPUModelRunner.propose_draft_token_ids)
     setattr(GPUModelRunner, _PATCHED, True)
+
+
+def saspec_drafter(speculative_config: Any) -> str | None:
+    """Which saspec drafter ``speculative_config`` asks for: ``"hybrid"`` (``hybrid_config``),
+    ``"custom_class drafter"`` (``proposer_config``), or None (no saspec drafter).
+
+    Raises:
+        ValueError: ``$SASPEC_VLLM_HYBRID`` is set but is not what ``hybrid_config`` writes.
+    """
+    if speculative_config is None:
+        return None
+    if hybrid_settings(speculative_config) is not None:
+        return "hybrid"
+    if getattr(speculative_config, "method", None) == "custom_class" and \
+            getattr(speculative_config, "model", None) == PROPOSER_CLASS:
+        return "custom_class drafter"
+    return None
+
+
+def _v2_forced_by(config: Any) -> str | None:
+    """What makes vLLM 0.32 use Model Runner V2 whatever else is configured (its
+    ``use_v2_model_runner`` rules before the Triton check), or None."""
+    import vllm.envs as envs
+
+    if envs.VLLM_USE_V2_MODEL_RUNNER:
+        return "VLLM_USE_V2_MODEL_RUNNER=1"
+    if getattr(getattr(config, "attention_config", None), "hisparse_config", None) is not None:
+        return "HiSparse attention, which only Model Runner V2 runs"
+    if getattr(config, "watermark_config", None) is not None:
+        return "watermarking, which only Model Runner V2 runs"
+    return None
+
+
+def _wrap_use_v2(prop: property) -> property:
+    fget = prop.fget
+
+    @functools.wraps(fget)
+    def use_v2_model_runner(self: Any) -> bool:
+        v2 = fget(self)
+        what = saspec_drafter(getattr(self, "speculative_config", None)) if v2 else None
+        if what is None:
+            return v2
+        forced = _v2_forced_by(self)
+        if forced is not None:
+            raise ValueError(
+                f"saspec's {what} runs only in vLLM's V1 model runner (vllm/v1/worker/gpu_model_runner.py, the one "
+                f"saspec's plugin patches), but {forced} selects Model Runner V2, where saspec would not draft. "
+                "Unset VLLM_USE_V2_MODEL_RUNNER (or set it to 0) and drop the V2-only feature, or run without saspec")
+        if what not in _LOGGED_V1:  # the property is read many times per configuration
+            _LOGGED_V1.add(what)
+            logger.info("saspec: the %s runs in vLLM's V1 model runner (Model Runner V2 would leave it out)", what)
+        return False
+
+    return property(use_v2_model_runner)
 
 
 def _wrap_post_init(post_init: Any) -> Any:

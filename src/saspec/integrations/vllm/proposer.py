@@ -25,20 +25,25 @@ at their first prefill chunk that the drafter sees (a step where their row
 sampled nothing), and requests that leave their rows are kept for
 ``max_detached`` more departures before they are freed.
 
-A row drafts only where the match is long enough to be trusted: match length
-at least ``min_match`` tokens; other rows get an empty draft. A drafting row
-proposes as many tokens as the draft-length rule allows for its match
-(``saspec.lengths.draft_lengths``: by default at most 2 tokens per matched
-token, and never more than K), and no draft runs past ``max_model_len`` (text
+A row drafts only where the match is at least ``min_match`` tokens; other
+rows get an empty draft. How many tokens each drafting row proposes is the
+policy's choice (``saspec.policy.DraftPolicy``, the default): each step it
+gives every row the draft length that maximises the expected tokens per
+second of the whole step, from a cost model of vLLM's steps that it times
+(from one ``propose`` return to the next call: the forward that verified the
+last drafts) and each row's acceptance, learnt by scoring every row's offered
+draft against the tokens that followed. At batch 1 on a GPU it drafts long; at
+concurrency on a CPU, where a step costs about its token count, only the
+likeliest tokens. ``length_rule`` names a fixed rule instead
+(``saspec.rules.draft_lengths``). No draft runs past ``max_model_len`` (text
 plus draft at most ``max_model_len`` tokens, as vLLM's n-gram drafter; without
-a ``model_config``, the width of ``token_ids_cpu``). With
-``length_rule="gate"`` a single running request's draft lengths come from a
-``saspec.gate.CostGate`` instead, which times vLLM's steps. vLLM builds the
-class itself and sets ``prompt_lookup_min`` to 0 for custom classes, so inside
-vLLM the settings come from the environment (inherited by the spawned
-workers): ``SASPEC_VLLM_MIN_MATCH`` (default :data:`DEFAULT_MIN_MATCH`),
-``SASPEC_VLLM_LENGTH_RULE``, ``SASPEC_VLLM_LENGTH_SCALE`` and
-``SASPEC_VLLM_MAX_DETACHED``.
+a ``model_config``, the width of ``token_ids_cpu``). vLLM builds the class
+itself and sets ``prompt_lookup_min`` to 0 for custom classes, so inside vLLM
+the settings come from the environment (inherited by the spawned workers;
+resolved by ``config.resolve_proposer_settings``): ``SASPEC_VLLM_MIN_MATCH``
+(default :data:`DEFAULT_MIN_MATCH`), ``SASPEC_VLLM_LENGTH_RULE`` (``policy``,
+or ``fixed`` / ``per-match`` / ``per-match-recent``), ``SASPEC_VLLM_LENGTH_SCALE``
+and ``SASPEC_VLLM_MAX_DETACHED``.
 
 ``import saspec`` never imports this module, and this module never imports
 vLLM: the constructor reads only ``vllm_config.speculative_config`` (and,
@@ -48,7 +53,6 @@ when present, ``model_config.max_model_len`` and
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -58,12 +62,20 @@ import numpy as np
 from ... import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
-from ...gate import CostGate
-from ...lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_lengths
-from .config import DEFAULT_MIN_MATCH, DEFAULT_POOL_TOKENS, GATE, POOL_ENV, tensor_parallel_ranks
+from ...policy import DraftPolicy, PolicySettings, StepCost, cpu_like, env_log, gpu_like
+from .config import DEFAULT_MIN_MATCH, POLICY, resolve_proposer_settings, tensor_parallel_ranks
 from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
 from .fingerprint import FingerprintRows
+
+
+@njit(nogil=True, cache=True)
+def _policy_inputs(match, lens, offered, room, m, off):
+    """The policy's inputs per row: the match (0 for a row in prefill) and the offered draft cut to the
+    room left before ``max_model_len``."""
+    for b in range(match.shape[0]):
+        m[b] = match[b] if lens[b] > 0 else 0
+        off[b] = max(min(offered[b], room[b]), 0)
 
 
 @njit(nogil=True, cache=True)
@@ -97,18 +109,17 @@ class SAProposer:
         min_match: draft only rows whose match is at least this many tokens.
             Default: ``$SASPEC_VLLM_MIN_MATCH``, else a nonzero
             ``prompt_lookup_min``, else :data:`DEFAULT_MIN_MATCH`.
-        length_rule, length_scale: the draft-length rule and its tokens per
-            matched token (``saspec.lengths.draft_lengths``; ``fixed`` drafts
-            K). Default: ``$SASPEC_VLLM_LENGTH_RULE`` / ``$SASPEC_VLLM_LENGTH_SCALE``,
-            else :data:`saspec.lengths.DEFAULT_LENGTH_RULE` / ``DEFAULT_LENGTH_SCALE``.
-            ``per-match-recent`` takes each row's accepted drafts at its
-            previous step from ``sampled_token_ids``. ``"gate"``: while a
-            single request runs (batch 1), a ``saspec.gate.CostGate`` picks
-            each draft's length, or none, for the most tokens per second: it
-            times vLLM's steps (from one ``propose`` return to the next call,
-            the forward that verified the last draft) and scores every step's
-            SA draft against the tokens that followed; a batch of several rows
-            shares each step's cost, so there the default rule applies.
+        length_rule: ``"policy"`` (default; ``$SASPEC_VLLM_LENGTH_RULE``):
+            each row's draft length from ``saspec.policy.DraftPolicy``; or a
+            fixed rule of ``saspec.rules.draft_lengths`` (``fixed`` drafts K,
+            ``per-match`` ``ceil(length_scale * match)``, ...). ``"gate"`` (the
+            former cost gate) is taken as ``"policy"``.
+        length_scale: the fixed rules' tokens per matched token
+            (``$SASPEC_VLLM_LENGTH_SCALE``, default 2).
+        policy_settings: the policy's :class:`saspec.policy.PolicySettings`
+            (default all defaults; the prior cost shape follows vLLM's device).
+        log: called with each step's ``saspec.policy.Decision`` (None: logged to the ``saspec.policy``
+            logger where ``$SASPEC_POLICY_LOG`` is set, else not).
         max_detached: without the plugin: how many requests that left their
             rows (finished, preempted or moved) are kept for a possible resume
             before the oldest is freed. Default: ``$SASPEC_VLLM_MAX_DETACHED``,
@@ -121,14 +132,17 @@ class SAProposer:
 
     Raises:
         ValueError: K below 1, ``min_match`` or ``max_detached`` out of range,
-            an unknown rule or a bad scale (also from the environment).
+            an unknown rule or a bad scale (also from the environment), or a bad
+            policy setting.
 
     Attributes:
         drafts: the ``RequestDrafts`` holding every tracked request's automaton.
         stats: counters: ``steps``, ``new`` (requests built), ``continued``,
             ``reclaimed`` (moved or resumed rows found by fingerprint),
             ``freed``, ``drafted`` (rows given a draft), ``draft_tokens``,
-            ``by_id`` (steps whose rows vLLM named); ``drafts.stats["pool_rows"]``:
+            ``by_id`` (steps whose rows vLLM named), and the policy's counters
+            prefixed ``policy_`` (``policy_automaton_rows``, ``policy_none_rows``,
+            ``policy_timed``, ...; see ``DraftPolicy.stats``); ``drafts.stats["pool_rows"]``:
             rows whose draft came from the pool.
     """
 
@@ -142,52 +156,32 @@ class SAProposer:
         length_rule: str | None = None,
         length_scale: float | None = None,
         pool_tokens: int | None = None,
+        policy_settings: PolicySettings | None = None,
+        log: Any = None,
     ) -> None:
-        spec = getattr(vllm_config, "speculative_config", None)
-        k = getattr(spec, "num_speculative_tokens", None)
-        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
-            raise ValueError(
-                "SAProposer needs vllm_config.speculative_config.num_speculative_tokens >= 1, "
-                f"got {k!r}"
-            )
-        self.k = int(k)
-        if min_match is None:
-            min_match = _env_int("SASPEC_VLLM_MIN_MATCH")
-        if min_match is None:
-            min_match = getattr(spec, "prompt_lookup_min", None) or DEFAULT_MIN_MATCH
-        self.min_match = int(min_match)
-        if self.min_match < 1:
-            raise ValueError(f"min_match must be >= 1, got {self.min_match}")
-        if length_rule is None:
-            length_rule = os.environ.get("SASPEC_VLLM_LENGTH_RULE", "").strip() or DEFAULT_LENGTH_RULE
-        if length_scale is None:
-            length_scale = _env_float("SASPEC_VLLM_LENGTH_SCALE")
-        self.length_rule = length_rule
-        self.length_scale = DEFAULT_LENGTH_SCALE if length_scale is None else length_scale
-        self._gate = CostGate(self.k) if length_rule == GATE else None
-        check_length_rule(DEFAULT_LENGTH_RULE if self._gate else self.length_rule, self.length_scale)  # now
-        self.length_scale = float(self.length_scale)
+        cfg = resolve_proposer_settings(vllm_config, min_match=min_match, max_detached=max_detached,
+                                        length_rule=length_rule, length_scale=length_scale, pool_tokens=pool_tokens)
+        self.settings = cfg
+        self.k, self.min_match, self.max_detached = cfg.k, cfg.min_match, cfg.max_detached
+        self.length_rule, self.length_scale, self.max_model_len = cfg.length_rule, cfg.length_scale, cfg.max_model_len
+        self.policy: DraftPolicy | None = None
+        if cfg.length_rule == POLICY:
+            shape = cpu_like if cfg.device == "cpu" else gpu_like
+            ps = policy_settings if policy_settings is not None else PolicySettings()
+            cost = StepCost(ps.cost_shape or shape, max_tokens=cfg.max_rows * (cfg.k + 1), window=ps.window,
+                            max_age=ps.max_age, quantile=ps.quantile)
+            self.policy = DraftPolicy(cfg.k, cost=cost, settings=ps, log=log if log is not None else env_log())
         self._clock = time.perf_counter
         self._t_return: float | None = None  # when the last propose returned
-        self._gate_last: Hashable | None = None  # the request of the last batch-1 step the gate chose for
-        self._last_count = 0  # draft tokens proposed at the last batch-1 step
-        model_config = getattr(vllm_config, "model_config", None)
-        self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
-        if max_detached is None:
-            max_detached = _env_int("SASPEC_VLLM_MAX_DETACHED")
-        if max_detached is None:
-            max_detached = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None) or 256
-        self.max_detached = int(max_detached)
-        if self.max_detached < 0:
-            raise ValueError(f"max_detached must be >= 0, got {self.max_detached}")
-        # The gate sizes batch-1 drafts itself: the automaton offers all it has ("fixed"), the gate cuts.
-        rule = "fixed" if self._gate is not None else self.length_rule
-        if pool_tokens is None:
-            pool_tokens = _env_int(POOL_ENV)
-        if pool_tokens is None:
-            pool_tokens = DEFAULT_POOL_TOKENS
+        self._last_rids: list[Hashable] | None = None  # the rows of the last step the policy chose for
+        self._last_tokens = 0  # tokens that step verified (rows and drafts)
+        self._prev = np.zeros((0, self.k), np.int32)  # the last step's offered drafts, per row
+        self._prev_match = np.zeros(0, np.int32)
+        self._prev_offered = np.zeros(0, np.int32)
+        # The policy sizes drafts itself: the automaton offers all it has ("fixed"), the policy cuts.
+        rule = "fixed" if self.policy is not None else cfg.length_rule
         self.drafts = RequestDrafts(self.k, min_match=self.min_match, length_rule=rule,
-                                    length_scale=self.length_scale, policy=policy, pool_tokens=int(pool_tokens),
+                                    length_scale=self.length_scale, policy=policy, pool_tokens=cfg.pool_tokens,
                                     ranks=tensor_parallel_ranks(vllm_config))
         self._rows = FingerprintRows(self.max_detached, self.drafts.finish)
         self._ids: list[Hashable] | None = None  # the next step's request ids, from the plugin
@@ -204,6 +198,8 @@ class SAProposer:
         building while vLLM prefills it; ``finished`` ids are freed."""
         for rid in finished:
             self.drafts.finish(rid)
+            if self.policy is not None:
+                self.policy.forget(rid)
         for rid, prompt, max_new in new_requests:
             self.drafts.start(rid, prompt, max_new)
 
@@ -255,7 +251,7 @@ class SAProposer:
         b_live = len(sampled_token_ids)
         self._stats["steps"] += 1
         if b_live == 0:
-            self._gate_last = None
+            self._last_rids = None
             return []
         token_ids = _int32_2d(token_ids_cpu, "token_ids_cpu")
         num_tokens = num_tokens_no_spec
@@ -281,8 +277,8 @@ class SAProposer:
         _gather(token_ids, num_tokens, lens, new, text_len)
         width = token_ids.shape[1] if self.max_model_len is None else min(self.max_model_len, token_ids.shape[1])
         match, draft, count = self.drafts.step(rids, text_len, new, lens, token_ids, width)
-        if self._gate is not None:
-            count = self._gate_counts(now, b_live, rids, lens, new, match, draft, count, width - num_tokens[:b_live])
+        if self.policy is not None:
+            count = self._policy_counts(now, rids, lens, new, match, draft, count, width - num_tokens[:b_live])
         tokens = int(count.sum())
         if not tokens:
             return [[] for _ in range(b_live)]
@@ -290,42 +286,29 @@ class SAProposer:
         self._stats["draft_tokens"] += tokens
         return [row[:c] for row, c in zip(draft.tolist(), count.tolist())]
 
-    def _gate_counts(self, now: float, b_live: int, rids: list, lens: np.ndarray, new: np.ndarray,
-                     match: np.ndarray, draft: np.ndarray, offered: np.ndarray, room: np.ndarray) -> np.ndarray:
-        """With ``length_rule="gate"``: the draft length of each row; batch 1 asks
-        the gate, larger batches take the default rule (``offered``: what the automaton has)."""
-        gated = self._gated(now, b_live, rids, lens, new, match, offered, draft)
-        if gated is None:
-            rule = draft_lengths(match, self.k, DEFAULT_LENGTH_RULE, self.length_scale)
-            return np.minimum(offered, rule)
-        count = np.zeros(1, np.int32)
-        count[0] = max(min(gated, int(room[0])), 0)
-        if count[0] and not offered[0]:  # the gate's probe with no SA draft: guess the last token again
-            draft[0, 0] = int(new[0, int(lens[0]) - 1])
-        self._last_count = int(count[0])
+    def _policy_counts(self, now: float, rids: list, lens: np.ndarray, new: np.ndarray, match: np.ndarray,
+                       draft: np.ndarray, offered: np.ndarray, room: np.ndarray) -> np.ndarray:
+        """Each row's draft length from the policy: first what the last step cost and what followed each
+        row's offer (where the rows are the last step's requests), then this step's choice."""
+        p = self.policy
+        b = len(rids)
+        same = self._last_rids is not None and rids == self._last_rids
+        if same and self._t_return is not None:
+            p.observe_step(self._last_tokens, now - self._t_return)  # the forward since the last return
+            p.observe(self._prev_match[:b], self._prev_offered[:b], self._prev[:b], new, lens)
+        if not same:
+            p.rows(rids)
+        if self._prev.shape[0] < b:
+            self._prev = np.zeros((max(b, 2 * self._prev.shape[0]), self.k), np.int32)
+            self._prev_match = np.zeros(self._prev.shape[0], np.int32)
+            self._prev_offered = np.zeros(self._prev.shape[0], np.int32)
+        m, off = self._prev_match[:b], self._prev_offered[:b]
+        _policy_inputs(match, lens, offered, room, m, off)  # a row in prefill drafts nothing
+        count, _ = p.decide(m, off)
+        self._prev[:b] = draft
+        self._last_rids = list(rids)
+        self._last_tokens = b + p.last_tokens
         return count
-
-    def _gated(self, now: float, b_live: int, rids: list, lens: np.ndarray, new: np.ndarray, match: np.ndarray,
-               offered: np.ndarray, draft: np.ndarray) -> int | None:
-        """With one live row: feed the gate what the last step cost and emitted,
-        offer it this step's SA draft, and return its draft length for this
-        step (a probe may exceed ``offered``, the SA tokens on offer); None
-        for a batch of several rows (the default rule applies)."""
-        last, self._gate_last = self._gate_last, None
-        if b_live != 1 or not lens[0]:
-            return None
-        g, rid = self._gate, rids[0]
-        if last is not None and last == rid and self._t_return is not None:
-            g.observe_forward(1 + self._last_count, now - self._t_return)  # the step since the last return
-            g.observe_tokens(new[0, : int(lens[0])].tolist())
-        else:
-            g.withdraw_offer()  # another request: the pending offer's text is not this one
-        self._gate_last = rid
-        g.offer(int(match[0]), draft[0, : int(offered[0])].tolist())
-        source, d = g.choose(int(match[0]), int(offered[0]))
-        if source == "probe":
-            return 1
-        return min(d, int(offered[0])) if source == "sa" else 0
 
     # -- inspection -----------------------------------------------------------------
 
@@ -333,9 +316,12 @@ class SAProposer:
     def stats(self) -> dict[str, int]:
         """Counters (see the class docstring)."""
         d, r = self.drafts.stats, self._rows.stats
-        return {**self._stats, "new": d["built"] + d["built_ahead"] - d["rebuilt"], "continued": r["continued"],
-                "reclaimed": r["reclaimed"], "freed": r["freed"] + d["finished"], "rebuilt": d["rebuilt"],
-                "built_ahead": d["built_ahead"], "waited": d["waited"]}
+        out = {**self._stats, "new": d["built"] + d["built_ahead"] - d["rebuilt"], "continued": r["continued"],
+               "reclaimed": r["reclaimed"], "freed": r["freed"] + d["finished"], "rebuilt": d["rebuilt"],
+               "built_ahead": d["built_ahead"], "waited": d["waited"]}
+        if self.policy is not None:
+            out.update({f"policy_{k}": v for k, v in self.policy.stats.items()})
+        return out
 
     @property
     def tracked(self) -> int:
@@ -346,26 +332,6 @@ class SAProposer:
     def pooled(self) -> int:
         """Without the plugin: requests that left their rows and are kept for a possible resume."""
         return self._rows.pooled
-
-
-def _env_int(name: str) -> int | None:
-    """An integer setting from the environment; None when unset or empty."""
-    return _env(name, int, "an integer")
-
-
-def _env_float(name: str) -> float | None:
-    """A number setting from the environment; None when unset or empty."""
-    return _env(name, float, "a number")
-
-
-def _env(name: str, parse: Any, what: str) -> Any:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        return parse(value)
-    except ValueError:
-        raise ValueError(f"${name} must be {what}, got {value!r}") from None
 
 
 def _int32_2d(x: Any, name: str) -> np.ndarray:

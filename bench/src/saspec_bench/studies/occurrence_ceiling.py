@@ -10,7 +10,7 @@ fixed; a policy only chooses *which* earlier occurrence of it to copy from.
 * ``oracle``: the occurrence whose continuation is accepted longest, chosen
   with knowledge of the output: the ceiling for any occurrence policy.
 
-Usage: python benchmarks/studies/occurrence_ceiling.py [--size-scale 1.0]
+Usage: python -m saspec_bench.studies.occurrence_ceiling [--size-scale 1.0]
 """
 
 from __future__ import annotations

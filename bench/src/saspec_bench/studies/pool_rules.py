@@ -13,7 +13,7 @@ tokens per step. Rules:
 * ``longer+M``: the prepended automaton's draft only where its match is longer
   than the own automaton's by more than M tokens; the own draft otherwise.
 
-Usage: python benchmarks/studies/pool_rules.py [--pool 50] [--n 60] [--margins 0,4,16]
+Usage: python -m saspec_bench.studies.pool_rules [--pool 50] [--n 60] [--margins 0,4,16]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 
 from saspec import SuffixAutomaton
 from saspec_bench import workloads as wl
-from saspec_bench.gate_replay import REAL_OUTPUTS
+from saspec_bench.datafiles import REAL_OUTPUTS_PATH as REAL_OUTPUTS
 from saspec_bench.tokenizers import get_tokenizer
 
 K = 8

@@ -14,7 +14,7 @@ grows by them plus one token of the target's own. AL is output tokens per step.
 ArcticInference is a peer, built outside the repository from its PyPI sdist
 (BENCHMARKS.md, "Drafting cost per step", says how) and found on PYTHONPATH.
 
-Usage: PYTHONPATH=/path/to/arctic python benchmarks/studies/pool_vs_arctic.py [--k 8] [--n 60]
+Usage: PYTHONPATH=/path/to/arctic python -m saspec_bench.studies.pool_vs_arctic [--k 8] [--n 60]
 """
 
 from __future__ import annotations

@@ -1,0 +1,1021 @@
+"""Policy: each step, every row's draft length and source for the most tokens per second of the whole step.
+
+A speculative step verifies, for each of its ``B`` rows, the row's own token
+plus ``d_b`` draft tokens, in one target forward over ``n = B + sum(d_b)``
+tokens that costs ``C(n)`` seconds. If draft token ``i`` of row ``b`` is
+accepted with probability ``P[b, i]`` (all tokens before it accepted too, so
+``P`` falls along a row), the step emits ``B + sum of the P it verifies``
+tokens on average. :class:`DraftPolicy` chooses the drafts that maximise
+
+    expected tokens / (C(n) + the neural drafter's seconds, where it runs)
+
+by marginal gain: every candidate draft token of every row is ranked by its
+``P``; the verified set is the ``P >= threshold`` prefix of each row, with the
+threshold (one per step) that gives the highest rate under the cost curve.
+Since ``P`` is cumulative, a row's tokens above the threshold are a prefix,
+so this is a draft length per row. The rank uses a 64-bin histogram, one
+jitted pass over the ``B x K`` candidates: no sort.
+
+Where the curve is compute-bound (a CPU, where a step of 8 rows costs about
+its token count) the threshold rises with the batch and rows draft only what
+is likely accepted; where it is memory-bound (a GPU at small batch: ``C``
+flat) the threshold is low and rows draft long.
+
+**The cost model** (:class:`StepCost`): ``C(n) = shape(n) * r(n)``. ``shape``
+is the engine's cost curve, measured up front by :meth:`StepCost.profile` (a
+short deterministic profile: each size timed ``repeats`` times, the minimum
+taken) or one of the prior shapes (:func:`cpu_like`, :func:`gpu_like`). The
+correction ``r`` is learnt from the timed steps: per knot (token counts 1, 2,
+3, 4, 6, 8, 12, ...: half-octaves) the lower quartile of the knot's latest
+``window`` timings, each as a ratio to ``shape``, once it has two; with one
+or none, a *pseudo-timing*: what the knot cost when it was last timed twice,
+relative to the global scale (the lower quartile of the latest ``4 * window``
+ratios of all steps), that deviation fading by half in log every
+``2 * max_age`` steps, or the global scale itself. Timings older than
+``max_age`` steps no longer count; ``r`` is interpolated between knots and
+made to rise with the tokens; below the smallest knot timed lately, sizes not
+timed lately are assumed no dearer than their share of it (so a wrong prior
+there is found out by trying). So
+
+* one slow timing moves nothing: a knot's single timing is taken only where
+  it is lower than its pseudo-timing (what the knot cost when last timed, or
+  the global scale); two or more give their lower quartile, so one fast
+  timing counts only until the next ones outvote it;
+* a burst of load or a competing process (timings 2-5x on a third of the
+  steps) is ignored by the lower quartiles, and a burst long enough to move a
+  knot ages out after ``max_age`` steps, after which the knot follows the
+  global scale (the profile's shape) again: neither a lock-out of drafting nor
+  a lock-in;
+* a cold start scales every knot alike (the global scale absorbs it) and the
+  choice depends only on the curve's shape.
+
+**Acceptance.** The automaton's draft token ``i`` at a match of ``m`` tokens
+continues a copy matched over ``m + i`` tokens; its probability comes from
+per-match-bucket counts (``match_bucket(m + i)``) with ``prior_weight``
+pseudo-tokens of prior at odds ``m`` to 1, times the row's own odds factor (a
+Mantel-Haenszel ratio of its recent hits and misses against what was
+predicted). Every offered automaton draft is scored against the tokens the row
+emitted that step, verified or not (:meth:`DraftPolicy.observe`), so the
+automaton needs no exploration. The neural drafter's per-token acceptance is
+learnt from its verified drafts, with ``neural_prior`` as prior; its evidence
+decays towards the prior (``neural_memory`` per step), so a run of early
+misses cannot keep it out for good. Its cost is the target's cost curve times
+a ratio learnt like a knot (prior ``neural_cost`` until two calls are timed,
+so a 100x slow first call moves nothing): a call of ``k`` drafts costs one forward
+over the tokens it has not read (its catch-up; none where the engine runs the
+catch-up anyway) and ``k - 1`` forwards over its rows.
+
+Every decision is counted in :attr:`DraftPolicy.stats`; ``log`` (a callable)
+receives each step's :class:`Decision`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
+from numba import njit
+
+from .validate import check_count
+
+#: Row sources, as :meth:`DraftPolicy.decide` returns them.
+NONE, AUTOMATON, NEURAL = 0, 1, 2
+SOURCE_NAMES = ("none", "automaton", "neural")
+#: Match-length buckets: 0..7 exactly, then one per doubling.
+N_BUCKETS = 16
+#: Bins of the per-token acceptance histogram the allocation ranks by.
+N_BINS = 64
+#: How many times ``window`` of the latest timings set the global scale.
+SCALE_WINDOWS = 4
+
+
+@njit(cache=True)
+def match_bucket(m):
+    """Bucket of a match length: 0..7 exactly, then one per doubling up to ``N_BUCKETS - 1``."""
+    if m < 8:
+        return max(m, 0)
+    b = 8
+    v = 16
+    while m >= v and b < N_BUCKETS - 1:
+        b += 1
+        v *= 2
+    return b
+
+
+def _bucket_floor() -> np.ndarray:
+    """float64 [N_BUCKETS]: each bucket's smallest match length."""
+    m = np.arange(N_BUCKETS, dtype=np.float64)
+    m[8:] = 2.0 ** (np.arange(8, N_BUCKETS) - 5)
+    return m
+
+
+# -- cost shapes ---------------------------------------------------------------------------------------------
+
+
+def linear(overhead: float = 1.0, per_token: float = 1.0) -> Callable[[np.ndarray], np.ndarray]:
+    """A cost shape ``overhead + per_token * n`` (seconds, or any unit: only the shape matters)."""
+    return lambda n: overhead + per_token * np.asarray(n, dtype=np.float64)
+
+
+def cpu_like(n: Any) -> np.ndarray:
+    """Prior shape of a compute-bound engine (a CPU): a fixed part worth about four tokens, then every
+    verified token costs about as much as a row's own token."""
+    return 4.0 + np.asarray(n, dtype=np.float64)
+
+
+def gpu_like(n: Any) -> np.ndarray:
+    """Prior shape of a memory-bound engine (a GPU at small batch): flat up to 128 tokens, then linear."""
+    return np.maximum(128.0, np.asarray(n, dtype=np.float64))
+
+
+def knots_for(max_tokens: int) -> np.ndarray:
+    """float64: the token counts the correction is learnt at: 1, 2, 3, 4, 6, 8, 12, ... (half-octaves),
+    up to at least ``max_tokens``."""
+    out = [1.0, 2.0]
+    while out[-1] < max_tokens:
+        p = 2.0 ** math.floor(math.log2(out[-1]))
+        out.append(out[-1] + p / 2 if out[-1] == p else 2 * p)
+    return np.asarray(out)
+
+
+@njit(cache=True)
+def _low_quantile(vals, n, q):
+    """The ``q`` quantile (nearest rank below) of ``vals[:n]``, sorting them in place."""
+    for i in range(1, n):
+        v = vals[i]
+        j = i - 1
+        while j >= 0 and vals[j] > v:
+            vals[j + 1] = vals[j]
+            j -= 1
+        vals[j + 1] = v
+    return vals[int(q * (n - 1))]
+
+
+@njit(cache=True)
+def _record(ratio, k, step, ratios, steps, filled, scale_buf, scale_seen):
+    """Write one timing (as a ratio to the shape) into knot ``k``'s window and the global one."""
+    j = filled[k] % ratios.shape[1]
+    ratios[k, j] = ratio
+    steps[k, j] = step
+    filled[k] += 1
+    scale_buf[scale_seen % scale_buf.shape[0]] = ratio
+
+
+@njit(cache=True)
+def _refresh(ratios, steps, scale_buf, scale_seen, step, max_age, q, knot_ratio, scratch, knot_n, knot_shape,
+             mem_dev, mem_step, ratio, knot, filled):
+    """Record a timing (``ratio`` at ``knot``; none where ``knot < 0``) and recompute every knot's
+    correction (see the module doc); returns the global scale."""
+    if knot >= 0:
+        _record(ratio, knot, step, ratios, steps, filled, scale_buf, scale_seen)
+        scale_seen += 1
+    m = min(scale_seen, scale_buf.shape[0])
+    if m == 0:
+        for k in range(knot_ratio.shape[0]):
+            knot_ratio[k] = 1.0
+        return 1.0
+    for j in range(m):
+        scratch[j] = scale_buf[j]
+    s = _low_quantile(scratch, m, q)
+    first = -1  # the smallest knot with fresh timings
+    stale = np.zeros(ratios.shape[0], np.bool_)
+    for k in range(ratios.shape[0]):
+        cnt = 1
+        last = -1
+        for j in range(ratios.shape[1]):
+            if steps[k, j] >= 0 and step - steps[k, j] <= max_age:
+                scratch[cnt] = ratios[k, j]
+                cnt += 1
+                last = max(last, steps[k, j])
+        if cnt > 2:  # two fresh timings or more: their lower quantile
+            knot_ratio[k] = _low_quantile(scratch[1:], cnt - 1, q)
+        else:  # one or none: with a pseudo-timing, what the knot cost when last timed (its deviation from
+            # the global scale fading, by half in log every 2 max_age steps), or the global scale
+            pseudo = s
+            if mem_step[k] >= 0:
+                pseudo = s * mem_dev[k] ** (0.5 ** ((step - mem_step[k]) / (2.0 * max_age)))
+            scratch[0] = pseudo
+            knot_ratio[k] = _low_quantile(scratch, cnt, q)
+        if cnt > 2:  # what two timings or more say is remembered; one timing alone is not
+            mem_dev[k] = knot_ratio[k] / s
+            mem_step[k] = last
+        if cnt > 1 and first < 0:
+            first = k
+        stale[k] = cnt == 1
+    # A step with more tokens never costs less.
+    for k in range(1, knot_ratio.shape[0]):
+        lo = knot_shape[k - 1] * knot_ratio[k - 1]
+        if knot_shape[k] * knot_ratio[k] < lo:
+            knot_ratio[k] = lo / knot_shape[k]
+    # Below the smallest fresh knot, sizes not timed lately cost at least their share of that one's seconds
+    # (a cost curve with an overhead is concave) and are assumed no dearer, so that a prior shape or a memory
+    # that is wrong there (a burst that slowed only those steps) is found out by trying: no lock-in.
+    if first > 0:
+        c_first = knot_shape[first] * knot_ratio[first]
+        for k in range(first):
+            bound = c_first * knot_n[k] / knot_n[first] / knot_shape[k]
+            if stale[k] and bound < knot_ratio[k]:
+                knot_ratio[k] = bound
+    return s
+
+
+class StepCost:
+    """Seconds of a step as a function of the tokens it verifies (see the module doc).
+
+    Args:
+        shape: the engine's cost curve: a callable from token counts (float64
+            array) to costs (any unit, finite, > 0, not falling), or a
+            float64 array ``[max_tokens + 1]`` (entry ``n``: ``n`` tokens; entry
+            0 unused). Default :func:`cpu_like`.
+        max_tokens: the most tokens a step verifies (rows x (K + 1)); larger
+            steps cost what the curve says at ``max_tokens``, extended along
+            its last slope.
+        window: the latest timings each knot keeps (>= 1).
+        max_age: steps after which a timing no longer counts (>= 1).
+        quantile: the low quantile of timings taken as the cost (0 to 0.5):
+            timing noise only ever adds time.
+
+    Raises:
+        ValueError: a setting out of range, or a shape that is not finite and > 0.
+    """
+
+    def __init__(self, shape: Any = None, *, max_tokens: int = 4096, window: int = 16, max_age: int = 64,
+                 quantile: float = 0.25) -> None:
+        self.max_tokens = check_count(max_tokens, "max_tokens")
+        self.window = check_count(window, "window")
+        self.max_age = check_count(max_age, "max_age")
+        if not (isinstance(quantile, (int, float)) and 0.0 <= quantile <= 0.5):
+            raise ValueError(f"quantile must be a number in [0, 0.5], got {quantile!r}")
+        self.quantile = float(quantile)
+        n = np.arange(self.max_tokens + 1, dtype=np.float64)
+        n[0] = 1.0
+        if shape is None:
+            shape = cpu_like
+        table = np.asarray(shape(n) if callable(shape) else shape, dtype=np.float64)
+        if table.shape != (self.max_tokens + 1,):
+            raise ValueError(f"shape must give {self.max_tokens + 1} costs (0..max_tokens tokens), got {table.shape}")
+        if not (np.all(np.isfinite(table[1:])) and np.all(table[1:] > 0)):
+            raise ValueError("shape must be finite and > 0 at every token count")
+        table[0] = table[1]
+        self.shape = np.maximum.accumulate(table)  # a step with more tokens never costs less
+        self.knots = knots_for(self.max_tokens)
+        self._knot_shape = np.interp(self.knots, np.arange(self.max_tokens + 1, dtype=np.float64), self.shape)
+        logk = np.log2(self.knots)
+        pos = np.interp(np.log2(n), logk, np.arange(len(logk), dtype=np.float64))
+        self._lo = np.minimum(pos.astype(np.int64), len(logk) - 2)
+        self._w = pos - self._lo
+        self._nearest = np.rint(pos).astype(np.int64)
+        self._ratios = np.zeros((len(self.knots), self.window))
+        self._steps = np.full((len(self.knots), self.window), -1, np.int64)
+        self._filled = np.zeros(len(self.knots), np.int64)
+        self._scale_buf = np.zeros(SCALE_WINDOWS * self.window)
+        self._scale_seen = 0
+        self._scratch = np.zeros(SCALE_WINDOWS * self.window + self.window + 1)
+        self.knot_ratio = np.ones(len(self.knots))
+        self._mem_dev = np.ones(len(self.knots))  # each knot's last estimate over the global scale then
+        self._mem_step = np.full(len(self.knots), -1, np.int64)  # and the step of its last timing (-1: never)
+        self.scale = 1.0
+        self.step = 0
+        self.timed = 0
+
+    @classmethod
+    def profile(cls, run_step: Callable[[int], Any], sizes: Sequence[int], *, repeats: int = 3,
+                clock: Callable[[], float] = time.perf_counter, **kwargs: Any) -> StepCost:
+        """Measure the shape up front: ``run_step(n)`` runs one step of ``n``
+        tokens; each size of ``sizes`` is run ``repeats`` times, in a fixed
+        order, and its minimum taken (the first runs of a cold process are
+        slow; noise only adds time); sizes between are interpolated, sizes
+        above extended along the last segment.
+
+        Raises:
+            ValueError: no sizes, a size below 1, or a step timed at 0 s or less.
+        """
+        sizes = sorted({check_count(s, "size") for s in sizes})
+        if not sizes:
+            raise ValueError("profile needs at least one size")
+        repeats = check_count(repeats, "repeats")
+        best = {s: math.inf for s in sizes}
+        for _ in range(repeats):
+            for s in sizes:
+                t0 = clock()
+                run_step(s)
+                best[s] = min(best[s], clock() - t0)
+        if not all(math.isfinite(v) and v > 0 for v in best.values()):
+            raise ValueError(f"a profiled step took no time or an endless one: {best}")
+        xs = np.asarray(sizes, dtype=np.float64)
+        ys = np.asarray([best[s] for s in sizes])
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[0] * 0.0
+        max_tokens = kwargs.pop("max_tokens", 4096)
+
+        def shape(n: np.ndarray) -> np.ndarray:
+            return np.interp(n, xs, ys) + max(slope, 0.0) * np.maximum(n - xs[-1], 0.0)
+
+        return cls(shape, max_tokens=max_tokens, **kwargs)
+
+    def observe(self, tokens: int, seconds: float) -> bool:
+        """One timed step of ``tokens`` tokens. Timings that are not finite
+        and > 0 (a clock that did not move, or went back) are ignored;
+        returns whether the timing was taken."""
+        self.step += 1
+        if not (seconds > 0 and seconds < math.inf) or tokens < 1:  # also False for NaN
+            return False
+        n = min(int(tokens), self.max_tokens)
+        ratio = seconds / (self.shape[n] + self._extra(tokens))
+        self.refresh(ratio, int(self._nearest[n]))
+        self._scale_seen += 1
+        self.timed += 1
+        return True
+
+    def refresh(self, ratio: float = 0.0, knot: int = -1) -> None:
+        """Recompute the correction (timings age by the steps :meth:`observe` counts), recording a timing
+        of ``ratio`` (seconds over the shape) at ``knot`` first where ``knot >= 0``."""
+        self.scale = _refresh(self._ratios, self._steps, self._scale_buf, self._scale_seen, self.step,
+                              self.max_age, self.quantile, self.knot_ratio, self._scratch, self.knots,
+                              self._knot_shape, self._mem_dev, self._mem_step, ratio, knot, self._filled)
+
+    def _extra(self, tokens: int) -> float:
+        if tokens <= self.max_tokens:
+            return 0.0
+        slope = self.shape[-1] - self.shape[-2]
+        return slope * (tokens - self.max_tokens)
+
+    def seconds(self, tokens: Any) -> Any:
+        """Estimated seconds of a step of ``tokens`` tokens (int or int array), as now learnt."""
+        t = np.asarray(tokens, dtype=np.int64)
+        n = np.clip(t, 1, self.max_tokens)
+        r = (1 - self._w[n]) * self.knot_ratio[self._lo[n]] + self._w[n] * self.knot_ratio[self._lo[n] + 1]
+        slope = self.shape[-1] - self.shape[-2]
+        out = (self.shape[n] + slope * np.maximum(t - self.max_tokens, 0)) * r
+        return float(out) if out.ndim == 0 else out
+
+
+# -- the allocation kernel -----------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _cost(n, shape, lo, w, kr):
+    if n < 1:
+        n = 1
+    extra = 0.0
+    top = shape.shape[0] - 1
+    if n > top:
+        extra = (shape[top] - shape[top - 1]) * (n - top)
+        n = top
+    return (shape[n] + extra) * ((1.0 - w[n]) * kr[lo[n]] + w[n] * kr[lo[n] + 1])
+
+
+@njit(cache=True)
+def _row_probs(match, offered, row_f, p_bucket, k_max, probs):
+    """probs[b, i]: the chance that the automaton's draft tokens 0..i of row b are all accepted (0 past
+    ``offered[b]``); returns the expected accepted tokens of each row's whole draft into probs[:, k_max]."""
+    for b in range(match.shape[0]):
+        p = 1.0
+        e = 0.0
+        d = min(offered[b], k_max) if match[b] > 0 else 0
+        for i in range(k_max):
+            if i < d:
+                q = p_bucket[match_bucket(match[b] + i)]
+                odds = q / (1.0 - q) * row_f[b]
+                p *= odds / (1.0 + odds)
+                probs[b, i] = p
+                e += p
+            else:
+                probs[b, i] = 0.0
+        probs[b, k_max] = e
+
+
+@njit(cache=True)
+def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, shape, lo, w, kr, cnt, tot):
+    """The histogram pass: (rate, bin) of the best threshold over the rows' candidate tokens (automaton
+    rows: probs; neural rows (src == 2): q_nn ** (i + 1), i < k_nn); bin N_BINS means no draft."""
+    cnt[:] = 0
+    tot[:] = 0.0
+    for b in range(probs.shape[0]):
+        if src[b] == 2:
+            p = 1.0
+            for i in range(k_nn):
+                p *= q_nn
+                j = min(int(p * N_BINS), N_BINS - 1)
+                cnt[j] += 1
+                tot[j] += p
+        elif src[b] == 1:
+            for i in range(k_max):
+                p = probs[b, i]
+                if p <= 0.0:
+                    break
+                j = min(int(p * N_BINS), N_BINS - 1)
+                cnt[j] += 1
+                tot[j] += p
+    best = base / (_cost(base, shape, lo, w, kr) + fixed_s)
+    best_bin = N_BINS
+    n = base
+    e = float(base)
+    for j in range(N_BINS - 1, -1, -1):
+        if cnt[j] == 0:
+            continue
+        n += cnt[j]
+        e += tot[j]
+        r = e / (_cost(n, shape, lo, w, kr) + fixed_s)
+        if r > best:
+            best = r
+            best_bin = j
+    return best, best_bin
+
+
+@njit(cache=True)
+def _allocate(match, offered, row_f, p_bucket, k_max, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, shape, lo, w, kr,
+              probs, src, alt, cnt, tot, lengths):
+    """Each row's draft length and source (see the module doc). Returns (rate, plain rate, neural k)."""
+    rows = match.shape[0]
+    _row_probs(match, offered, row_f, p_bucket, k_max, probs)
+    for b in range(rows):
+        src[b] = 1 if probs[b, 0] > 0.0 else 0
+    plain = rows / _cost(rows, shape, lo, w, kr)
+    best, best_bin = _best_threshold(probs, k_max, src, q_nn, k_nn, rows, 0.0, shape, lo, w, kr, cnt, tot)
+    best_k = 0
+    if k_nn > 0:  # the neural drafter at each of its lengths, for the rows it drafts better than the automaton
+        one = _cost(rows, shape, lo, w, kr)
+        for kk in range(1, k_nn + 1):
+            e_nn = 0.0
+            p = 1.0
+            for i in range(kk):
+                p *= q_nn
+                e_nn += p
+            any_nn = False
+            for b in range(rows):
+                alt[b] = src[b]
+                if nn_ok[b] and e_nn > probs[b, k_max]:
+                    alt[b] = 2
+                    any_nn = True
+            if not any_nn:
+                continue
+            fixed = nn_fwd * (nn_catch + (kk - 1) * one)
+            r, bn = _best_threshold(probs, k_max, alt, q_nn, kk, rows, fixed, shape, lo, w, kr, cnt, tot)
+            if r > best:
+                best, best_bin, best_k = r, bn, kk
+        if best_k > 0:
+            e_nn = 0.0
+            for b in range(rows):
+                if nn_ok[b]:
+                    p = 1.0
+                    e_nn = 0.0
+                    for i in range(best_k):
+                        p *= q_nn
+                        e_nn += p
+                    if e_nn > probs[b, k_max]:
+                        src[b] = 2
+    for b in range(rows):
+        d = 0
+        if best_bin < N_BINS:
+            if src[b] == 2:
+                p = 1.0
+                for i in range(best_k):
+                    p *= q_nn
+                    if min(int(p * N_BINS), N_BINS - 1) < best_bin:
+                        break
+                    d += 1
+            elif src[b] == 1:
+                for i in range(k_max):
+                    p = probs[b, i]
+                    if p <= 0.0 or min(int(p * N_BINS), N_BINS - 1) < best_bin:
+                        break
+                    d += 1
+        lengths[b] = d
+        if d == 0:
+            src[b] = 0
+    n_auto = 0
+    n_nn = 0
+    t_auto = 0
+    t_nn = 0
+    for b in range(rows):
+        if src[b] == 1:
+            n_auto += 1
+            t_auto += lengths[b]
+        elif src[b] == 2:
+            n_nn += 1
+            t_nn += lengths[b]
+    return best, plain, best_k, n_auto, n_nn, t_auto, t_nn
+
+
+@njit(cache=True)
+def _buckets(hits, trials, prior, w, p_bucket):
+    """Each match bucket's acceptance: its counts with ``w`` pseudo-tokens of ``prior``, kept inside (0, 1)."""
+    for j in range(p_bucket.shape[0]):
+        p = (hits[j] + w * prior[j]) / (trials[j] + w)
+        p_bucket[j] = min(max(p, 1e-6), 1.0 - 1e-6)
+
+
+@njit(cache=True)
+def _score(match, offered, drafts, new, lens, p_bucket, row_f, row_num, row_den, hits, trials, decay, prior, w):
+    """Score each row's offered automaton draft against the tokens it emitted (see DraftPolicy.observe)."""
+    width = min(drafts.shape[1], new.shape[1])
+    for b in range(match.shape[0]):
+        n = min(lens[b], offered[b], width)
+        if match[b] <= 0 or n <= 0:
+            continue
+        row_num[b] *= decay
+        row_den[b] *= decay
+        for i in range(n):
+            j = match_bucket(match[b] + i)
+            q = p_bucket[j]
+            odds = q / (1.0 - q) * row_f[b]
+            p = odds / (1.0 + odds)
+            trials[j] += 1.0
+            if drafts[b, i] == new[b, i]:
+                hits[j] += 1.0
+                row_num[b] += 1.0 - p
+            else:
+                row_den[b] += p
+                break
+        row_f[b] = (1.0 + row_num[b]) / (1.0 + row_den[b])
+    _buckets(hits, trials, prior, w, p_bucket)
+
+
+# -- the policy ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One step's choice, as ``log`` receives it.
+
+    Attributes:
+        step: the policy's step count.
+        lengths: int32 [B] draft tokens per row.
+        sources: int8 [B] :data:`NONE` / :data:`AUTOMATON` / :data:`NEURAL` per row.
+        rate: expected tokens per second of the step as chosen.
+        plain_rate: expected tokens per second without drafts.
+        neural_k: draft tokens the neural drafter makes this step (0: it drafts nothing).
+    """
+
+    step: int
+    lengths: np.ndarray
+    sources: np.ndarray
+    rate: float
+    plain_rate: float
+    neural_k: int
+
+
+#: Where setting this environment variable (to anything but empty) makes the integrations log every decision.
+LOG_ENV = "SASPEC_POLICY_LOG"
+
+
+def log_decision(d: Decision) -> None:
+    """A ``log`` for :class:`DraftPolicy` that writes each decision to the ``saspec.policy`` logger (INFO):
+    step, rows by source, draft tokens, expected tokens per second against plain, the neural K."""
+    import logging
+
+    src = d.sources
+    logging.getLogger("saspec.policy").info(
+        "step %d: %d rows (automaton %d, neural %d, none %d), %d draft tokens, rate %.4g vs plain %.4g, neural k %d",
+        d.step, len(src), int((src == AUTOMATON).sum()), int((src == NEURAL).sum()), int((src == NONE).sum()),
+        int(d.lengths.sum()), d.rate, d.plain_rate, d.neural_k)
+
+
+def env_log() -> Callable[[Decision], Any] | None:
+    """:func:`log_decision` where ``$SASPEC_POLICY_LOG`` is set, else None."""
+    import os
+
+    return log_decision if os.environ.get(LOG_ENV, "").strip() else None
+
+
+def _check_prob(value: Any, name: str, open_top: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    v = float(value)
+    if not (0.0 <= v <= 1.0) or (open_top and v >= 1.0):
+        raise ValueError(f"{name} must be in [0, 1{')' if open_top else ']'}, got {value!r}")
+    return v
+
+
+def _check_positive(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    v = float(value)
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return v
+
+
+@dataclass
+class PolicySettings:
+    """What a user sets (every field has a default; all are validated by :class:`DraftPolicy`).
+
+    Attributes:
+        prior_weight: pseudo-tokens of prior behind each acceptance estimate (finite, > 0).
+        neural_prior: the neural drafter's per-token acceptance before any evidence, in [0, 1).
+        neural_cost: a neural drafter forward's cost as a share of a target forward over the same
+            tokens, before it is timed (finite, > 0).
+        neural_memory: per step, how much of the neural drafter's acceptance evidence is kept (0, 1].
+        row_memory: per step, how much of a row's own acceptance evidence is kept (0, 1].
+        cost_shape: the cost curve's prior shape (see :class:`StepCost`) where no profile is given.
+        window, max_age, quantile: the cost model's refresh rule (see :class:`StepCost`).
+    """
+
+    prior_weight: float = 8.0
+    neural_prior: float = 0.6
+    neural_cost: float = 0.25
+    neural_memory: float = 0.995
+    row_memory: float = 0.9
+    cost_shape: Any = field(default=None)
+    window: int = 16
+    max_age: int = 64
+    quantile: float = 0.25
+
+
+class DraftPolicy:
+    """Each step's draft length and source per row (see the module doc).
+
+    Each step the caller:
+
+    1. :meth:`decide` with each row's match length and the automaton's
+       offered draft length (and the neural drafter's K, where there is one);
+    2. verifies what it chose, then :meth:`observe_step` with the step's
+       seconds (the neural drafter's apart, :meth:`observe_neural`) and
+       :meth:`observe` with each row's offered draft and emitted tokens.
+
+    Args:
+        k_max: the most automaton draft tokens per row (>= 1).
+        cost: the engine's :class:`StepCost` (e.g. from :meth:`StepCost.profile`);
+            default one on ``settings.cost_shape``.
+        settings: :class:`PolicySettings`; default all defaults.
+        neural_catchup_sunk: the engine runs the neural drafter's catch-up
+            forward at every step anyway (vLLM's draft model): choosing it
+            costs only its drafting forwards.
+        log: called with each step's :class:`Decision`, or None.
+        clock: the time source the integrations read (a test injects one).
+
+    Raises:
+        ValueError: a setting out of range (named in the message).
+
+    Attributes:
+        stats: counters: ``steps``, ``rows``, ``automaton_rows``, ``neural_rows``,
+            ``none_rows``, ``automaton_tokens``, ``neural_tokens``, ``neural_steps``,
+            ``plain_steps`` (steps that drafted nothing), ``timed`` and
+            ``ignored_timings`` (not finite or not > 0).
+    """
+
+    def __init__(self, k_max: int, *, cost: StepCost | None = None, settings: PolicySettings | None = None,
+                 neural_catchup_sunk: bool = False, log: Callable[[Decision], Any] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.k_max = check_count(k_max, "k_max")
+        s = settings if settings is not None else PolicySettings()
+        self.settings = s
+        self.neural_k = 0
+        self.last_tokens = 0
+        self.prior_weight = _check_positive(s.prior_weight, "prior_weight")
+        self.neural_prior = _check_prob(s.neural_prior, "neural_prior", open_top=True)
+        self.neural_cost = _check_positive(s.neural_cost, "neural_cost")
+        for name in ("neural_memory", "row_memory"):
+            v = _check_prob(getattr(s, name), name)
+            if v == 0.0:
+                raise ValueError(f"{name} must be in (0, 1], got 0")
+        if not callable(clock):
+            raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
+        if log is not None and not callable(log):
+            raise ValueError(f"log must be a callable or None, got {log!r}")
+        self.cost = cost if cost is not None else StepCost(s.cost_shape, window=s.window, max_age=s.max_age,
+                                                            quantile=s.quantile)
+        if not isinstance(self.cost, StepCost):
+            raise ValueError(f"cost must be a saspec.policy.StepCost, got {type(self.cost).__name__}")
+        self.catchup_sunk = bool(neural_catchup_sunk)
+        self.log, self.clock = log, clock
+        floor = _bucket_floor()
+        self._prior = floor / (floor + 1.0)
+        self._hits = np.zeros(N_BUCKETS)
+        self._trials = np.zeros(N_BUCKETS)
+        self.p_bucket = np.empty(N_BUCKETS)
+        self._update_buckets()
+        self._nn_hits = 0.0
+        self._nn_trials = 0.0
+        # The neural cost ratio: its latest timings, each against the target's cost of the same tokens.
+        self._nn_calls = np.zeros((s.window, 5))  # its latest calls: seconds, read, drafted, rows, step
+        self._nn_seen = 0
+        self._rows: list[Any] | None = None
+        self._saved: dict[Any, tuple[float, float]] = {}
+        self._views = None
+        self._grow(0)
+        self.stats = {k: 0 for k in ("steps", "rows", "automaton_rows", "neural_rows", "none_rows",
+                                      "automaton_tokens", "neural_tokens", "neural_steps", "plain_steps",
+                                      "timed", "ignored_timings")}
+
+    def _grow(self, rows: int) -> None:
+        if rows <= getattr(self, "_cap", -1):
+            return
+        cap = max(rows, 2 * getattr(self, "_cap", 0), 1)
+        old = getattr(self, "_row_num", None)
+        self._probs = np.zeros((cap, self.k_max + 1))
+        self._src = np.zeros(cap, np.int8)
+        self._alt = np.zeros(cap, np.int8)
+        self._len = np.zeros(cap, np.int32)
+        self._nn_ok = np.zeros(cap, np.bool_)
+        row_f, row_num, row_den = np.ones(cap), np.zeros(cap), np.zeros(cap)
+        if old is not None:
+            n = self._cap
+            row_f[:n], row_num[:n], row_den[:n] = self._row_f, self._row_num, self._row_den
+        self._row_f, self._row_num, self._row_den = row_f, row_num, row_den
+        self._cnt = np.zeros(N_BINS, np.int64)
+        self._tot = np.zeros(N_BINS)
+        self._cap = cap
+        self._views = None
+
+    def _update_buckets(self) -> None:
+        _buckets(self._hits, self._trials, self._prior, self.prior_weight, self.p_bucket)
+
+    # -- rows: each request's own acceptance evidence --
+
+    def rows(self, request_ids: Sequence[Any]) -> None:
+        """Name the rows of the next :meth:`decide` (any hashable ids); a row keeps its request's evidence
+        when requests move between rows. Without it, rows are positions."""
+        ids = list(request_ids)
+        if ids == self._rows:
+            return
+        if self._rows is not None:
+            for i, rid in enumerate(self._rows):
+                self._saved[rid] = (self._row_num[i], self._row_den[i])
+        self._grow(len(ids))
+        for i, rid in enumerate(ids):
+            num, den = self._saved.pop(rid, (0.0, 0.0))
+            self._row_num[i], self._row_den[i] = num, den
+            self._row_f[i] = (1.0 + num) / (1.0 + den)
+        self._rows = ids
+
+    def forget(self, request_id: Any) -> None:
+        """A finished request: drop its evidence."""
+        self._saved.pop(request_id, None)
+        if self._rows is not None and request_id in self._rows:
+            i = self._rows.index(request_id)
+            self._row_num[i] = self._row_den[i] = 0.0
+            self._row_f[i] = 1.0
+
+    # -- the choice --
+
+    def q_neural(self) -> float:
+        """The neural drafter's estimated per-token acceptance."""
+        w = self.prior_weight
+        return (self._nn_hits + w * self.neural_prior) / (self._nn_trials + w)
+
+    def neural_ratio(self) -> float:
+        """A neural forward's cost as a share of a target forward over the same tokens, as now learnt: the
+        median of its timings of the last ``4 * max_age`` steps (each against the target's cost model
+        as it stands now, so that timings taken before the target's steps were timed count right) once there
+        are two, else the lower of ``neural_cost`` and the one timing (one slow call, a lazy start or a
+        recompile, moves nothing)."""
+        m = min(self._nn_seen, self._nn_calls.shape[0])
+        calls = self._nn_calls[:m]
+        calls = calls[self.stats["steps"] - calls[:, 4] <= 4 * self.cost.max_age]
+        if not len(calls):
+            return self.neural_cost
+        c = self.cost
+        target = c.seconds(np.maximum(calls[:, 1], 1).astype(np.int64)) \
+            + np.maximum(calls[:, 2] - 1, 0) * c.seconds(np.maximum(calls[:, 3], 1).astype(np.int64))
+        ratios = np.sort(calls[:, 0] / target)
+        if len(ratios) >= 2:  # the median: its calls mix catch-ups and drafting forwards of other shapes
+            return float(ratios[(len(ratios) - 1) // 2])
+        return float(min(self.neural_cost, ratios[0]))
+
+    def decide(self, match_len: np.ndarray, offered: np.ndarray, neural_k: int = 0, neural_rows: Any = None,
+               neural_behind: int = 0, catchup_share: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's draft length and source for this step.
+
+        Args:
+            match_len: int [B]: each row's match length (tokens; <= 0: no automaton draft).
+            offered: int [B]: the automaton draft tokens on offer per row (cut to ``k_max``).
+            neural_k: the most tokens the neural drafter makes per row this step (0: none).
+            neural_rows: bool [B]: rows the neural drafter may draft for (default all, where
+                ``neural_k > 0``).
+            neural_behind: tokens the neural drafter must read before it drafts (its catch-up;
+                ignored where the catch-up is sunk).
+            catchup_share: the share of the catch-up this step is charged (a catch-up over a long
+                stretch, like the prompt, serves the neural steps after it too), in (0, 1].
+
+        Returns:
+            ``(lengths, sources)``: int32 [B] and int8 [B] (:data:`NONE`, :data:`AUTOMATON`,
+            :data:`NEURAL`), views the next call overwrites. A row with length 0 has source NONE.
+
+        Raises:
+            ValueError: arrays of other shapes, or a negative ``neural_k``.
+        """
+        b = match_len.shape[0]
+        if offered.shape != (b,):
+            raise ValueError(f"offered must have shape ({b},), got {offered.shape}")
+        if neural_k < 0:
+            raise ValueError(f"neural_k must be >= 0, got {neural_k}")
+        if b > self._cap:
+            self._grow(b)
+        if self._rows is not None and len(self._rows) != b:
+            self._rows = None  # positions: the caller named no rows for this batch
+        v = self._views
+        if v is None or v[0] != b:  # views of this batch's size, reused while it stays
+            v = self._views = (b, self._nn_ok[:b], self._len[:b], self._src[:b], self._row_f[:b], self._probs[:b],
+                               self._alt[:b])
+        _, nn_ok, lengths, src, row_f, probs, alt = v
+        if neural_k > 0:
+            nn_ok[:] = True if neural_rows is None else np.asarray(neural_rows, dtype=np.bool_)
+            q_nn, ratio = self.q_neural(), self.neural_ratio()
+            catch = 0.0
+            if not self.catchup_sunk:
+                catch = self.cost.seconds(max(int(neural_behind), 1)) * min(max(float(catchup_share), 0.0), 1.0)
+        else:
+            q_nn = ratio = catch = 0.0
+        c = self.cost
+        rate, plain, nk, n_auto, n_nn, t_auto, t_nn = _allocate(match_len, offered, row_f, self.p_bucket, self.k_max,
+                                                                nn_ok, q_nn, int(neural_k), ratio, catch, c.shape,
+                                                                c._lo, c._w, c.knot_ratio, probs, src, alt, self._cnt,
+                                                                self._tot, lengths)
+        st = self.stats
+        st["steps"] += 1
+        st["rows"] += b
+        st["automaton_rows"] += n_auto
+        st["neural_rows"] += n_nn
+        st["none_rows"] += b - n_auto - n_nn
+        st["automaton_tokens"] += t_auto
+        st["neural_tokens"] += t_nn
+        st["neural_steps"] += nk > 0
+        st["plain_steps"] += t_auto + t_nn == 0
+        self.last_tokens = t_auto + t_nn  # the draft tokens chosen
+        if self.log is not None:
+            self.log(Decision(self.stats["steps"], lengths.copy(), src.copy(), float(rate), float(plain), int(nk)))
+        self.neural_k = int(nk)
+        return lengths, src
+
+    # -- what followed --
+
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        """The step's target forward verified ``tokens`` tokens (rows plus draft tokens) in ``seconds``
+        (the neural drafter's time apart). A timing that is not finite and > 0 is ignored."""
+        if self.cost.observe(int(tokens), seconds):
+            self.stats["timed"] += 1
+        else:
+            self.stats["ignored_timings"] += 1
+        if self.settings.neural_memory < 1.0:
+            self._nn_hits *= self.settings.neural_memory
+            self._nn_trials *= self.settings.neural_memory
+
+    def observe_neural(self, seconds: float, read: int, drafted: int, rows: int = 1) -> None:
+        """One neural drafter call: ``seconds``, after reading ``read`` tokens (its catch-up; its first
+        forward), drafting ``drafted`` tokens per row for ``rows`` rows. Ignored when not finite and > 0."""
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+            return
+        self._nn_calls[self._nn_seen % self._nn_calls.shape[0]] = (seconds, read, drafted, rows, self.stats["steps"])
+        self._nn_seen += 1
+
+    def observe_neural_outcome(self, drafted: int, accepted: int) -> None:
+        """A neural draft of ``drafted`` tokens of which the first ``accepted`` were accepted."""
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"need 0 <= accepted <= drafted, got accepted={accepted}, drafted={drafted}")
+        self._nn_hits += accepted
+        self._nn_trials += accepted + (1 if accepted < drafted else 0)
+
+    def observe(self, match_len: np.ndarray, offered: np.ndarray, drafts: np.ndarray, new: np.ndarray,
+                new_lens: np.ndarray) -> None:
+        """Score each row's automaton offer of the last :meth:`decide` against what followed.
+
+        Args:
+            match_len: int [B]: the match lengths given to :meth:`decide`.
+            offered: int [B]: the automaton's offered draft lengths (verified or not).
+            drafts: int [B, >= max(offered)]: the offered drafts.
+            new: int [B, >= max(new_lens)]: the tokens each row emitted this step.
+            new_lens: int [B]: how many (0: the row emitted nothing).
+        """
+        b = int(match_len.shape[0])
+        if not (offered.shape == new_lens.shape == (b,) and drafts.shape[0] == b and new.shape[0] == b):
+            raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
+        if b > self._cap:
+            self._grow(b)
+        _score(match_len, offered, drafts, new, new_lens, self.p_bucket, self._row_f[:b],
+               self._row_num[:b], self._row_den[:b], self._hits, self._trials, self.settings.row_memory,
+               self._prior, self.prior_weight)
+
+    def q_automaton(self, match: int, row: int = 0) -> float:
+        """The estimated chance the automaton's next draft token at a match of ``match`` is accepted
+        (for row ``row`` of the last batch)."""
+        q = self.p_bucket[match_bucket(max(int(match), 0))]
+        odds = q / (1 - q) * self._row_f[row]
+        return float(odds / (1 + odds))
+
+
+class SequencePolicy:
+    """:class:`DraftPolicy` for one sequence (batch 1), in the call pattern of a decoding loop.
+
+    Each step the loop:
+
+    1. offers the automaton's draft (:meth:`offer`, before cutting it);
+    2. asks :meth:`choose` for ``(source, length)``: ``"sa"``, ``"draft"``
+       (the neural drafter) or ``"none"``;
+    3. times the target forward (:meth:`observe_forward`; the neural drafter's
+       calls apart, :meth:`observe_draft_call` or per forward
+       :meth:`observe_draft_forward`), reports the neural draft's outcome
+       (:meth:`observe` with ``"draft"``) and the tokens the step emitted
+       (:meth:`observe_tokens`, which scores the automaton's offer).
+
+    A neural drafter that must first read a long stretch (the prompt, when it
+    has not drafted before) is charged that catch-up over the neural steps it
+    is expected to serve: the share of recent steps whose best choice, were it
+    in step, was the neural drafter, times the steps left (``remaining``
+    tokens over the tokens per step so far).
+
+    Args:
+        k_max: the most draft tokens of any source (>= 1).
+        cost, settings, log, clock: as :class:`DraftPolicy`.
+
+    Attributes:
+        policy: the :class:`DraftPolicy`.
+        stats: ``steps``, ``sa``, ``draft``, ``none`` (steps by choice) and the policy's counters.
+    """
+
+    SOURCES = ("sa", "draft")
+
+    def __init__(self, k_max: int, *, cost: StepCost | None = None, settings: PolicySettings | None = None,
+                 log: Callable[[Decision], Any] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.policy = DraftPolicy(k_max, cost=cost, settings=settings, log=log, clock=clock)
+        self.k_max = self.policy.k_max
+        self.clock = clock
+        self._offer: tuple[int, list[int]] | None = None
+        self._m = np.zeros(1, np.int64)
+        self._off = np.zeros(1, np.int64)
+        self._prefer_nn = 0.5  # the share of recent steps whose best choice, in step, was the neural drafter
+        self._per_step = 1.0  # tokens per step so far (mean)
+        self._steps_timed = 0
+        self._counts = {"steps": 0, "sa": 0, "draft": 0, "none": 0}
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {**self.policy.stats, **self._counts}
+
+    def offer(self, match: int, draft: Sequence[int]) -> None:
+        """The automaton's draft this step (before :meth:`choose` cuts it), made at a match of ``match``."""
+        self._offer = (int(match), [int(t) for t in draft][: self.k_max]) if len(draft) and match > 0 else None
+
+    def withdraw_offer(self) -> None:
+        """Drop the pending offer unscored (its sequence ended or changed)."""
+        self._offer = None
+
+    def choose(self, match: int, sa_len: int, model_k: int = 0, model_behind: int = 1,
+               remaining: int | None = None) -> tuple[str, int]:
+        """``(source, length)`` for this step: ``"sa"`` with up to ``sa_len`` tokens (the automaton's
+        draft at a match of ``match``), ``"draft"`` with up to ``model_k`` neural tokens (it first reads
+        the ``model_behind`` tokens it has not seen), or ``("none", 0)``. ``remaining``: the tokens the
+        sequence may still emit (None: unknown, 256 assumed)."""
+        self._counts["steps"] += 1
+        self._m[0] = match if sa_len > 0 else 0
+        self._off[0] = min(max(int(sa_len), 0), self.k_max)
+        k_nn = min(max(int(model_k), 0), self.k_max)
+        share = 1.0
+        if k_nn and model_behind > 1:
+            lengths, src = self.policy.decide(self._m, self._off, k_nn, neural_behind=1)
+            self._prefer_nn = 0.9 * self._prefer_nn + 0.1 * float(src[0] == NEURAL)
+            self.policy.stats["steps"] -= 1  # a look-ahead, not a step
+            left = 256 if remaining is None else max(int(remaining), 1)
+            serves = max(1.0, self._prefer_nn * left / max(self._per_step, 1.0))
+            share = 1.0 / serves
+        lengths, src = self.policy.decide(self._m, self._off, k_nn, neural_behind=model_behind, catchup_share=share)
+        d, s = int(lengths[0]), int(src[0])
+        if s == AUTOMATON:
+            self._counts["sa"] += 1
+            return "sa", d
+        if s == NEURAL:
+            self._counts["draft"] += 1
+            return "draft", d
+        self._counts["none"] += 1
+        return "none", 0
+
+    def observe_forward(self, tokens: int, seconds: float) -> None:
+        """A target forward over ``tokens`` tokens took ``seconds`` (ignored unless finite and > 0)."""
+        self.policy.observe_step(tokens, seconds)
+
+    def observe_draft_call(self, seconds: float, read: int, drafted: int) -> None:
+        """A neural drafter call: ``seconds``, reading ``read`` tokens first, drafting ``drafted``."""
+        self.policy.observe_neural(seconds, read, drafted)
+
+    def observe_draft_forward(self, seconds: float, read: int) -> None:
+        """One neural drafter forward over ``read`` tokens took ``seconds``."""
+        self.policy.observe_neural(seconds, read, 1)
+
+    def observe(self, source: str, match: int, drafted: int, accepted: int) -> None:
+        """A step verified ``drafted`` tokens from ``source`` and accepted the first ``accepted``. The
+        automaton's offers are scored by :meth:`observe_tokens` (this ignores ``"sa"``)."""
+        if source not in self.SOURCES:
+            raise ValueError(f"unknown source {source!r}; choose from {', '.join(self.SOURCES)}")
+        if source == "draft":
+            self.policy.observe_neural_outcome(int(drafted), int(accepted))
+        elif not 0 <= accepted <= drafted:
+            raise ValueError(f"need 0 <= accepted <= drafted, got accepted={accepted}, drafted={drafted}")
+
+    def observe_tokens(self, tokens: Sequence[int]) -> None:
+        """The tokens the step emitted (accepted drafts and the target's own), in order."""
+        tokens = [int(t) for t in tokens]
+        self._steps_timed += 1
+        self._per_step += (len(tokens) - self._per_step) / min(self._steps_timed, 32)
+        if self._offer is None or not tokens:
+            self._offer = None
+            return
+        match, draft = self._offer
+        self._offer = None
+        n = min(len(draft), len(tokens))
+        d = np.asarray(draft[:n], np.int64).reshape(1, n)
+        t = np.asarray(tokens[:n], np.int64).reshape(1, n)
+        self.policy.observe(np.array([match], np.int64), np.array([n], np.int64), d, t, np.array([n], np.int64))

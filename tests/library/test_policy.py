@@ -1,0 +1,267 @@
+"""The drafting policy: choices under modeled engines, with an injected clock and seeded outcomes.
+
+A modeled engine: each step the automaton offers ``offered`` tokens at a match of ``match``; each draft token
+is accepted with probability ``q`` (seeded); a step verifying ``n`` tokens takes ``cost(n)`` seconds times a
+load factor. The policy sees only what an integration gives it: offers, timings, emitted tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from saspec.policy import (AUTOMATON, NEURAL, NONE, DraftPolicy, PolicySettings, SequencePolicy, StepCost,
+                           cpu_like, gpu_like, linear)
+
+K = 8
+
+
+def run(policy: SequencePolicy, steps: int, cost, *, q: float = 0.9, match: int = 24, offered: int = K,
+        load=lambda step: 1.0, q_nn: float | None = None, nn_forward: float = 0.0, nn_slow=lambda call: 1.0,
+        seed: int = 0, remaining: int = 10_000) -> dict:
+    """Decode ``steps`` steps on a modeled engine; returns tokens, seconds and each step's choice."""
+    rng = np.random.default_rng(seed)
+    t = tokens = 0.0
+    choices, behind, calls, per_step = [], 1, 0, []
+    for step in range(steps):
+        draft = list(range(100 + step * 40, 100 + step * 40 + offered))
+        policy.offer(match, draft)
+        source, d = policy.choose(match, offered, K if q_nn is not None else 0, behind, remaining=remaining)
+        true_run = 0  # how far the automaton's draft is right: the text that follows
+        while true_run < offered and rng.random() < q:
+            true_run += 1
+        if source == "draft":
+            accepted = 0
+            while accepted < d and rng.random() < q_nn:
+                accepted += 1
+            s = nn_forward * (cost(behind) / cost(1) + d - 1) * nn_slow(calls)
+            calls += 1
+            t += s
+            policy.observe_draft_call(s, read=behind, drafted=d)
+            policy.observe("draft", 0, d, accepted)
+            behind = 1
+            emitted = [-3] * (accepted + 1)
+        else:
+            accepted = min(d, true_run) if source == "sa" else 0
+            behind += accepted + 1
+            emitted = (draft[:true_run] + [-1])[: accepted + 1]
+        s = cost(1 + d) * load(step)
+        t += s
+        policy.observe_forward(1 + d, s)
+        policy.observe_tokens(emitted)
+        emitted = len(emitted)
+        tokens += emitted
+        choices.append((source, d))
+        per_step.append((emitted, t))
+    (_, t_half) = per_step[steps // 2 - 1]
+    late = (tokens - sum(e for e, _ in per_step[: steps // 2])) / (t - t_half)
+    return {"rate": tokens / t, "late_rate": late, "choices": choices, "tokens": tokens, "seconds": t}
+
+
+def drafting_share(choices, source="sa") -> float:
+    half = choices[len(choices) // 2:]
+    return sum(1 for s, d in half if s == source and d > 0) / len(half)
+
+
+def best_rate(q: float, cost, k: int = K) -> float:
+    """The best fixed draft length's tokens per second on the modeled engine (the oracle)."""
+    return max(sum(q ** i for i in range(d + 1)) / cost(1 + d) for d in range(k + 1))
+
+
+CPU = lambda n: 4.0 + n  # compute-bound: each verified token costs about a row's own  # noqa: E731
+GPU = lambda n: 10.0 + 0.01 * n  # memory-bound: flat  # noqa: E731
+DEAR = lambda n: float(n)  # every verified token costs a forward  # noqa: E731
+
+
+def test_gpu_like_drafts_long_at_batch_1_and_cpu_like_shrinks_the_budget_at_concurrency():
+    m, off = np.full(8, 24), np.full(8, 32)
+    gpu = DraftPolicy(32, cost=StepCost(gpu_like, max_tokens=8 * 33))
+    lengths, src = gpu.decide(m[:1], off[:1])
+    assert lengths[0] == 32 and src[0] == AUTOMATON
+    lengths, _ = gpu.decide(m, off)
+    assert 8 + lengths.sum() == 128 and lengths.min() > 8  # up to the end of the flat part, then no further
+    cpu = DraftPolicy(32, cost=StepCost(cpu_like, max_tokens=8 * 33))
+    one, _ = cpu.decide(m[:1], off[:1])
+    eight, _ = cpu.decide(m, off)
+    assert 0 < eight.max() < one[0]  # where a step costs about its tokens, rows draft only their likeliest
+
+
+def test_rows_with_stronger_evidence_get_longer_drafts_and_rows_without_a_match_none():
+    p = DraftPolicy(16, cost=StepCost(linear(8.0, 1.0), max_tokens=4 * 17))
+    lengths, src = p.decide(np.array([64, 3, 0, 12]), np.array([16, 16, 0, 16]))
+    assert lengths[2] == 0 and src[2] == NONE
+    assert lengths[0] >= lengths[3] >= lengths[1]
+
+
+@pytest.mark.parametrize("cost,q", [(CPU, 0.9), (GPU, 0.9), (GPU, 0.5), (CPU, 0.97)])
+def test_drafts_where_drafting_pays_and_comes_close_to_the_best_fixed_length(cost, q):
+    out = run(SequencePolicy(K, cost=StepCost(cpu_like)), 400, cost, q=q)
+    assert drafting_share(out["choices"]) > 0.9
+    assert out["rate"] > 0.85 * best_rate(q, cost)
+
+
+def test_does_not_draft_where_every_verified_token_costs_a_forward_and_copies_are_poor():
+    out = run(SequencePolicy(K, cost=StepCost(gpu_like)), 400, DEAR, q=0.3, match=2)
+    assert drafting_share(out["choices"]) < 0.1  # a GPU-like prior must not keep it drafting
+    assert out["late_rate"] > 0.85 * best_rate(0.3, DEAR)  # re-tries of what it does not choose cost a little
+
+
+def test_near_certain_long_copies_draft_from_the_first_step_under_linear_cost():
+    policy = SequencePolicy(32, cost=StepCost(cpu_like))
+    out = run(policy, 200, lambda n: float(n) + 1.0, q=0.93, match=200, offered=32)
+    assert out["choices"][0][0] == "sa" and out["choices"][0][1] > 8  # no warm-up of plain steps
+    assert drafting_share(out["choices"]) > 0.95
+
+
+@pytest.mark.parametrize("cost,q,drafts", [(CPU, 0.9, True), (DEAR, 0.3, False)])
+def test_a_cold_start_or_a_burst_moves_nothing_for_good(cost, q, drafts):
+    cold = run(SequencePolicy(K), 300, cost, q=q, match=24 if drafts else 2,
+               load=lambda s: 10.0 if s < 3 else 1.0)
+    burst = run(SequencePolicy(K), 300, cost, q=q, match=24 if drafts else 2,
+                load=lambda s: 4.0 if 40 <= s < 70 else 1.0)
+    for out in (cold, burst):
+        share = drafting_share(out["choices"])
+        assert share > 0.9 if drafts else share < 0.1
+
+
+def test_a_burst_that_slows_only_plain_steps_does_not_lock_drafting_in():
+    policy = SequencePolicy(K, cost=StepCost(linear(0.0, 1.0)))
+    slow_plain = {"on": True}
+
+    def cost(n):
+        return DEAR(n) * (5.0 if (n == 1 and slow_plain["on"]) else 1.0)
+
+    out = run(policy, 40, cost, q=0.3, match=2)
+    slow_plain["on"] = False
+    after = run(policy, 300, cost, q=0.3, match=2, seed=1)
+    assert drafting_share(after["choices"]) < 0.1
+
+
+def test_a_competing_process_never_locks_drafting_out_nor_in():
+    rng = np.random.default_rng(7)
+    slow = {s: rng.uniform(2, 5) if rng.random() < 1 / 3 else 1.0 for s in range(600)}
+    pays = run(SequencePolicy(K), 600, CPU, q=0.9, load=lambda s: slow[s])
+    assert drafting_share(pays["choices"]) > 0.9
+    poor = run(SequencePolicy(K, cost=StepCost(gpu_like)), 600, DEAR, q=0.3, match=2, load=lambda s: slow[s])
+    assert drafting_share(poor["choices"]) < 0.1
+
+
+def test_a_slow_first_neural_call_does_not_shut_the_draft_model_out():
+    # The automaton offers nothing, the draft model accepts 85%, its first call is 100x slow.
+    out = run(SequencePolicy(K), 600, CPU, q=0.0, match=0, offered=0, q_nn=0.85, nn_forward=0.5,
+              nn_slow=lambda call: 100.0 if call == 0 else 1.0)
+    assert drafting_share(out["choices"], "draft") > 0.9
+    plain = 1 / CPU(1)
+    assert out["rate"] > 1.5 * plain
+
+
+def test_a_poor_draft_model_is_dropped():
+    out = run(SequencePolicy(K), 1500, DEAR, q=0.0, match=0, offered=0, q_nn=0.05, nn_forward=0.5)
+    share = drafting_share(out["choices"], "draft")
+    assert share < 0.1
+
+
+def test_the_catch_up_over_a_long_stretch_is_charged_where_the_automaton_wins():
+    # A draft model that is 400 tokens behind, against an automaton copy that is nearly sure: the automaton.
+    p = SequencePolicy(K)
+    p.offer(200, list(range(K)))
+    assert p.choose(200, K, K, 400, remaining=300)[0] == "sa"
+
+
+def test_a_step_timed_at_zero_or_nan_seconds_is_ignored():
+    p = SequencePolicy(K)
+    for s in (0.0, -1.0, math.nan, math.inf):
+        p.observe_forward(3, s)
+        p.observe_draft_call(s, read=2, drafted=2)
+    assert p.stats["ignored_timings"] == 4 and p.stats["timed"] == 0
+    assert p.choose(24, K)[0] == "sa"
+
+
+@pytest.mark.parametrize("field,value", [("prior_weight", math.inf), ("prior_weight", math.nan), ("prior_weight", 0),
+                                         ("neural_prior", math.nan), ("neural_prior", 1.0), ("neural_prior", -0.1),
+                                         ("neural_cost", math.inf), ("neural_memory", 0.0), ("row_memory", 1.5),
+                                         ("window", 0), ("max_age", 0), ("quantile", 0.9), ("prior_weight", True)])
+def test_invalid_settings_are_rejected(field, value):
+    with pytest.raises(ValueError, match=field):
+        DraftPolicy(K, settings=PolicySettings(**{field: value}))
+
+
+def test_invalid_shapes_and_arguments_are_rejected():
+    with pytest.raises(ValueError, match="k_max"):
+        DraftPolicy(0)
+    with pytest.raises(ValueError, match="shape"):
+        StepCost(lambda n: np.full(n.shape, np.inf), max_tokens=8)
+    with pytest.raises(ValueError, match="offered"):
+        DraftPolicy(K).decide(np.zeros(3, np.int64), np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="accepted"):
+        SequencePolicy(K).observe("draft", 0, 2, 3)
+
+
+def test_profile_takes_the_minimum_of_repeats_and_a_cold_first_run_sets_nothing():
+    clock = {"t": 0.0, "calls": 0}
+
+    def run_step(n):
+        clock["calls"] += 1
+        clock["t"] += (10.0 if clock["calls"] == 1 else 1.0) * (4 + n)
+
+    cost = StepCost.profile(run_step, [1, 2, 4, 8, 16], repeats=3, clock=lambda: clock["t"], max_tokens=32)
+    assert clock["calls"] == 15
+    assert cost.seconds(1) == pytest.approx(5.0) and cost.seconds(8) == pytest.approx(12.0)
+    assert cost.seconds(32) == pytest.approx(36.0)  # extended along the last segment
+
+
+def test_one_timing_moves_no_knot_and_a_lasting_change_is_learnt():
+    cost = StepCost(linear(4.0, 1.0), max_tokens=64, window=8, max_age=32)
+    for _ in range(10):
+        cost.observe(1, 5.0)
+    cost.observe(9, 1000.0)  # one slow timing
+    assert cost.seconds(9) == pytest.approx(13.0)
+    for _ in range(8):
+        cost.observe(8, 36.0)  # verifying 8 tokens now costs 3x: learnt
+    assert cost.seconds(8) == pytest.approx(36.0)
+    for _ in range(40):
+        cost.observe(1, 5.0)  # no more 8-token steps: their timings age out, what they said fades
+    assert 12.0 < cost.seconds(8) < 0.75 * 36.0
+    for _ in range(600):
+        cost.observe(1, 5.0)
+    assert cost.seconds(8) == pytest.approx(12.0, rel=0.02)
+
+
+def test_rows_keep_their_request_evidence_across_moves_and_every_decision_is_logged():
+    seen = []
+    p = DraftPolicy(4, cost=StepCost(gpu_like, max_tokens=16), log=seen.append)
+    p.rows(["a", "b"])
+    p.decide(np.array([5, 5]), np.array([4, 4]))
+    drafts = np.array([[1, 2, 3, 4], [1, 2, 3, 4]])
+    for _ in range(20):  # "a" always misses its first token, "b" always copies
+        p.observe(np.array([5, 5]), np.array([4, 4]), drafts, np.array([[9, 9, 9, 9], [1, 2, 3, 4]]),
+                  np.array([1, 4]))
+    qa, qb = p.q_automaton(5, 0), p.q_automaton(5, 1)
+    assert qa < 0.3 < 0.8 < qb
+    p.rows(["b", "a"])
+    assert p.q_automaton(5, 0) == pytest.approx(qb) and p.q_automaton(5, 1) == pytest.approx(qa)
+    assert len(seen) == 1 and seen[0].lengths.shape == (2,)
+    assert p.stats["steps"] == 1 and p.stats["automaton_rows"] + p.stats["none_rows"] == 2
+
+
+def test_neural_rows_are_chosen_where_the_automaton_is_weak():
+    p = DraftPolicy(8, cost=StepCost(gpu_like, max_tokens=64), settings=PolicySettings(neural_prior=0.8, neural_cost=0.02))
+    lengths, src = p.decide(np.array([100, 0, 1]), np.array([8, 0, 8]), neural_k=4)
+    assert src[0] == AUTOMATON and src[1] == NEURAL and lengths[1] > 0
+    assert p.neural_k >= lengths[1]
+
+
+def test_decisions_go_to_the_logger_where_the_environment_asks(monkeypatch, caplog):
+    import logging
+
+    from saspec.policy import LOG_ENV, env_log
+
+    monkeypatch.delenv(LOG_ENV, raising=False)
+    assert env_log() is None
+    monkeypatch.setenv(LOG_ENV, "1")
+    p = DraftPolicy(4, cost=StepCost(gpu_like, max_tokens=16), log=env_log())
+    with caplog.at_level(logging.INFO, logger="saspec.policy"):
+        p.decide(np.array([30, 0]), np.array([4, 0]))
+    assert "2 rows (automaton 1, neural 0, none 1), 4 draft tokens" in caplog.text

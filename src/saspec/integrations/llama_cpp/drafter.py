@@ -87,6 +87,11 @@ class SADraftModel:
             costs nearly a forward of its own, the drafts of short matches
             cost more than they save.
 
+    ``length_rule``, ``length_scale`` and ``min_match`` cut :meth:`propose`'s
+    drafts (the fixed rules: the loop's ``policy=False``, and
+    llama-cpp-python's own loop); the loop's policy instead takes
+    :meth:`lookup`'s whole draft and chooses its length itself.
+
     Raises:
         ValueError, TypeError: a bad ``k``, length rule, scale, pool, policy or ``min_match``.
 
@@ -292,8 +297,8 @@ class LlamaCppHybridDrafter:
     Args:
         sa: an :class:`SADraftModel`.
         model: a :class:`ModelDrafter`.
-        threshold: the automaton drafts when its match is at least this many
-            tokens (>= 1; default ``saspec.select.HYBRID_THRESHOLD``).
+        threshold: with the policy off, the automaton drafts when its match is
+            at least this many tokens (>= 1; default ``saspec.rules.HYBRID_THRESHOLD``).
 
     The draft model only reads the verified tokens (``note``) on automaton steps;
     it decodes them when it next drafts.

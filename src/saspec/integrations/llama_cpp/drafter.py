@@ -75,7 +75,7 @@ class SADraftModel:
     Args:
         k: the most draft tokens per call (>= 1).
         length_rule, length_scale: the draft length from the match length
-            (``saspec.lengths.draft_length``; default per-match: ``ceil(2 m)``).
+            (``saspec.rules.draft_length``; default per-match: ``ceil(2 m)``).
         pool: an optional :class:`saspec.RequestPool`: each call drafts from
             earlier histories too (where the match there is longer), and a
             history joins the pool when a new one replaces it (or at

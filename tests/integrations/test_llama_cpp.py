@@ -175,8 +175,9 @@ def test_cached_prefix_is_reused_and_kept_correct(llama):
 
 def test_draft_model_and_hybrid_equal_plain_and_catch_up_lazily(gguf_path, llama):
     """With the target itself as the draft model every draft token is kept, which only holds
-    if the draft model's KV cache is right after the steps it skipped."""
-    from saspec.integrations.llama_cpp import HybridDrafter, ModelDrafter, SADraftModel, generate
+    if the draft model's KV cache is right after the steps it skipped (the hybrid under the
+    match-length rule, which uses both sources)."""
+    from saspec.integrations.llama_cpp import LlamaCppHybridDrafter, ModelDrafter, SADraftModel, generate
 
     small = new_llama(gguf_path)
     for seed in (0, 4):
@@ -186,8 +187,8 @@ def test_draft_model_and_hybrid_equal_plain_and_catch_up_lazily(gguf_path, llama
         got = generate(llama, prompt, 120, alone, stop_at_eog=False)
         assert got.tokens == ref
         assert got.accepted["draft"] == got.drafted["draft"] > 0
-        hybrid = HybridDrafter(SADraftModel(16), ModelDrafter(small, k=4, p_min=0.0), threshold=4)
-        got = generate(llama, prompt, 120, hybrid, stop_at_eog=False)
+        hybrid = LlamaCppHybridDrafter(SADraftModel(16), ModelDrafter(small, k=4, p_min=0.0), threshold=4)
+        got = generate(llama, prompt, 120, hybrid, stop_at_eog=False, policy=False)  # the match-length rule
         assert got.tokens == ref
         assert got.steps_by_source.get("sa", 0) > 0 and got.steps_by_source.get("draft", 0) > 0
         assert got.accepted["draft"] == got.drafted["draft"]
@@ -376,6 +377,7 @@ def test_server_arguments_split():
                                  "--n_ctx", "4096", "--saspec-pool-tokens", "1000"])
     assert (s.k, s.draft_model, s.pool_tokens) == (24, "d.gguf", 1000)
     assert rest == ["--model", "m.gguf", "--n_ctx", "4096"]
+    assert s.policy and not parse_saspec_args(["--saspec-no-policy"])[0].policy
     with pytest.raises(ValueError, match="pool-tokens"):
         parse_saspec_args(["--saspec-pool-tokens", "-1"])
 
@@ -385,7 +387,7 @@ def test_server_arguments_split():
     ({"prompt_ids": [1, VOCAB]}, ValueError), ({"prompt_ids": [1, -2]}, ValueError),
     ({"prompt_ids": list(range(3, 1100))}, ValueError), ({"temperature": -1.0}, ValueError),
     ({"top_p": 0.0}, ValueError), ({"top_k": -1}, ValueError), ({"drafter": object()}, TypeError),
-    ({"max_draft": 10_000}, ValueError),
+    ({"max_draft": 10_000}, ValueError), ({"policy": "on"}, TypeError), ({"clock": 1.0}, TypeError),
 ])
 def test_bad_arguments_raise_and_change_nothing(llama, kwargs, err):
     from saspec.integrations.llama_cpp import generate
@@ -400,7 +402,8 @@ def test_bad_arguments_raise_and_change_nothing(llama, kwargs, err):
 
 
 def test_bad_drafter_settings_raise(llama):
-    from saspec.integrations.llama_cpp import HybridDrafter, ModelDrafter, SADraftModel
+    from saspec.integrations.llama_cpp import LlamaCppHybridDrafter as HybridDrafter
+    from saspec.integrations.llama_cpp import ModelDrafter, SADraftModel
 
     with pytest.raises(ValueError, match="p_min"):
         ModelDrafter(llama, p_min=1.5)
@@ -412,3 +415,95 @@ def test_bad_drafter_settings_raise(llama):
         HybridDrafter(object(), ModelDrafter(llama))
     with pytest.raises(ValueError, match="threshold"):
         HybridDrafter(SADraftModel(), ModelDrafter(llama), threshold=0)
+
+
+# -- the policy ---------------------------------------------------------------------------------------------
+
+
+class CostClock:
+    """An injected clock that only decodes advance: a decode of ``n`` tokens on a charged context
+    costs ``per_call + per_token * n`` modeled seconds (the context's own wall time is not read)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def charge(self, ctx, per_call: float, per_token: float) -> None:
+        decode = ctx.decode
+
+        def charged(tokens, **kw):
+            self.t += per_call + per_token * len(tokens)
+            return decode(tokens, **kw)
+
+        ctx.decode = charged
+
+
+def random_prompt(seed: int, n: int = 60) -> list[int]:
+    return np.random.default_rng(seed).integers(3, VOCAB, n).tolist()
+
+
+def policy_runs(llama, drafter, clock, prompts, n):
+    """Greedy runs of one Speculator (its policy learning across them) with the modeled clock."""
+    from saspec.integrations.llama_cpp import Sampler, Speculator
+
+    spec = Speculator(llama, drafter, clock=clock)
+    clock.charge(spec.ctx, 4.0, 1.0)  # llama.cpp on a CPU: a fixed part, then about a forward per token
+    model = getattr(drafter, "model", None)
+    return spec, model, [spec.generate(p, n, Sampler(), stop_at_eog=False) for p in prompts]
+
+
+@pytest.mark.parametrize("per_token, chosen", [(3.0, False), (0.05, True)])
+def test_policy_uses_the_draft_model_only_where_it_costs_less(gguf_path, llama, per_token, chosen):
+    """The draft model is the target's own weights (every draft kept): only its modeled cost decides.
+    Three times the target's cost per token: after a warm-up run it is never chosen; a twentieth: it
+    drafts most steps. Both emit plain greedy decoding's tokens."""
+    from saspec.integrations.llama_cpp import LlamaCppHybridDrafter, ModelDrafter, SADraftModel
+
+    clock = CostClock()
+    hybrid = LlamaCppHybridDrafter(SADraftModel(16), ModelDrafter(new_llama(gguf_path), k=4, p_min=0.0))
+    clock.charge(hybrid.model.ctx, 3.0 * per_token * 4, per_token)
+    prompts = [random_prompt(s) for s in (20, 21, 22)]
+    spec, model, runs = policy_runs(llama, hybrid, clock, prompts, 60)
+    for p, r in zip(prompts, runs):
+        assert r.tokens == plain_greedy(llama, p, 60)
+    later = [r.steps_by_source.get("draft", 0) for r in runs[1:]]
+    if chosen:
+        assert all(d > 0.5 * r.steps for d, r in zip(later, runs[1:]))
+        assert runs[-1].accepted["draft"] == runs[-1].drafted["draft"]
+    else:
+        assert later == [0, 0]
+    assert spec.policy.stats["steps"] == sum(r.steps for r in runs)
+
+
+def wrong_drafts(token: int, k: int = 8):
+    """An automaton that offers, at a long match every step, ``token`` (one the target never emits)."""
+    from saspec.integrations.llama_cpp import SADraftModel
+
+    class Wrong(SADraftModel):
+        def lookup(self, new_tokens):
+            super().lookup(new_tokens)
+            self.match_len, self.source = 24, "sa"
+            return 24, [token] * self.k
+
+    return Wrong(k)
+
+
+def test_policy_falls_back_to_plain_steps_where_drafts_never_hit(llama):
+    """The fixed rule drafts every step and every draft is rejected; the policy scores the offers
+    against the tokens emitted and, after a warm-up run, takes plain steps."""
+    from saspec.integrations.llama_cpp import generate
+
+    prompts = [random_prompt(s) for s in (30, 31)]
+    refs = [plain_greedy(llama, p, 60) for p in prompts]
+    never = min(set(range(VOCAB)) - set(refs[0]) - set(refs[1]))
+    fixed = generate(llama, prompts[0], 60, wrong_drafts(never), stop_at_eog=False, policy=False)
+    assert fixed.steps_by_source.get("sa", 0) == fixed.steps and fixed.accepted.get("sa", 0) == 0
+    clock = CostClock()
+    spec, _, runs = policy_runs(llama, wrong_drafts(never), clock, prompts, 60)
+    for ref, r in zip(refs, runs):
+        assert r.tokens == ref
+        assert r.accepted.get("sa", 0) == 0
+    assert runs[0].steps_by_source.get("none", 0) > 0
+    assert runs[1].steps_by_source.get("none", 0) >= 0.9 * runs[1].steps

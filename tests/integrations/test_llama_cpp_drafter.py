@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from saspec.integrations.llama_cpp import SADraftModel
-from saspec.lengths import draft_length
+from saspec.rules import draft_length
 
-PER_MATCH = 1  # index of "per-match" in saspec.lengths.DRAFT_LENGTH_RULES
+PER_MATCH = 1  # index of "per-match" in saspec.rules.DRAFT_LENGTH_RULES
 
 
 def fresh(history: np.ndarray, k: int = 16) -> tuple[list[int], int]:
@@ -155,3 +155,32 @@ def test_min_match_withholds_drafts_of_short_matches():
     assert d(np.r_[text, 3]).tolist() == [4, 5, 9, 8, 7, 1]  # a 3-token match drafts again (ceil(2 * 3) tokens)
     with pytest.raises(ValueError, match="min_match"):
         SADraftModel(min_match=0)
+
+
+def test_importing_the_package_raises_no_deprecation_warning():
+    """The drafters, the loop and the server use saspec.rules and saspec.policy, not the deprecated
+    saspec.lengths / saspec.select (which warn when imported)."""
+    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning); "
+            "import saspec.integrations.llama_cpp.drafter, saspec.integrations.llama_cpp.loop, "
+            "saspec.integrations.llama_cpp.server")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_the_former_hybrid_name_is_a_deprecated_alias():
+    import saspec.integrations.llama_cpp as lc
+
+    with pytest.warns(DeprecationWarning, match="LlamaCppHybridDrafter"):
+        old = lc.HybridDrafter
+    assert old is lc.LlamaCppHybridDrafter
+
+
+def test_lookup_gives_the_uncut_draft_and_propose_the_rule_cut():
+    """The policy is offered the automaton's whole draft at its match; propose cuts it by the rule."""
+    h = np.array([1, 2, 3, 4, 5, 6, 7, 8, 1, 2], np.int32)
+    a, b = SADraftModel(16, min_match=1), SADraftModel(16, min_match=1)
+    a.begin(h[:-1])
+    b.begin(h[:-1])
+    m, whole = a.lookup(h[-1:])
+    cut = b.propose(h[-1:])
+    assert m == 2 and whole[:6] == [3, 4, 5, 6, 7, 8]
+    assert cut == whole[: draft_length(m, 16, PER_MATCH, 2.0, -1)] and len(cut) < len(whole)

@@ -24,8 +24,13 @@ Methods:
   drafter: the loop's own overhead against ``plain``;
 * ``saspec``: saspec's loop with ``SADraftModel``;
 * ``draft-model``: saspec's loop with the 0.5B GGUF as ``ModelDrafter``;
-* ``hybrid``: saspec's loop with ``HybridDrafter`` (automaton from a match of
-  ``--threshold`` tokens, else the draft model).
+* ``hybrid``: saspec's loop with ``LlamaCppHybridDrafter`` (the automaton and the draft model);
+* ``saspec-rule``, ``hybrid-rule``: ``saspec`` and ``hybrid`` with the loop's policy off
+  (``policy=False``): the per-match rule from a match of ``--min-match``, and the automaton
+  from a match of ``--threshold`` tokens, else the draft model.
+
+``saspec``, ``draft-model`` and ``hybrid`` use the loop's default drafting choice,
+saspec's policy (``saspec.policy.SequencePolicy``), a fresh one per run (a cold start).
 
 Per prompt and method: tokens, wall time, tok/s, drafted/accepted tokens, steps, and
 whether the output equals ``plain``'s (and, where not, the first position that differs).
@@ -48,8 +53,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-METHODS = ("plain", "prompt-lookup", "saspec-in-llama", "own-plain", "saspec", "draft-model", "hybrid")
-NEURAL_METHODS = ("draft-model", "hybrid")
+METHODS = ("plain", "prompt-lookup", "saspec-in-llama", "own-plain", "saspec", "draft-model", "hybrid",
+           "saspec-rule", "hybrid-rule")
+NEURAL_METHODS = ("draft-model", "hybrid", "hybrid-rule")
+#: saspec's own loop, and those of its methods with the policy off.
+OWN_LOOP = ("own-plain", "saspec", "draft-model", "hybrid", "saspec-rule", "hybrid-rule")
+RULE_METHODS = ("saspec-rule", "hybrid-rule")
 DEFAULT_LLAMA_PYTHON = "/work/venvs/llama/bin/python"
 #: saspec's defaults in llama.cpp (``saspec.integrations.llama_cpp.drafter``; not imported here: the parent
 #: must not load numba, and the child reads them from the job).
@@ -270,7 +279,7 @@ def _load(path: str, job: dict[str, Any], **kw: Any) -> Any:
 def run_prompts(job: dict[str, Any]) -> dict[str, Any]:
     """Every method of ``job["methods"]`` on each of ``job["prompts"]``, in that order, after untimed warm-ups."""
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-    from saspec.integrations.llama_cpp import HybridDrafter, ModelDrafter, SADraftModel, Speculator
+    from saspec.integrations.llama_cpp import LlamaCppHybridDrafter, ModelDrafter, SADraftModel, Speculator
     from saspec_bench.cpumeter import CpuMeter
 
     methods = job["methods"]
@@ -286,12 +295,12 @@ def run_prompts(job: dict[str, Any]) -> dict[str, Any]:
         return SADraftModel(job["k"], min_match=job.get("min_match", 1))
 
     def drafter(method: str) -> Any:
-        if method == "saspec":
+        if method in ("saspec", "saspec-rule"):
             return sa()
         if method == "draft-model":
             return ModelDrafter(small, job["neural_k"], job["p_min"])
-        if method == "hybrid":
-            return HybridDrafter(sa(), ModelDrafter(small, job["neural_k"], job["p_min"]), job["threshold"])
+        if method in ("hybrid", "hybrid-rule"):
+            return LlamaCppHybridDrafter(sa(), ModelDrafter(small, job["neural_k"], job["p_min"]), job["threshold"])
         return None
 
     def one(method: str, prompt: list[int], max_new: int) -> dict[str, Any]:
@@ -299,8 +308,8 @@ def run_prompts(job: dict[str, Any]) -> dict[str, Any]:
         target.reset()
         if small is not None:
             small.reset()
-        if method in ("own-plain", "saspec", "draft-model", "hybrid"):
-            spec = Speculator(target, drafter(method))
+        if method in OWN_LOOP:
+            spec = Speculator(target, drafter(method), policy=method not in RULE_METHODS)
             t0 = time.perf_counter()
             res = spec.generate(prompt, max_new)
             wall = time.perf_counter() - t0

@@ -3,12 +3,12 @@
 ::
 
     from llama_cpp import Llama
-    from saspec.integrations.llama_cpp import SADraftModel, ModelDrafter, HybridDrafter, generate
+    from saspec.integrations.llama_cpp import SADraftModel, ModelDrafter, LlamaCppHybridDrafter, generate
 
     target = Llama("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", n_ctx=8192, n_threads=2)
     out = generate(target, prompt_ids, 256, SADraftModel())              # the automaton
     draft = Llama("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", n_ctx=8192, n_threads=2)
-    out = generate(target, prompt_ids, 256, HybridDrafter(SADraftModel(), ModelDrafter(draft)))
+    out = generate(target, prompt_ids, 256, LlamaCppHybridDrafter(SADraftModel(), ModelDrafter(draft)))
     out.tokens, out.accepted, out.drafted
 
 * :func:`generate` / :class:`Speculator` (``loop``): saspec's loop over llama.cpp's C API:
@@ -18,9 +18,11 @@
   llama-cpp-python ``LlamaDraftModel`` (``Llama(draft_model=SADraftModel())`` runs it in
   llama-cpp-python's own, slower loop; pass ``logits_all=True`` there for prompts longer
   than ``n_batch``).
-* :class:`ModelDrafter`, :class:`HybridDrafter` (``drafter``): a small GGUF draft model
-  with a lazily caught-up KV cache, and the choice between it and the automaton by
-  match length.
+* :class:`ModelDrafter`, :class:`LlamaCppHybridDrafter` (``drafter``): a small GGUF draft
+  model with a lazily caught-up KV cache, and both drafters together. The loop's
+  policy (``saspec.policy.SequencePolicy``, on by default; ``policy=False`` for the
+  match-length rule) times every target decode and draft-model call and chooses each
+  step's source and draft length.
 * ``python -m saspec.integrations.llama_cpp.server``: llama-cpp-python's OpenAI server
   with saspec's loop and drafters (see ``server``).
 
@@ -33,18 +35,20 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"SADraftModel": "drafter", "ModelDrafter": "drafter", "HybridDrafter": "drafter",
+_EXPORTS = {"SADraftModel": "drafter", "ModelDrafter": "drafter", "LlamaCppHybridDrafter": "drafter",
             "generate": "loop", "Speculator": "loop", "Sampler": "loop", "GenerateResult": "loop",
             "Context": "lowlevel"}
 
 __all__ = sorted(_EXPORTS)
+_EXPORTS["HybridDrafter"] = "drafter"  # the deprecated former name of LlamaCppHybridDrafter (warns)
 
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
+    if name != "HybridDrafter":  # kept uncached, so that each use of the deprecated name warns
+        globals()[name] = value
     return value
 
 

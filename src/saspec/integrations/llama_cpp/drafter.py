@@ -12,8 +12,10 @@ emitted) and proposes the next draft tokens:
   greedily. Its KV cache is kept across steps and caught up lazily: steps whose draft
   comes from elsewhere cost it nothing; the next step it drafts decodes the tokens it
   missed in one batch.
-* :class:`HybridDrafter`: per step, the automaton's draft where its match is at least
-  ``threshold`` tokens, the draft model's otherwise.
+* :class:`LlamaCppHybridDrafter`: both. The loop's policy (``saspec.policy.SequencePolicy``,
+  the default) chooses each step's source and length; with the policy off, the
+  automaton's draft where its match is at least ``threshold`` tokens, the draft
+  model's otherwise. (``HybridDrafter`` is its deprecated former name.)
 
 The loop protocol (``saspec.integrations.llama_cpp.loop``): ``begin(prompt)`` once,
 then each step ``propose(new_tokens)`` with the tokens verified since the last call,
@@ -22,14 +24,14 @@ returning the draft (a list of ints); ``source`` names where the last draft came
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
 
 from ...engine import SpecEngine
-from ...lengths import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, check_length_rule, draft_length
 from ...pool import RequestPool
-from ...select import HYBRID_THRESHOLD
+from ...rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, HYBRID_THRESHOLD, check_length_rule, draft_length
 from ...single import SingleSequence
 from ...validate import check_count, check_int
 
@@ -73,7 +75,7 @@ class SADraftModel:
     Args:
         k: the most draft tokens per call (>= 1).
         length_rule, length_scale: the draft length from the match length
-            (``saspec.lengths.draft_length``; default per-match: ``ceil(2 m)``).
+            (``saspec.rules.draft_length``; default per-match: ``ceil(2 m)``).
         pool: an optional :class:`saspec.RequestPool`: each call drafts from
             earlier histories too (where the match there is longer), and a
             history joins the pool when a new one replaces it (or at
@@ -84,6 +86,11 @@ class SADraftModel:
             (>= 1; default 3). On a CPU, where verifying each drafted token
             costs nearly a forward of its own, the drafts of short matches
             cost more than they save.
+
+    ``length_rule``, ``length_scale`` and ``min_match`` cut :meth:`propose`'s
+    drafts (the fixed rules: the loop's ``policy=False``, and
+    llama-cpp-python's own loop); the loop's policy instead takes
+    :meth:`lookup`'s whole draft and chooses its length itself.
 
     Raises:
         ValueError, TypeError: a bad ``k``, length rule, scale, pool, policy or ``min_match``.
@@ -136,10 +143,19 @@ class SADraftModel:
         """Append ``new_tokens`` (verified since the last call); return the draft (list of ints)."""
         if self._seq is None:
             raise RuntimeError("call begin(prompt) first")
+        return self._cut(*self.lookup(new_tokens))
+
+    def lookup(self, new_tokens: Sequence[int]) -> tuple[int, list[int]]:
+        """Append ``new_tokens``; return ``(match, draft)`` before the length rule and ``min_match``
+        cut it: the match length in tokens and up to ``k`` draft tokens (for a policy to cut)."""
+        if self._seq is None:
+            raise RuntimeError("call begin(prompt) first")
         new = as_history(np.asarray(list(new_tokens), dtype=np.int64))
         self._append(new)
         m, d = self._seq.extend(new.tolist())
-        return self._cut(m, d)
+        self.match_len = m
+        self.source = ("pool" if self._seq.from_pool else "sa") if d else "none"
+        return m, d
 
     # -- the LlamaDraftModel interface ---------------------------------------
 
@@ -212,6 +228,7 @@ class ModelDrafter:
         self.p_min = p_min
         self.ctx = Context(model)
         self._hist: list[int] = []  # the verified history
+        self._cached = 0  # how many of its tokens the KV cache surely holds
         self.source = "none"
         self.forwards = 0  # decode calls made
         self.decoded = 0  # tokens decoded (catch-up and drafting)
@@ -222,13 +239,21 @@ class ModelDrafter:
         if p.size == 0:
             raise ValueError("the prompt must hold at least one token")
         self._hist = p.tolist()
+        self._cached = min(self.ctx.common_prefix(self._hist), len(self._hist) - 1)
+
+    def behind(self, new_tokens: Sequence[int] = ()) -> int:
+        """Tokens the next :meth:`propose` (given ``new_tokens``) decodes before drafting: the
+        verified ones its KV cache lacks (an upper bound: drafts it kept may match), at least 1."""
+        return max(len(self._hist) + len(new_tokens) - self._cached, 1)
 
     def note(self, new_tokens: Sequence[int]) -> None:
         """Append verified tokens without running the model (it catches up when next asked)."""
         self._hist.extend(int(t) for t in new_tokens)
 
-    def propose(self, new_tokens: Sequence[int]) -> list[int]:
-        """Append ``new_tokens``, catch up over every token not yet in the KV cache, draft."""
+    def propose(self, new_tokens: Sequence[int], k: int | None = None) -> list[int]:
+        """Append ``new_tokens``, catch up over every token not yet in the KV cache, draft up to
+        ``k`` tokens (default: the drafter's ``k``; ``ValueError`` unless >= 1)."""
+        k = self.k if k is None else check_count(k, "k")
         self.note(new_tokens)
         ctx = self.ctx
         keep = ctx.common_prefix(self._hist)
@@ -238,13 +263,14 @@ class ModelDrafter:
         logits = ctx.decode(self._hist[keep:], want_last=True)
         self.forwards += 1
         self.decoded += len(self._hist) - keep
+        self._cached = len(self._hist)
         draft: list[int] = []
         while True:
             t, p = _top(logits)
             if p < self.p_min:
                 break
             draft.append(t)
-            if len(draft) >= self.k or ctx.n_past + 1 >= ctx.n_ctx:
+            if len(draft) >= k or ctx.n_past + 1 >= ctx.n_ctx:
                 break
             logits = ctx.decode([t], want_last=True)
             self.forwards += 1
@@ -260,14 +286,19 @@ def _top(logits: np.ndarray) -> tuple[int, float]:
     return t, float(1.0 / np.exp(z, dtype=np.float64).sum())
 
 
-class HybridDrafter:
-    """The automaton where its match is long enough, the draft model otherwise.
+class LlamaCppHybridDrafter:
+    """The automaton and a draft model over one history.
+
+    In :class:`~.loop.Speculator` with its policy on (the default) the policy
+    chooses each step's source and length and this object only holds the two
+    drafters; with the policy off, :meth:`propose` applies the match-length rule:
+    the automaton where its match is long enough, the draft model otherwise.
 
     Args:
         sa: an :class:`SADraftModel`.
         model: a :class:`ModelDrafter`.
-        threshold: the automaton drafts when its match is at least this many
-            tokens (>= 1; default ``saspec.select.HYBRID_THRESHOLD``).
+        threshold: with the policy off, the automaton drafts when its match is
+            at least this many tokens (>= 1; default ``saspec.rules.HYBRID_THRESHOLD``).
 
     The draft model only reads the verified tokens (``note``) on automaton steps;
     it decodes them when it next drafts.
@@ -299,3 +330,11 @@ class HybridDrafter:
 
     def close(self) -> None:
         self.sa.close()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HybridDrafter":
+        warnings.warn("saspec.integrations.llama_cpp.HybridDrafter is deprecated: use LlamaCppHybridDrafter",
+                      DeprecationWarning, stacklevel=2)
+        return LlamaCppHybridDrafter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

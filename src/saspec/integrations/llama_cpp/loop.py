@@ -17,18 +17,30 @@ draft (every drafter here proposes point masses): draft token ``d`` is kept with
 the target's probability ``p(d)``; at the first rejection the token is drawn from
 ``p`` with ``d`` removed, renormalised; so each emitted token has the target's
 distribution (temperature, then top-k and top-p), as plain sampling does.
+
+**The drafting choice.** By default (``policy=True``) a
+:class:`saspec.policy.SequencePolicy` chooses each step's source (the automaton,
+the draft model, or none) and draft length, for the most tokens per second: it
+is offered the automaton's draft at its match every step (and scores it against
+the tokens the step emitted, drafted or not), and it times every target decode
+and every draft-model call (``clock``, injectable). So the draft model drafts
+only where it pays, its lazy catch-up (the tokens it skipped) counted in its
+cost, and text where drafts are rarely kept gets plain steps. ``policy=False``
+keeps the fixed rules: the drafter's own ``propose`` (the automaton's
+match-length rule, the hybrid's threshold).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ...policy import PolicySettings, SequencePolicy, StepCost, cpu_like, env_log
 from ...validate import check_int
-from .drafter import as_history
+from .drafter import LlamaCppHybridDrafter, ModelDrafter, SADraftModel, as_history
 from .lowlevel import Context
 
 
@@ -175,6 +187,39 @@ class Sampler:
         return out + [self.first(logits[len(draft)], hist)]
 
 
+def drafter_parts(drafter: Any) -> tuple[SADraftModel | None, ModelDrafter | None] | None:
+    """``(automaton, draft model)`` of a drafter the policy can drive (either may be None), or None
+    for another drafter (its own ``propose`` decides)."""
+    if isinstance(drafter, SADraftModel):
+        return drafter, None
+    if isinstance(drafter, ModelDrafter):
+        return None, drafter
+    if isinstance(drafter, LlamaCppHybridDrafter):
+        return drafter.sa, drafter.model
+    return None
+
+
+def make_policy(setting: Any, k_max: int, clock: Callable[[], float] | None = None) -> SequencePolicy | None:
+    """The policy for ``policy=setting``: None (off), the given ``SequencePolicy`` (``k_max`` at
+    least ``k_max``), or a fresh one with the compute-bound prior cost shape (llama.cpp on a CPU:
+    a step costs about a fixed part plus its token count) unless ``PolicySettings.cost_shape`` says
+    otherwise, timed by ``clock`` (default ``time.perf_counter``). ``TypeError``/``ValueError`` for
+    anything else."""
+    if setting is False or setting is None:
+        return None
+    if isinstance(setting, SequencePolicy):
+        if setting.k_max < k_max:
+            raise ValueError(f"the policy's k_max ({setting.k_max}) must be >= the drafters' k ({k_max})")
+        return setting
+    if setting is True or isinstance(setting, PolicySettings):
+        ps = setting if isinstance(setting, PolicySettings) else PolicySettings()
+        cost = StepCost(ps.cost_shape or cpu_like, window=ps.window, max_age=ps.max_age, quantile=ps.quantile)
+        return SequencePolicy(max(int(k_max), 1), cost=cost, settings=ps, log=env_log(),
+                              clock=clock or time.perf_counter)
+    raise TypeError("policy must be a bool, a saspec.policy.PolicySettings or a saspec.policy.SequencePolicy, "
+                    f"got {type(setting).__name__}")
+
+
 class Speculator:
     """saspec's speculative loop on one ``llama_cpp.Llama``, step by step.
 
@@ -182,19 +227,72 @@ class Speculator:
         llama: the target ``llama_cpp.Llama``.
         drafter: ``None`` (plain decoding), or an object with ``begin(prompt)``
             and ``propose(new_tokens) -> list[int]`` (``SADraftModel``,
-            ``ModelDrafter``, ``HybridDrafter``).
+            ``ModelDrafter``, ``LlamaCppHybridDrafter``).
         max_draft: cut every draft to this many tokens (default ``n_batch - 1``).
+        policy: ``True`` (default): a :class:`saspec.policy.SequencePolicy`
+            chooses each step's source and draft length (for the drafters
+            above; another drafter's ``propose`` decides itself); a
+            ``PolicySettings`` for its settings; a ``SequencePolicy`` to share
+            or inspect one (it keeps learning across :meth:`generate` calls);
+            ``False``: the drafter's fixed rules.
+        clock: seconds, for the policy's timings (default ``time.perf_counter``;
+            a given ``SequencePolicy`` keeps its own).
+
+    Attributes:
+        policy: the ``SequencePolicy`` in use, or None.
 
     Raises:
         TypeError, ValueError: a bad argument.
     """
 
-    def __init__(self, llama: Any, drafter: Any = None, max_draft: int | None = None) -> None:
+    def __init__(self, llama: Any, drafter: Any = None, max_draft: int | None = None, *,
+                 policy: bool | PolicySettings | SequencePolicy = True,
+                 clock: Callable[[], float] | None = None) -> None:
         if drafter is not None and not (callable(getattr(drafter, "begin", None)) and callable(getattr(drafter, "propose", None))):
             raise TypeError(f"drafter must have begin(prompt) and propose(new_tokens), got {type(drafter).__name__}")
+        if clock is not None and not callable(clock):
+            raise TypeError(f"clock must be callable, got {type(clock).__name__}")
+        if not isinstance(policy, (bool, PolicySettings, SequencePolicy)):
+            raise TypeError("policy must be a bool, a saspec.policy.PolicySettings or a saspec.policy.SequencePolicy, "
+                            f"got {type(policy).__name__}")
+        parts = drafter_parts(drafter)
+        k_max = max((p.k for p in parts or () if p is not None), default=1)
+        pol = make_policy(policy, k_max, clock) if parts is not None else None
         self.ctx = Context(llama)
         self.llama, self.drafter = llama, drafter
         self.max_draft = self.ctx.n_batch - 1 if max_draft is None else check_int(max_draft, "max_draft", 0, self.ctx.n_batch - 1)
+        self.policy = pol
+        self._parts = parts if pol is not None else None
+        self.clock = pol.clock if pol is not None else (clock or time.perf_counter)
+
+    def _policy_draft(self, new: list[int], cap: int, remaining: int | None, res: GenerateResult) -> tuple[str, list[int]]:
+        """This step's ``(source, draft)`` as the policy chooses, at most ``cap`` tokens; times the
+        draft model's call for the policy."""
+        sa, model = self._parts
+        pol, clock = self.policy, self.clock
+        match, offer = 0, []
+        t = time.perf_counter()
+        if sa is not None:
+            match, offer = sa.lookup(new)
+        pol.offer(match, offer)  # scored against the tokens this step emits, drafted or not
+        offer = offer[:cap]
+        model_k = min(model.k, cap) if model is not None else 0
+        behind = model.behind(new) if model_k else 1
+        res.draft_s += time.perf_counter() - t
+        source, n = pol.choose(match, len(offer), model_k, behind, remaining=remaining)
+        if source == "draft" and n > 0:
+            t, c0, f0 = time.perf_counter(), clock(), model.forwards
+            draft = model.propose(new, k=min(n, cap))[:cap]
+            spent = clock() - c0
+            res.draft_s += time.perf_counter() - t
+            if spent > 0:
+                pol.observe_draft_call(spent, read=behind, drafted=max(model.forwards - f0, 1))
+            return ("draft" if draft else "none"), draft
+        if model is not None:
+            model.note(new)  # read when it next drafts
+        if source == "sa" and n > 0:
+            return sa.source, offer[:n]
+        return "none", []
 
     def check_prompt(self, prompt_ids: Any) -> np.ndarray:
         """``prompt_ids`` as int32 [L]; ``ValueError`` where it is empty, does not fit or holds bad ids."""
@@ -231,6 +329,9 @@ class Speculator:
             t = time.perf_counter()
             drafter.begin(prompt)
             res.draft_s += time.perf_counter() - t
+        pol, clock = self.policy, self.clock
+        if pol is not None:
+            pol.withdraw_offer()  # an offer left by a consumer that stopped early belongs to another sequence
         recent: list[int] = []
         emitted = 0
         while True:
@@ -245,21 +346,28 @@ class Speculator:
                 return
             draft: list[int] = []
             source = "none"
-            if drafter is not None and room > 0:
+            cap = min(self.max_draft, room)
+            if max_tokens is not None:
+                cap = min(cap, max(max_tokens - emitted - 1, 0))
+            if pol is not None and room > 0:
+                source, draft = self._policy_draft(new, cap, None if max_tokens is None else max_tokens - emitted, res)
+            elif drafter is not None and room > 0:
                 t = time.perf_counter()
                 draft = drafter.propose(new)
                 res.draft_s += time.perf_counter() - t
                 source = getattr(drafter, "source", "sa") if len(draft) else "none"
-                cap = min(self.max_draft, room)
-                if max_tokens is not None:
-                    cap = min(cap, max(max_tokens - emitted - 1, 0))
                 draft = [int(d) for d in draft[:cap]]
-            t = time.perf_counter()
+            t, c0 = time.perf_counter(), clock()
             base = ctx.n_past
             rows = ctx.decode([new[-1]] + draft, want_from=0)
             new = sampler.verify(rows, draft, recent)
             ctx.truncate(base + len(new))  # the last emitted token and the kept drafts stay
             res.decode_s += time.perf_counter() - t
+            if pol is not None:
+                pol.observe_forward(1 + len(draft), clock() - c0)  # the whole step: decode and verify
+                if source == "draft":
+                    pol.observe("draft", 0, len(draft), len(new) - 1)
+                pol.observe_tokens(new)
             res.steps += 1
             res.steps_by_source[source] = res.steps_by_source.get(source, 0) + 1
             if draft:
@@ -287,7 +395,9 @@ class Speculator:
 
 def generate(llama: Any, prompt_ids: Any, max_tokens: int, drafter: Any = None, *, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-             stop_at_eog: bool = True, max_draft: int | None = None) -> GenerateResult:
+             stop_at_eog: bool = True, max_draft: int | None = None,
+             policy: bool | PolicySettings | SequencePolicy = True,
+             clock: Callable[[], float] | None = None) -> GenerateResult:
     """Generate up to ``max_tokens`` tokens after ``prompt_ids`` with speculative decoding.
 
     Args:
@@ -298,11 +408,13 @@ def generate(llama: Any, prompt_ids: Any, max_tokens: int, drafter: Any = None, 
         max_tokens: the most tokens to generate (>= 1).
         drafter: ``None`` (plain decoding, one token per step), or an object
             with ``begin(prompt)`` and ``propose(new_tokens) -> list[int]`` (an
-            ``SADraftModel``, ``ModelDrafter`` or ``HybridDrafter``).
+            ``SADraftModel``, ``ModelDrafter`` or ``LlamaCppHybridDrafter``).
         temperature, top_k, top_p, min_p, seed: the sampling (:class:`Sampler`;
             temperature 0 is greedy).
         stop_at_eog: stop after an end-of-generation token (kept in the output).
         max_draft: cut every draft to this many tokens (default ``n_batch - 1``).
+        policy, clock: the drafting choice (:class:`Speculator`; default: the
+            policy; ``False``: the drafter's fixed rules).
 
     Returns:
         a :class:`GenerateResult` (``tokens``: the generated ids, prompt excluded).
@@ -311,6 +423,6 @@ def generate(llama: Any, prompt_ids: Any, max_tokens: int, drafter: Any = None, 
         ValueError, TypeError: a bad argument (raised before the model runs).
     """
     sampler = Sampler(temperature, top_k, top_p, min_p, seed=seed)
-    spec = Speculator(llama, drafter, max_draft)
+    spec = Speculator(llama, drafter, max_draft, policy=policy, clock=clock)
     spec.check_prompt(prompt_ids)
     return spec.generate(prompt_ids, max_tokens, sampler, stop_at_eog)

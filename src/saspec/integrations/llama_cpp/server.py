@@ -4,18 +4,24 @@
 
     python -m saspec.integrations.llama_cpp.server --model target.gguf --n_ctx 8192 --n_threads 2 \\
         [--saspec-draft-model draft.gguf] [--saspec-k 16] [--saspec-threshold 4] \\
-        [--saspec-pool-tokens 1000000] [--saspec-draft-k 8] [--saspec-p-min 0.75]
+        [--saspec-pool-tokens 1000000] [--saspec-draft-k 8] [--saspec-p-min 0.75] [--saspec-no-policy]
 
 Every option of ``python -m llama_cpp.server`` works as there (they are passed to its
 ``main``); the ``--saspec-*`` options are saspec's:
 
-* ``--saspec-k``: the automaton's most draft tokens per step (default 16; the
-  per-match rule cuts each draft to ``ceil(2 m)`` after a match of ``m`` tokens).
-* ``--saspec-draft-model PATH``: a small GGUF draft model (same vocabulary) for the
-  hybrid: the automaton drafts where its match is at least ``--saspec-threshold``
-  tokens (default 4), the draft model otherwise (``--saspec-draft-k`` tokens at most,
-  stopping below probability ``--saspec-p-min``). It is loaded with the target's
-  ``n_ctx``, ``n_batch``, ``n_threads`` and ``n_gpu_layers``.
+* ``--saspec-k``: the automaton's most draft tokens per step (default 32).
+* ``--saspec-draft-model PATH``: a small GGUF draft model (same vocabulary) beside the
+  automaton (``--saspec-draft-k`` tokens at most, stopping below probability
+  ``--saspec-p-min``). It is loaded with the target's ``n_ctx``, ``n_batch``,
+  ``n_threads`` and ``n_gpu_layers``.
+* The drafting choice: by default saspec's policy (``saspec.policy.SequencePolicy``,
+  one per served model, learning across requests) chooses each step's source (the
+  automaton, the draft model, or none) and draft length from timings of every target
+  decode and draft-model call, so the draft model drafts only where it pays.
+  ``--saspec-no-policy`` turns the policy off for the fixed rules: the per-match rule
+  (``ceil(2 m)`` tokens after a match of ``m >= 3``), and with a draft model, the
+  automaton where its match is at least ``--saspec-threshold`` tokens (default 4),
+  the draft model otherwise (``--saspec-threshold`` is used only then).
 * ``--saspec-pool-tokens N``: memory across requests (a :class:`saspec.RequestPool` of
   at most N tokens shared by every request; 0, the default: off).
 
@@ -37,8 +43,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from ...pool import RequestPool
-from ...select import HYBRID_THRESHOLD
-from .drafter import DEFAULT_K, DEFAULT_MODEL_K, DEFAULT_P_MIN, HybridDrafter, ModelDrafter, SADraftModel
+from ...rules import HYBRID_THRESHOLD
+from .drafter import DEFAULT_K, DEFAULT_MODEL_K, DEFAULT_P_MIN, LlamaCppHybridDrafter, ModelDrafter, SADraftModel
 from .loop import Sampler, Speculator
 
 
@@ -52,6 +58,7 @@ class SaspecSettings:
     draft_k: int = DEFAULT_MODEL_K
     p_min: float = DEFAULT_P_MIN
     pool_tokens: int = 0
+    policy: bool = True
 
 
 def parse_saspec_args(argv: Sequence[str]) -> tuple[SaspecSettings, list[str]]:
@@ -63,11 +70,12 @@ def parse_saspec_args(argv: Sequence[str]) -> tuple[SaspecSettings, list[str]]:
     p.add_argument("--saspec-draft-k", type=int, default=DEFAULT_MODEL_K)
     p.add_argument("--saspec-p-min", type=float, default=DEFAULT_P_MIN)
     p.add_argument("--saspec-pool-tokens", type=int, default=0)
+    p.add_argument("--saspec-no-policy", action="store_true")
     ns, rest = p.parse_known_args(list(argv))
     if ns.saspec_pool_tokens < 0:
         raise ValueError(f"--saspec-pool-tokens must be >= 0, got {ns.saspec_pool_tokens}")
     s = SaspecSettings(ns.saspec_k, ns.saspec_draft_model, ns.saspec_threshold, ns.saspec_draft_k, ns.saspec_p_min,
-                       ns.saspec_pool_tokens)
+                       ns.saspec_pool_tokens, not ns.saspec_no_policy)
     return s, rest
 
 
@@ -82,15 +90,16 @@ class SaspecGenerate:
     Args:
         llama: the target ``llama_cpp.Llama``.
         drafter: what :class:`~.loop.Speculator` takes.
+        policy: :class:`~.loop.Speculator`'s ``policy`` (default True: saspec's policy).
 
     Calling it takes ``Llama.generate``'s arguments and yields tokens one at a
     time; what the loop cannot honour goes to the original ``generate``.
     """
 
-    def __init__(self, llama: Any, drafter: Any) -> None:
+    def __init__(self, llama: Any, drafter: Any, policy: Any = True) -> None:
         self.llama = llama
         self.original = llama.generate
-        self.spec = Speculator(llama, drafter)
+        self.spec = Speculator(llama, drafter, policy=policy)
         self.requests = 0
         self.fallbacks = 0
 
@@ -135,8 +144,8 @@ def attach(llama: Any, settings: SaspecSettings, pool: RequestPool | None = None
     sa = SADraftModel(settings.k, pool=pool)
     drafter: Any = sa
     if draft is not None:
-        drafter = HybridDrafter(sa, ModelDrafter(draft, settings.draft_k, settings.p_min), settings.threshold)
-    gen = SaspecGenerate(llama, drafter)
+        drafter = LlamaCppHybridDrafter(sa, ModelDrafter(draft, settings.draft_k, settings.p_min), settings.threshold)
+    gen = SaspecGenerate(llama, drafter, settings.policy)
     llama.generate = gen
     return gen
 
@@ -145,7 +154,10 @@ def describe(settings: SaspecSettings) -> str:
     """One line naming the drafter a server's models get."""
     what = f"automaton K {settings.k}"
     if settings.draft_model:
-        what += f", draft model {settings.draft_model} below a match of {settings.threshold}"
+        what += f", draft model {settings.draft_model}"
+        what += ", by saspec's policy" if settings.policy else f" below a match of {settings.threshold}"
+    elif settings.policy:
+        what += ", by saspec's policy"
     return what + (f", pool of {settings.pool_tokens} tokens" if settings.pool_tokens else "")
 
 

@@ -75,7 +75,7 @@ have chosen: where timings are steady, one climb through the
 untimed sizes that a long match makes look worth it, and the smallest verify
 about ``log2(steps / 8)`` times; under noise, each size at most about that
 often between two choices of it on merit. ``stats`` counts every kind of
-step; BENCHMARKS.md ("The cost gate") has the measured numbers.
+step; git history has its measurements (BENCHMARKS.md, "Drafting policy", compares it with the policy).
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ def gpu_like_profile(batches: tuple[int, ...] = DEFAULT_BATCHES, context: int = 
       turns compute-bound at a few tokens per row, so each verified token
       costs compute;
     * the SA's extend: ``max(sa_step_s_min, sa_step_s_per_row x B)``, rounded
-      up from the host per-step figures (BENCHMARKS.md, "Per decode step").
+      up from the host per-step figures (BENCHMARKS.md, "Host engine").
     """
     bw, fl = H100_HBM_BYTES_S * bw_efficiency, H100_BF16_FLOPS * flops_efficiency
     out = {}

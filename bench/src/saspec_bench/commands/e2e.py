@@ -54,7 +54,7 @@ from saspec.pool import RequestPool
 # ``saspec.policy.SequencePolicy``): it times the forwards as it goes and drafts only
 # where a draft is expected to pay for its verify. The fixed rules below are
 # what ``--no-gate`` uses, tuned by replaying recorded outputs under a CPU's
-# costs (BENCHMARKS.md, "End to end"): on a CPU a draft-model token costs a
+# costs (BENCHMARKS.md, "End to end: the own loop"): on a CPU a draft-model token costs a
 # large part of a target forward, so the hybrid keeps even a weak SA match until
 # the SA has missed ``patience`` steps in a row, the small model's drafts stay
 # short, and SA drafts are capped per matched token, which lets K be large for

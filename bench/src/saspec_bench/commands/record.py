@@ -20,7 +20,7 @@ target's forwards and wall time.
 
 The defaults record 80 prompts; chat outputs are capped at ``CHAT_MAX_NEW``
 tokens, since the SA loop gains little on them and they cost the most to
-record. How long a recording takes: BENCHMARKS.md, "Real draft model".
+record. How long a recording takes: BENCHMARKS.md, "Draft quality".
 """
 
 from __future__ import annotations

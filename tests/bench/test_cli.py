@@ -218,11 +218,11 @@ def test_the_documented_example_trace_line_is_accepted(tmp_path, capsys):
     assert "| example | sa:first |" in (tmp_path / "tables.md").read_text()
 
 
-def test_readme_documents_the_trace_format():
+def test_the_docs_document_the_trace_format():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("## Recorded traces"):]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "traces.md").read_text()
+    section = page[page.index("## The format"):]
     assert re.search(r"`prompt_ids`.*`output_ids`.*`model`.*`meta`", section, re.S)
     example = next(x for x in section.splitlines() if x.startswith('{"prompt_ids"'))
     assert set(json.loads(example)) == {"prompt_ids", "output_ids", "model", "meta"}

@@ -25,20 +25,8 @@ from .validate import check_count
 warnings.warn("saspec.adaptive is deprecated: saspec.policy chooses each row's draft source and length",
               DeprecationWarning, stacklevel=2)
 
-N_BUCKETS = 16
-
-
-@njit(cache=True)
-def match_bucket(m):
-    """Bucket of a match length: 0..7 exactly, then one per doubling up to 15."""
-    if m < 8:
-        return m
-    b = 8
-    v = 16
-    while m >= v and b < N_BUCKETS - 1:
-        b += 1
-        v *= 2
-    return b
+# One bucketing of match lengths for every rule: the policy's (non-negative lengths bucket alike).
+from .policy import N_BUCKETS, match_bucket  # noqa: E402
 
 
 @njit(cache=True)

@@ -3,7 +3,8 @@
 ``SAProposer`` is driven the way vLLM's runner and saspec's plugin drive it (request ids named, builds at
 arrival), each row gaining 3 tokens per step; the same arrays go to a proposer with the fixed rule
 (``length_rule="fixed"``: the drafting call alone) and one with the policy (the default), interleaved step
-by step. Also: ``DraftPolicy.decide`` + ``observe`` + ``observe_step`` alone on the same batch.
+by step. Also, alone on the same batch: ``DraftPolicy.decide`` + ``observe`` + ``observe_step``, and
+``DraftPolicy.step`` (the one call ``SAProposer`` makes).
 
     python benchmarks/policy/host_cost.py --rows 64 --context 8192 --k 8 32
 """
@@ -76,11 +77,19 @@ def run(rows: int, context: int, k: int, steps: int, seed: int = 0) -> dict:
         pol.observe(match, offered, drafts, newt, lens)
         pol.decide(match, offered)
         alone.append(time.perf_counter() - t0)
+    one = DraftPolicy(k, cost=StepCost(cpu_like, max_tokens=rows * (k + 1)))
+    m32, o32, l32 = match.astype(np.int32), offered.astype(np.int32), lens.astype(np.int32)
+    step_alone = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        one.step(m32, o32, drafts, newt, l32, 1e-3, True)
+        step_alone.append(time.perf_counter() - t0)
     skip = min(20, steps // 4)  # the first steps build and compile
     med = {name: statistics.median(t[skip:]) * 1e6 for name, t in times.items()}
     return {"rows": rows, "context": context, "k": k, "steps": steps, "fixed_us": med["fixed"],
             "policy_us": med["policy"], "policy_share": (med["policy"] - med["fixed"]) / med["fixed"],
-            "policy_alone_us": statistics.median(alone[skip:]) * 1e6}
+            "policy_alone_us": statistics.median(alone[skip:]) * 1e6,
+            "step_alone_us": statistics.median(step_alone[skip:]) * 1e6}
 
 
 def main() -> None:
@@ -96,7 +105,8 @@ def main() -> None:
         best = min(runs, key=lambda r: r["policy_us"])
         print(json.dumps({**best, "fixed_us_all": [round(r["fixed_us"], 1) for r in runs],
                           "policy_us_all": [round(r["policy_us"], 1) for r in runs],
-                          "alone_us_all": [round(r["policy_alone_us"], 1) for r in runs]}))
+                          "alone_us_all": [round(r["policy_alone_us"], 1) for r in runs],
+                          "step_alone_us_all": [round(r["step_alone_us"], 1) for r in runs]}))
 
 
 if __name__ == "__main__":

@@ -155,35 +155,57 @@ def _low_quantile(vals, n, q):
     return vals[int(q * (n - 1))]
 
 
-@njit(cache=True)
-def _record(ratio, k, step, ratios, steps, filled, scale_buf, scale_seen):
-    """Write one timing (as a ratio to the shape) into knot ``k``'s window and the global one."""
-    j = filled[k] % ratios.shape[1]
-    ratios[k, j] = ratio
-    steps[k, j] = step
-    filled[k] += 1
-    scale_buf[scale_seen % scale_buf.shape[0]] = ratio
+# StepCost's state lives in a few arrays so that one jitted call reads and updates all of it:
+#   curve   float64 [2, max_tokens + 1]: the shape, and each token count's weight between its two knots
+#   index   int64 [2, max_tokens + 1]: each token count's lower knot, and its nearest knot
+#   knot    float64 [4, knots]: token count, shape there, correction, deviation from the global scale when
+#           last timed twice
+#   knot_i  int64 [2, knots]: timings written, step of the last remembered deviation (-1: never)
+#   ratios, steps  [knots, window]: each knot's latest timings (as ratios to the shape) and their steps
+#   scale_buf  float64 [SCALE_WINDOWS * window]: the latest ratios of all knots
+#   ctr     float64 [4]: steps counted, ratios written to scale_buf, timings taken, the global scale
+_STEP, _SEEN, _TIMED, _SCALE = 0, 1, 2, 3
 
 
 @njit(cache=True)
-def _refresh(ratios, steps, scale_buf, scale_seen, step, max_age, q, knot_ratio, scratch, knot_n, knot_shape,
-             mem_dev, mem_step, ratio, knot, filled):
-    """Record a timing (``ratio`` at ``knot``; none where ``knot < 0``) and recompute every knot's
-    correction (see the module doc); returns the global scale."""
-    if knot >= 0:
-        _record(ratio, knot, step, ratios, steps, filled, scale_buf, scale_seen)
-        scale_seen += 1
-    m = min(scale_seen, scale_buf.shape[0])
+def _cost(n, curve, index, knot):
+    """Estimated cost of a step of ``n`` tokens (see StepCost.seconds)."""
+    if n < 1:
+        n = 1
+    extra = 0.0
+    top = curve.shape[1] - 1
+    if n > top:
+        extra = (curve[0, top] - curve[0, top - 1]) * (n - top)
+        n = top
+    lo = index[0, n]
+    w = curve[1, n]
+    return (curve[0, n] + extra) * ((1.0 - w) * knot[2, lo] + w * knot[2, lo + 1])
+
+
+@njit(cache=True)
+def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q, ratio, k):
+    """Record a timing (``ratio`` at knot ``k``; none where ``k < 0``) and recompute every knot's
+    correction (see the module doc)."""
+    step = ctr[_STEP]
+    if k >= 0:
+        j = knot_i[0, k] % ratios.shape[1]
+        ratios[k, j] = ratio
+        steps[k, j] = step
+        knot_i[0, k] += 1
+        scale_buf[int(ctr[_SEEN]) % scale_buf.shape[0]] = ratio
+        ctr[_SEEN] += 1
+    m = min(int(ctr[_SEEN]), scale_buf.shape[0])
+    n_knots = knot.shape[1]
     if m == 0:
-        for k in range(knot_ratio.shape[0]):
-            knot_ratio[k] = 1.0
-        return 1.0
+        knot[2, :] = 1.0
+        ctr[_SCALE] = 1.0
+        return
     for j in range(m):
         scratch[j] = scale_buf[j]
     s = _low_quantile(scratch, m, q)
+    ctr[_SCALE] = s
     first = -1  # the smallest knot with fresh timings
-    stale = np.zeros(ratios.shape[0], np.bool_)
-    for k in range(ratios.shape[0]):
+    for k in range(n_knots):
         cnt = 1
         last = -1
         for j in range(ratios.shape[1]):
@@ -191,36 +213,49 @@ def _refresh(ratios, steps, scale_buf, scale_seen, step, max_age, q, knot_ratio,
                 scratch[cnt] = ratios[k, j]
                 cnt += 1
                 last = max(last, steps[k, j])
-        if cnt > 2:  # two fresh timings or more: their lower quantile
-            knot_ratio[k] = _low_quantile(scratch[1:], cnt - 1, q)
+        if cnt > 2:  # two fresh timings or more: their lower quantile, remembered as a deviation from s
+            knot[2, k] = _low_quantile(scratch[1:], cnt - 1, q)
+            knot[3, k] = knot[2, k] / s
+            knot_i[1, k] = last
         else:  # one or none: with a pseudo-timing, what the knot cost when last timed (its deviation from
             # the global scale fading, by half in log every 2 max_age steps), or the global scale
             pseudo = s
-            if mem_step[k] >= 0:
-                pseudo = s * mem_dev[k] ** (0.5 ** ((step - mem_step[k]) / (2.0 * max_age)))
+            if knot_i[1, k] >= 0:
+                pseudo = s * knot[3, k] ** (0.5 ** ((step - knot_i[1, k]) / (2.0 * max_age)))
             scratch[0] = pseudo
-            knot_ratio[k] = _low_quantile(scratch, cnt, q)
-        if cnt > 2:  # what two timings or more say is remembered; one timing alone is not
-            mem_dev[k] = knot_ratio[k] / s
-            mem_step[k] = last
+            knot[2, k] = _low_quantile(scratch, cnt, q)
         if cnt > 1 and first < 0:
             first = k
-        stale[k] = cnt == 1
+        scratch[scale_buf.shape[0] + k] = 1.0 if cnt == 1 else 0.0  # stale: no fresh timing
     # A step with more tokens never costs less.
-    for k in range(1, knot_ratio.shape[0]):
-        lo = knot_shape[k - 1] * knot_ratio[k - 1]
-        if knot_shape[k] * knot_ratio[k] < lo:
-            knot_ratio[k] = lo / knot_shape[k]
+    for k in range(1, n_knots):
+        lo = knot[1, k - 1] * knot[2, k - 1]
+        if knot[1, k] * knot[2, k] < lo:
+            knot[2, k] = lo / knot[1, k]
     # Below the smallest fresh knot, sizes not timed lately cost at least their share of that one's seconds
     # (a cost curve with an overhead is concave) and are assumed no dearer, so that a prior shape or a memory
     # that is wrong there (a burst that slowed only those steps) is found out by trying: no lock-in.
     if first > 0:
-        c_first = knot_shape[first] * knot_ratio[first]
+        c_first = knot[1, first] * knot[2, first]
         for k in range(first):
-            bound = c_first * knot_n[k] / knot_n[first] / knot_shape[k]
-            if stale[k] and bound < knot_ratio[k]:
-                knot_ratio[k] = bound
-    return s
+            bound = c_first * knot[0, k] / knot[0, first] / knot[1, k]
+            if scratch[scale_buf.shape[0] + k] > 0 and bound < knot[2, k]:
+                knot[2, k] = bound
+
+
+@njit(cache=True)
+def _observe_cost(tokens, seconds, curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q):
+    """One timed step (see StepCost.observe); returns whether the timing was taken."""
+    ctr[_STEP] += 1
+    if not (seconds > 0.0 and seconds < np.inf) or tokens < 1:  # also False for NaN
+        return False
+    top = curve.shape[1] - 1
+    n = min(tokens, top)
+    extra = (curve[0, top] - curve[0, top - 1]) * (tokens - top) if tokens > top else 0.0
+    _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q,
+             seconds / (curve[0, n] + extra), index[1, n])
+    ctr[_TIMED] += 1
+    return True
 
 
 class StepCost:
@@ -241,6 +276,11 @@ class StepCost:
 
     Raises:
         ValueError: a setting out of range, or a shape that is not finite and > 0.
+
+    Attributes:
+        shape: float64 [max_tokens + 1]: the curve (not falling).
+        knots: float64: the token counts the correction is learnt at.
+        knot_ratio: float64: the correction at each knot, as now learnt.
     """
 
     def __init__(self, shape: Any = None, *, max_tokens: int = 4096, window: int = 16, max_age: int = 64,
@@ -261,26 +301,43 @@ class StepCost:
         if not (np.all(np.isfinite(table[1:])) and np.all(table[1:] > 0)):
             raise ValueError("shape must be finite and > 0 at every token count")
         table[0] = table[1]
-        self.shape = np.maximum.accumulate(table)  # a step with more tokens never costs less
-        self.knots = knots_for(self.max_tokens)
-        self._knot_shape = np.interp(self.knots, np.arange(self.max_tokens + 1, dtype=np.float64), self.shape)
-        logk = np.log2(self.knots)
+        knots = knots_for(self.max_tokens)
+        logk = np.log2(knots)
         pos = np.interp(np.log2(n), logk, np.arange(len(logk), dtype=np.float64))
-        self._lo = np.minimum(pos.astype(np.int64), len(logk) - 2)
-        self._w = pos - self._lo
-        self._nearest = np.rint(pos).astype(np.int64)
-        self._ratios = np.zeros((len(self.knots), self.window))
-        self._steps = np.full((len(self.knots), self.window), -1, np.int64)
-        self._filled = np.zeros(len(self.knots), np.int64)
+        lo = np.minimum(pos.astype(np.int64), len(logk) - 2)
+        self._curve = np.stack([np.maximum.accumulate(table), pos - lo])  # a step with more tokens never costs less
+        self._index = np.stack([lo, np.rint(pos).astype(np.int64)])
+        self.shape = self._curve[0]
+        self._knot = np.stack([knots, np.interp(knots, np.arange(self.max_tokens + 1, dtype=np.float64), self.shape),
+                               np.ones(len(knots)), np.ones(len(knots))])
+        self.knots, self.knot_ratio = self._knot[0], self._knot[2]
+        self._knot_i = np.stack([np.zeros(len(knots), np.int64), np.full(len(knots), -1, np.int64)])
+        self._ratios = np.zeros((len(knots), self.window))
+        self._steps = np.full((len(knots), self.window), -1, np.int64)
         self._scale_buf = np.zeros(SCALE_WINDOWS * self.window)
-        self._scale_seen = 0
-        self._scratch = np.zeros(SCALE_WINDOWS * self.window + self.window + 1)
-        self.knot_ratio = np.ones(len(self.knots))
-        self._mem_dev = np.ones(len(self.knots))  # each knot's last estimate over the global scale then
-        self._mem_step = np.full(len(self.knots), -1, np.int64)  # and the step of its last timing (-1: never)
-        self.scale = 1.0
-        self.step = 0
-        self.timed = 0
+        self._scratch = np.zeros(SCALE_WINDOWS * self.window + max(self.window + 1, len(knots)))
+        self._ctr = np.array([0.0, 0.0, 0.0, 1.0])
+
+    @property
+    def step(self) -> int:
+        """Steps counted (timed or not): timings age by these."""
+        return int(self._ctr[_STEP])
+
+    @property
+    def timed(self) -> int:
+        """Timings taken."""
+        return int(self._ctr[_TIMED])
+
+    @property
+    def scale(self) -> float:
+        """The global scale: the lower quantile of the latest ratios of timings to the shape."""
+        return float(self._ctr[_SCALE])
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The state a jitted caller passes on: ``(curve, index, knot, knot_i, ratios, steps, scale_buf,
+        scratch, ctr)`` (see the comment above :func:`_cost`)."""
+        return (self._curve, self._index, self._knot, self._knot_i, self._ratios, self._steps, self._scale_buf,
+                self._scratch, self._ctr)
 
     @classmethod
     def profile(cls, run_step: Callable[[int], Any], sizes: Sequence[int], *, repeats: int = 3,
@@ -320,34 +377,19 @@ class StepCost:
         """One timed step of ``tokens`` tokens. Timings that are not finite
         and > 0 (a clock that did not move, or went back) are ignored;
         returns whether the timing was taken."""
-        self.step += 1
-        if not (seconds > 0 and seconds < math.inf) or tokens < 1:  # also False for NaN
-            return False
-        n = min(int(tokens), self.max_tokens)
-        ratio = seconds / (self.shape[n] + self._extra(tokens))
-        self.refresh(ratio, int(self._nearest[n]))
-        self._scale_seen += 1
-        self.timed += 1
-        return True
+        seconds = float(seconds) if isinstance(seconds, (int, float, np.floating, np.integer)) else math.nan
+        return bool(_observe_cost(int(tokens), seconds, *self.arrays(), self.max_age, self.quantile))
 
-    def refresh(self, ratio: float = 0.0, knot: int = -1) -> None:
-        """Recompute the correction (timings age by the steps :meth:`observe` counts), recording a timing
-        of ``ratio`` (seconds over the shape) at ``knot`` first where ``knot >= 0``."""
-        self.scale = _refresh(self._ratios, self._steps, self._scale_buf, self._scale_seen, self.step,
-                              self.max_age, self.quantile, self.knot_ratio, self._scratch, self.knots,
-                              self._knot_shape, self._mem_dev, self._mem_step, ratio, knot, self._filled)
-
-    def _extra(self, tokens: int) -> float:
-        if tokens <= self.max_tokens:
-            return 0.0
-        slope = self.shape[-1] - self.shape[-2]
-        return slope * (tokens - self.max_tokens)
+    def refresh(self) -> None:
+        """Recompute the correction (timings age by the steps :meth:`observe` counts)."""
+        _refresh(*self.arrays(), self.max_age, self.quantile, 0.0, -1)
 
     def seconds(self, tokens: Any) -> Any:
         """Estimated seconds of a step of ``tokens`` tokens (int or int array), as now learnt."""
         t = np.asarray(tokens, dtype=np.int64)
         n = np.clip(t, 1, self.max_tokens)
-        r = (1 - self._w[n]) * self.knot_ratio[self._lo[n]] + self._w[n] * self.knot_ratio[self._lo[n] + 1]
+        lo, w, kr = self._index[0][n], self._curve[1][n], self.knot_ratio
+        r = (1 - w) * kr[lo] + w * kr[lo + 1]
         slope = self.shape[-1] - self.shape[-2]
         out = (self.shape[n] + slope * np.maximum(t - self.max_tokens, 0)) * r
         return float(out) if out.ndim == 0 else out
@@ -355,21 +397,21 @@ class StepCost:
 
 # -- the allocation kernel -----------------------------------------------------------------------------------
 
+# DraftPolicy's state, likewise in a few arrays:
+#   rowf   float64 [3, rows]: each row's odds factor, and the hits and misses behind it
+#   bk     float64 [4, N_BUCKETS]: each match bucket's hits, trials, prior and estimate
+#   ri     int32 [3, rows]: each row's source, a trial source (scratch) and draft length
+#   hist   float64 [2, N_BINS]: the histogram's counts and sums (scratch)
+#   st     int64 [len(STATS)]: the counters (DraftPolicy.stats)
+#   prev   int32 [rows, k_max + 2]: for DraftPolicy.step, each row's last match, offer and offered draft
+#   last   int64 [2]: the rows and the tokens (rows plus draft tokens) of the last step
+STATS = ("steps", "rows", "automaton_rows", "neural_rows", "none_rows", "automaton_tokens", "neural_tokens",
+         "neural_steps", "plain_steps", "timed", "ignored_timings")
+_ST = {name: i for i, name in enumerate(STATS)}
+
 
 @njit(cache=True)
-def _cost(n, shape, lo, w, kr):
-    if n < 1:
-        n = 1
-    extra = 0.0
-    top = shape.shape[0] - 1
-    if n > top:
-        extra = (shape[top] - shape[top - 1]) * (n - top)
-        n = top
-    return (shape[n] + extra) * ((1.0 - w[n]) * kr[lo[n]] + w[n] * kr[lo[n] + 1])
-
-
-@njit(cache=True)
-def _row_probs(match, offered, row_f, p_bucket, k_max, probs):
+def _row_probs(match, offered, rowf, p_bucket, k_max, probs):
     """probs[b, i]: the chance that the automaton's draft tokens 0..i of row b are all accepted (0 past
     ``offered[b]``); returns the expected accepted tokens of each row's whole draft into probs[:, k_max]."""
     for b in range(match.shape[0]):
@@ -379,7 +421,7 @@ def _row_probs(match, offered, row_f, p_bucket, k_max, probs):
         for i in range(k_max):
             if i < d:
                 q = p_bucket[match_bucket(match[b] + i)]
-                odds = q / (1.0 - q) * row_f[b]
+                odds = q / (1.0 - q) * rowf[0, b]
                 p *= odds / (1.0 + odds)
                 probs[b, i] = p
                 e += p
@@ -389,37 +431,36 @@ def _row_probs(match, offered, row_f, p_bucket, k_max, probs):
 
 
 @njit(cache=True)
-def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, shape, lo, w, kr, cnt, tot):
+def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, knot, hist):
     """The histogram pass: (rate, bin) of the best threshold over the rows' candidate tokens (automaton
     rows: probs; neural rows (src == 2): q_nn ** (i + 1), i < k_nn); bin N_BINS means no draft."""
-    cnt[:] = 0
-    tot[:] = 0.0
+    hist[:, :] = 0.0
     for b in range(probs.shape[0]):
         if src[b] == 2:
             p = 1.0
             for i in range(k_nn):
                 p *= q_nn
                 j = min(int(p * N_BINS), N_BINS - 1)
-                cnt[j] += 1
-                tot[j] += p
+                hist[0, j] += 1.0
+                hist[1, j] += p
         elif src[b] == 1:
             for i in range(k_max):
                 p = probs[b, i]
                 if p <= 0.0:
                     break
                 j = min(int(p * N_BINS), N_BINS - 1)
-                cnt[j] += 1
-                tot[j] += p
-    best = base / (_cost(base, shape, lo, w, kr) + fixed_s)
+                hist[0, j] += 1.0
+                hist[1, j] += p
+    best = base / (_cost(base, curve, index, knot) + fixed_s)
     best_bin = N_BINS
     n = base
     e = float(base)
     for j in range(N_BINS - 1, -1, -1):
-        if cnt[j] == 0:
+        if hist[0, j] == 0.0:
             continue
-        n += cnt[j]
-        e += tot[j]
-        r = e / (_cost(n, shape, lo, w, kr) + fixed_s)
+        n += int(hist[0, j])
+        e += hist[1, j]
+        r = e / (_cost(n, curve, index, knot) + fixed_s)
         if r > best:
             best = r
             best_bin = j
@@ -427,18 +468,20 @@ def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, shape, lo, w, 
 
 
 @njit(cache=True)
-def _allocate(match, offered, row_f, p_bucket, k_max, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, shape, lo, w, kr,
-              probs, src, alt, cnt, tot, lengths):
-    """Each row's draft length and source (see the module doc). Returns (rate, plain rate, neural k)."""
+def _allocate(match, offered, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, bk, probs, ri, hist, st, count,
+              curve, index, knot):
+    """Each row's draft length (ri[2]) and source (ri[0]); see the module doc. Counts the step into ``st``
+    where ``count``. Returns (rate, plain rate, neural k, draft tokens)."""
     rows = match.shape[0]
-    _row_probs(match, offered, row_f, p_bucket, k_max, probs)
+    src, alt, lengths = ri[0], ri[1], ri[2]
+    _row_probs(match, offered, rowf, bk[3], k_max, probs)
     for b in range(rows):
         src[b] = 1 if probs[b, 0] > 0.0 else 0
-    plain = rows / _cost(rows, shape, lo, w, kr)
-    best, best_bin = _best_threshold(probs, k_max, src, q_nn, k_nn, rows, 0.0, shape, lo, w, kr, cnt, tot)
+    plain = rows / _cost(rows, curve, index, knot)
+    best, best_bin = _best_threshold(probs, k_max, src, q_nn, k_nn, rows, 0.0, curve, index, knot, hist)
     best_k = 0
     if k_nn > 0:  # the neural drafter at each of its lengths, for the rows it drafts better than the automaton
-        one = _cost(rows, shape, lo, w, kr)
+        one = _cost(rows, curve, index, knot)
         for kk in range(1, k_nn + 1):
             e_nn = 0.0
             p = 1.0
@@ -454,20 +497,19 @@ def _allocate(match, offered, row_f, p_bucket, k_max, nn_ok, q_nn, k_nn, nn_fwd,
             if not any_nn:
                 continue
             fixed = nn_fwd * (nn_catch + (kk - 1) * one)
-            r, bn = _best_threshold(probs, k_max, alt, q_nn, kk, rows, fixed, shape, lo, w, kr, cnt, tot)
+            r, bn = _best_threshold(probs, k_max, alt, q_nn, kk, rows, fixed, curve, index, knot, hist)
             if r > best:
                 best, best_bin, best_k = r, bn, kk
         if best_k > 0:
             e_nn = 0.0
+            p = 1.0
+            for i in range(best_k):
+                p *= q_nn
+                e_nn += p
             for b in range(rows):
-                if nn_ok[b]:
-                    p = 1.0
-                    e_nn = 0.0
-                    for i in range(best_k):
-                        p *= q_nn
-                        e_nn += p
-                    if e_nn > probs[b, k_max]:
-                        src[b] = 2
+                if nn_ok[b] and e_nn > probs[b, k_max]:
+                    src[b] = 2
+    n_auto = n_nn = t_auto = t_nn = 0
     for b in range(rows):
         d = 0
         if best_bin < N_BINS:
@@ -487,53 +529,86 @@ def _allocate(match, offered, row_f, p_bucket, k_max, nn_ok, q_nn, k_nn, nn_fwd,
         lengths[b] = d
         if d == 0:
             src[b] = 0
-    n_auto = 0
-    n_nn = 0
-    t_auto = 0
-    t_nn = 0
-    for b in range(rows):
-        if src[b] == 1:
+        elif src[b] == 1:
             n_auto += 1
-            t_auto += lengths[b]
-        elif src[b] == 2:
+            t_auto += d
+        else:
             n_nn += 1
-            t_nn += lengths[b]
-    return best, plain, best_k, n_auto, n_nn, t_auto, t_nn
+            t_nn += d
+    if count:
+        st[0] += 1  # the order of STATS
+        st[1] += rows
+        st[2] += n_auto
+        st[3] += n_nn
+        st[4] += rows - n_auto - n_nn
+        st[5] += t_auto
+        st[6] += t_nn
+        st[7] += best_k > 0
+        st[8] += t_auto + t_nn == 0
+    return best, plain, best_k, t_auto + t_nn
 
 
 @njit(cache=True)
-def _buckets(hits, trials, prior, w, p_bucket):
-    """Each match bucket's acceptance: its counts with ``w`` pseudo-tokens of ``prior``, kept inside (0, 1)."""
-    for j in range(p_bucket.shape[0]):
-        p = (hits[j] + w * prior[j]) / (trials[j] + w)
-        p_bucket[j] = min(max(p, 1e-6), 1.0 - 1e-6)
-
-
-@njit(cache=True)
-def _score(match, offered, drafts, new, lens, p_bucket, row_f, row_num, row_den, hits, trials, decay, prior, w):
-    """Score each row's offered automaton draft against the tokens it emitted (see DraftPolicy.observe)."""
+def _score(match, offered, drafts, new, lens, rowf, bk, decay, w):
+    """Score each row's offered automaton draft against the tokens it emitted (see DraftPolicy.observe),
+    then re-estimate every bucket from its counts with ``w`` pseudo-tokens of prior."""
     width = min(drafts.shape[1], new.shape[1])
     for b in range(match.shape[0]):
         n = min(lens[b], offered[b], width)
         if match[b] <= 0 or n <= 0:
             continue
-        row_num[b] *= decay
-        row_den[b] *= decay
+        rowf[1, b] *= decay
+        rowf[2, b] *= decay
         for i in range(n):
             j = match_bucket(match[b] + i)
-            q = p_bucket[j]
-            odds = q / (1.0 - q) * row_f[b]
+            q = bk[3, j]
+            odds = q / (1.0 - q) * rowf[0, b]
             p = odds / (1.0 + odds)
-            trials[j] += 1.0
+            bk[1, j] += 1.0
             if drafts[b, i] == new[b, i]:
-                hits[j] += 1.0
-                row_num[b] += 1.0 - p
+                bk[0, j] += 1.0
+                rowf[1, b] += 1.0 - p
             else:
-                row_den[b] += p
+                rowf[2, b] += p
                 break
-        row_f[b] = (1.0 + row_num[b]) / (1.0 + row_den[b])
-    _buckets(hits, trials, prior, w, p_bucket)
+        rowf[0, b] = (1.0 + rowf[1, b]) / (1.0 + rowf[2, b])
+    _estimate(bk, w)
 
+
+@njit(cache=True)
+def _estimate(bk, w):
+    """Each match bucket's acceptance: its counts with ``w`` pseudo-tokens of its prior, kept inside (0, 1)."""
+    for j in range(bk.shape[1]):
+        p = (bk[0, j] + w * bk[2, j]) / (bk[1, j] + w)
+        bk[3, j] = min(max(p, 1e-6), 1.0 - 1e-6)
+
+
+@njit(cache=True)
+def _step(match, offered, drafts, new, lens, seconds, same, k_max, rowf, bk, probs, ri, hist, st, prev, last,
+          decay, w, curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q):
+    """DraftPolicy.step in one call: the last step's timing and scores where ``same``, then this step's
+    choice (automaton only). Returns (rate, plain rate)."""
+    b = match.shape[0]
+    k = prev.shape[1] - 2
+    if same and last[0] == b:
+        if _observe_cost(last[1], seconds, curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
+                         max_age, q):
+            st[9] += 1
+        else:
+            st[10] += 1
+        _score(prev[:b, 0], prev[:b, 1], prev[:b, 2:], new, lens, rowf, bk, decay, w)
+    nn_ok = np.zeros(0, np.bool_)
+    rate, plain, _, tokens = _allocate(match, offered, nn_ok, 0.0, 0, 0.0, 0.0, k_max, rowf, bk, probs, ri, hist,
+                                       st, True, curve, index, knot)
+    width = min(drafts.shape[1], k)
+    for r in range(b):
+        prev[r, 0] = match[r]
+        prev[r, 1] = min(offered[r], width)
+        for i in range(width):
+            prev[r, 2 + i] = drafts[r, i]
+    last[0] = b
+    last[1] = b + tokens
+    return rate, plain
 
 # -- the policy ----------------------------------------------------------------------------------------------
 
@@ -545,7 +620,7 @@ class Decision:
     Attributes:
         step: the policy's step count.
         lengths: int32 [B] draft tokens per row.
-        sources: int8 [B] :data:`NONE` / :data:`AUTOMATON` / :data:`NEURAL` per row.
+        sources: int32 [B] :data:`NONE` / :data:`AUTOMATON` / :data:`NEURAL` per row.
         rate: expected tokens per second of the step as chosen.
         plain_rate: expected tokens per second without drafts.
         neural_k: draft tokens the neural drafter makes this step (0: it drafts nothing).
@@ -637,6 +712,9 @@ class DraftPolicy:
        seconds (the neural drafter's apart, :meth:`observe_neural`) and
        :meth:`observe` with each row's offered draft and emitted tokens.
 
+    An engine without a neural drafter does all three in one call per step,
+    :meth:`step`, which keeps the offers to score itself.
+
     Args:
         k_max: the most automaton draft tokens per row (>= 1).
         cost: the engine's :class:`StepCost` (e.g. from :meth:`StepCost.profile`);
@@ -652,9 +730,9 @@ class DraftPolicy:
         ValueError: a setting out of range (named in the message).
 
     Attributes:
-        stats: counters: ``steps``, ``rows``, ``automaton_rows``, ``neural_rows``,
-            ``none_rows``, ``automaton_tokens``, ``neural_tokens``, ``neural_steps``,
-            ``plain_steps`` (steps that drafted nothing), ``timed`` and
+        stats: counters (a new dict per read): ``steps``, ``rows``, ``automaton_rows``,
+            ``neural_rows``, ``none_rows``, ``automaton_tokens``, ``neural_tokens``,
+            ``neural_steps``, ``plain_steps`` (steps that drafted nothing), ``timed`` and
             ``ignored_timings`` (not finite or not > 0).
     """
 
@@ -665,7 +743,6 @@ class DraftPolicy:
         s = settings if settings is not None else PolicySettings()
         self.settings = s
         self.neural_k = 0
-        self.last_tokens = 0
         self.prior_weight = _check_positive(s.prior_weight, "prior_weight")
         self.neural_prior = _check_prob(s.neural_prior, "neural_prior", open_top=True)
         self.neural_cost = _check_positive(s.neural_cost, "neural_cost")
@@ -684,11 +761,13 @@ class DraftPolicy:
         self.catchup_sunk = bool(neural_catchup_sunk)
         self.log, self.clock = log, clock
         floor = _bucket_floor()
-        self._prior = floor / (floor + 1.0)
-        self._hits = np.zeros(N_BUCKETS)
-        self._trials = np.zeros(N_BUCKETS)
-        self.p_bucket = np.empty(N_BUCKETS)
-        self._update_buckets()
+        self._bk = np.zeros((4, N_BUCKETS))
+        self._bk[2] = floor / (floor + 1.0)
+        self.p_bucket = self._bk[3]
+        _estimate(self._bk, self.prior_weight)
+        self._hist = np.zeros((2, N_BINS))
+        self._st = np.zeros(len(STATS), np.int64)
+        self._last = np.zeros(2, np.int64)
         self._nn_hits = 0.0
         self._nn_trials = 0.0
         # The neural cost ratio: its latest timings, each against the target's cost of the same tokens.
@@ -696,34 +775,34 @@ class DraftPolicy:
         self._nn_seen = 0
         self._rows: list[Any] | None = None
         self._saved: dict[Any, tuple[float, float]] = {}
-        self._views = None
-        self._grow(0)
-        self.stats = {k: 0 for k in ("steps", "rows", "automaton_rows", "neural_rows", "none_rows",
-                                      "automaton_tokens", "neural_tokens", "neural_steps", "plain_steps",
-                                      "timed", "ignored_timings")}
+        self._cap = 0
+        self._grow(1)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return dict(zip(STATS, self._st.tolist()))
+
+    @property
+    def last_tokens(self) -> int:
+        """The draft tokens the last :meth:`decide` or :meth:`step` chose."""
+        return int(self._last[1] - self._last[0])
 
     def _grow(self, rows: int) -> None:
-        if rows <= getattr(self, "_cap", -1):
+        if rows <= self._cap:
             return
-        cap = max(rows, 2 * getattr(self, "_cap", 0), 1)
-        old = getattr(self, "_row_num", None)
+        cap = max(rows, 2 * self._cap)
+        rowf = np.zeros((3, cap))
+        rowf[0] = 1.0
+        if self._cap:
+            rowf[:, : self._cap] = self._rowf
+        self._rowf = rowf
         self._probs = np.zeros((cap, self.k_max + 1))
-        self._src = np.zeros(cap, np.int8)
-        self._alt = np.zeros(cap, np.int8)
-        self._len = np.zeros(cap, np.int32)
+        self._ri = np.zeros((3, cap), np.int32)
         self._nn_ok = np.zeros(cap, np.bool_)
-        row_f, row_num, row_den = np.ones(cap), np.zeros(cap), np.zeros(cap)
-        if old is not None:
-            n = self._cap
-            row_f[:n], row_num[:n], row_den[:n] = self._row_f, self._row_num, self._row_den
-        self._row_f, self._row_num, self._row_den = row_f, row_num, row_den
-        self._cnt = np.zeros(N_BINS, np.int64)
-        self._tot = np.zeros(N_BINS)
+        self._prev = np.zeros((cap, self.k_max + 2), np.int32)
+        self._last[0] = -1  # no last step to score: the rows moved
         self._cap = cap
-        self._views = None
-
-    def _update_buckets(self) -> None:
-        _buckets(self._hits, self._trials, self._prior, self.prior_weight, self.p_bucket)
+        self._views: tuple | None = None
 
     # -- rows: each request's own acceptance evidence --
 
@@ -735,21 +814,18 @@ class DraftPolicy:
             return
         if self._rows is not None:
             for i, rid in enumerate(self._rows):
-                self._saved[rid] = (self._row_num[i], self._row_den[i])
+                self._saved[rid] = (self._rowf[1, i], self._rowf[2, i])
         self._grow(len(ids))
         for i, rid in enumerate(ids):
             num, den = self._saved.pop(rid, (0.0, 0.0))
-            self._row_num[i], self._row_den[i] = num, den
-            self._row_f[i] = (1.0 + num) / (1.0 + den)
+            self._rowf[:, i] = ((1.0 + num) / (1.0 + den), num, den)
         self._rows = ids
 
     def forget(self, request_id: Any) -> None:
         """A finished request: drop its evidence."""
         self._saved.pop(request_id, None)
         if self._rows is not None and request_id in self._rows:
-            i = self._rows.index(request_id)
-            self._row_num[i] = self._row_den[i] = 0.0
-            self._row_f[i] = 1.0
+            self._rowf[:, self._rows.index(request_id)] = (1.0, 0.0, 0.0)
 
     # -- the choice --
 
@@ -766,7 +842,7 @@ class DraftPolicy:
         recompile, moves nothing)."""
         m = min(self._nn_seen, self._nn_calls.shape[0])
         calls = self._nn_calls[:m]
-        calls = calls[self.stats["steps"] - calls[:, 4] <= 4 * self.cost.max_age]
+        calls = calls[self._st[0] - calls[:, 4] <= 4 * self.cost.max_age]
         if not len(calls):
             return self.neural_cost
         c = self.cost
@@ -777,8 +853,18 @@ class DraftPolicy:
             return float(ratios[(len(ratios) - 1) // 2])
         return float(min(self.neural_cost, ratios[0]))
 
+    def _batch(self, b: int) -> tuple:
+        """Views of the row state for a batch of ``b`` rows, reused while the batch keeps its size."""
+        if b > self._cap:
+            self._grow(b)
+        v = self._views
+        if v is None or v[0] != b:
+            v = self._views = (b, self._rowf[:, :b], self._probs[:b], self._ri[:, :b], self._nn_ok[:b],
+                               self._ri[2, :b], self._ri[0, :b], self._prev[:b])
+        return v
+
     def decide(self, match_len: np.ndarray, offered: np.ndarray, neural_k: int = 0, neural_rows: Any = None,
-               neural_behind: int = 0, catchup_share: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+               neural_behind: int = 0, catchup_share: float = 1.0, count: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Each row's draft length and source for this step.
 
         Args:
@@ -791,9 +877,10 @@ class DraftPolicy:
                 ignored where the catch-up is sunk).
             catchup_share: the share of the catch-up this step is charged (a catch-up over a long
                 stretch, like the prompt, serves the neural steps after it too), in (0, 1].
+            count: False for a look-ahead that is not a step (not counted in :attr:`stats`).
 
         Returns:
-            ``(lengths, sources)``: int32 [B] and int8 [B] (:data:`NONE`, :data:`AUTOMATON`,
+            ``(lengths, sources)``: int32 [B] and int32 [B] (:data:`NONE`, :data:`AUTOMATON`,
             :data:`NEURAL`), views the next call overwrites. A row with length 0 has source NONE.
 
         Raises:
@@ -804,53 +891,69 @@ class DraftPolicy:
             raise ValueError(f"offered must have shape ({b},), got {offered.shape}")
         if neural_k < 0:
             raise ValueError(f"neural_k must be >= 0, got {neural_k}")
-        if b > self._cap:
-            self._grow(b)
         if self._rows is not None and len(self._rows) != b:
             self._rows = None  # positions: the caller named no rows for this batch
-        v = self._views
-        if v is None or v[0] != b:  # views of this batch's size, reused while it stays
-            v = self._views = (b, self._nn_ok[:b], self._len[:b], self._src[:b], self._row_f[:b], self._probs[:b],
-                               self._alt[:b])
-        _, nn_ok, lengths, src, row_f, probs, alt = v
+        _, rowf, probs, ri, nn_ok, lengths, src, _ = self._batch(b)
+        q_nn = ratio = catch = 0.0
         if neural_k > 0:
             nn_ok[:] = True if neural_rows is None else np.asarray(neural_rows, dtype=np.bool_)
             q_nn, ratio = self.q_neural(), self.neural_ratio()
-            catch = 0.0
             if not self.catchup_sunk:
                 catch = self.cost.seconds(max(int(neural_behind), 1)) * min(max(float(catchup_share), 0.0), 1.0)
-        else:
-            q_nn = ratio = catch = 0.0
         c = self.cost
-        rate, plain, nk, n_auto, n_nn, t_auto, t_nn = _allocate(match_len, offered, row_f, self.p_bucket, self.k_max,
-                                                                nn_ok, q_nn, int(neural_k), ratio, catch, c.shape,
-                                                                c._lo, c._w, c.knot_ratio, probs, src, alt, self._cnt,
-                                                                self._tot, lengths)
-        st = self.stats
-        st["steps"] += 1
-        st["rows"] += b
-        st["automaton_rows"] += n_auto
-        st["neural_rows"] += n_nn
-        st["none_rows"] += b - n_auto - n_nn
-        st["automaton_tokens"] += t_auto
-        st["neural_tokens"] += t_nn
-        st["neural_steps"] += nk > 0
-        st["plain_steps"] += t_auto + t_nn == 0
-        self.last_tokens = t_auto + t_nn  # the draft tokens chosen
-        if self.log is not None:
-            self.log(Decision(self.stats["steps"], lengths.copy(), src.copy(), float(rate), float(plain), int(nk)))
-        self.neural_k = int(nk)
+        rate, plain, nk, tokens = _allocate(match_len, offered, nn_ok, q_nn, int(neural_k), ratio, catch, self.k_max,
+                                            rowf, self._bk, probs, ri, self._hist, self._st, bool(count),
+                                            c._curve, c._index, c._knot)
+        if count:
+            self._last[:] = (b, b + tokens)
+            self.neural_k = int(nk)
+            if self.log is not None:
+                self.log(Decision(int(self._st[0]), lengths.copy(), src.copy(), float(rate), float(plain), int(nk)))
         return lengths, src
+
+    def step(self, match_len: np.ndarray, offered: np.ndarray, drafts: np.ndarray, new: np.ndarray,
+             new_lens: np.ndarray, seconds: float, same_rows: bool) -> np.ndarray:
+        """One step of an engine without a neural drafter, in one jitted call: where ``same_rows``,
+        first the last step's forward (``seconds``; it verified the rows and the draft tokens the last
+        call chose) and what followed each row's last offer, then this step's choice.
+
+        Args:
+            match_len: int32 [B]: each row's match length (<= 0: no automaton draft).
+            offered: int32 [B]: the automaton draft tokens on offer per row (cut to ``k_max``).
+            drafts: int32 [B, >= 1]: the offered drafts (kept, up to ``k_max`` tokens, for the next call).
+            new: int32 [B, >= max(new_lens)]: the tokens each row emitted since the last call.
+            new_lens: int32 [B]: how many (0: none).
+            seconds: the last step's forward; not finite or not > 0: ignored (counted).
+            same_rows: the rows are the last call's requests, in the same order (else nothing is scored
+                or timed: a row's evidence moves with :meth:`rows`).
+
+        Returns:
+            int32 [B]: each row's draft length (a view the next call overwrites).
+
+        Raises:
+            ValueError: arrays of other shapes.
+        """
+        b = match_len.shape[0]
+        if not (offered.shape == new_lens.shape == (b,) and drafts.shape[0] == b and new.shape[0] == b):
+            raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
+        if self._rows is not None and len(self._rows) != b:
+            self._rows = None
+        _, rowf, probs, ri, _, lengths, src, prev = self._batch(b)
+        c = self.cost
+        rate, plain = _step(match_len, offered, drafts, new, new_lens, seconds, same_rows, self.k_max, rowf,
+                            self._bk, probs, ri, self._hist, self._st, prev, self._last, self.settings.row_memory,
+                            self.prior_weight, *c.arrays(), c.max_age, c.quantile)
+        self.neural_k = 0
+        if self.log is not None:
+            self.log(Decision(int(self._st[0]), lengths.copy(), src.copy(), float(rate), float(plain), 0))
+        return lengths
 
     # -- what followed --
 
     def observe_step(self, tokens: int, seconds: float) -> None:
         """The step's target forward verified ``tokens`` tokens (rows plus draft tokens) in ``seconds``
         (the neural drafter's time apart). A timing that is not finite and > 0 is ignored."""
-        if self.cost.observe(int(tokens), seconds):
-            self.stats["timed"] += 1
-        else:
-            self.stats["ignored_timings"] += 1
+        self._st[_ST["timed" if self.cost.observe(int(tokens), seconds) else "ignored_timings"]] += 1
         if self.settings.neural_memory < 1.0:
             self._nn_hits *= self.settings.neural_memory
             self._nn_trials *= self.settings.neural_memory
@@ -860,7 +963,7 @@ class DraftPolicy:
         forward), drafting ``drafted`` tokens per row for ``rows`` rows. Ignored when not finite and > 0."""
         if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
             return
-        self._nn_calls[self._nn_seen % self._nn_calls.shape[0]] = (seconds, read, drafted, rows, self.stats["steps"])
+        self._nn_calls[self._nn_seen % self._nn_calls.shape[0]] = (seconds, read, drafted, rows, self._st[0])
         self._nn_seen += 1
 
     def observe_neural_outcome(self, drafted: int, accepted: int) -> None:
@@ -884,17 +987,14 @@ class DraftPolicy:
         b = int(match_len.shape[0])
         if not (offered.shape == new_lens.shape == (b,) and drafts.shape[0] == b and new.shape[0] == b):
             raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
-        if b > self._cap:
-            self._grow(b)
-        _score(match_len, offered, drafts, new, new_lens, self.p_bucket, self._row_f[:b],
-               self._row_num[:b], self._row_den[:b], self._hits, self._trials, self.settings.row_memory,
-               self._prior, self.prior_weight)
+        _score(match_len, offered, drafts, new, new_lens, self._batch(b)[1], self._bk, self.settings.row_memory,
+               self.prior_weight)
 
     def q_automaton(self, match: int, row: int = 0) -> float:
         """The estimated chance the automaton's next draft token at a match of ``match`` is accepted
         (for row ``row`` of the last batch)."""
         q = self.p_bucket[match_bucket(max(int(match), 0))]
-        odds = q / (1 - q) * self._row_f[row]
+        odds = q / (1 - q) * self._rowf[0, row]
         return float(odds / (1 + odds))
 
 
@@ -966,9 +1066,8 @@ class SequencePolicy:
         k_nn = min(max(int(model_k), 0), self.k_max)
         share = 1.0
         if k_nn and model_behind > 1:
-            lengths, src = self.policy.decide(self._m, self._off, k_nn, neural_behind=1)
+            lengths, src = self.policy.decide(self._m, self._off, k_nn, neural_behind=1, count=False)
             self._prefer_nn = 0.9 * self._prefer_nn + 0.1 * float(src[0] == NEURAL)
-            self.policy.stats["steps"] -= 1  # a look-ahead, not a step
             left = 256 if remaining is None else max(int(remaining), 1)
             serves = max(1.0, self._prefer_nn * left / max(self._per_step, 1.0))
             share = 1.0 / serves

@@ -265,3 +265,41 @@ def test_decisions_go_to_the_logger_where_the_environment_asks(monkeypatch, capl
     with caplog.at_level(logging.INFO, logger="saspec.policy"):
         p.decide(np.array([30, 0]), np.array([4, 0]))
     assert "2 rows (automaton 1, neural 0, none 1), 4 draft tokens" in caplog.text
+
+
+def test_step_in_one_call_equals_observe_step_observe_and_decide():
+    """``DraftPolicy.step`` (one jitted call, the offers kept by the policy) makes the same choices and
+    keeps the same counters as the three calls it folds, on a batch whose rows change request midway."""
+    rng = np.random.default_rng(5)
+    one, three = DraftPolicy(K), DraftPolicy(K)
+    b = 6
+    prev = None
+    for step in range(120):
+        if step == 60:
+            b = 9  # a new batch: nothing of the last step is scored or timed
+            prev = None
+        match = rng.integers(-1, 40, b).astype(np.int32)
+        offered = rng.integers(0, K + 1, b).astype(np.int32)
+        drafts = rng.integers(0, 5, (b, K)).astype(np.int32)
+        new = rng.integers(0, 5, (b, K + 1)).astype(np.int32)
+        lens = rng.integers(0, K + 2, b).astype(np.int32)
+        seconds = float(rng.choice([0.0, math.nan, 0.01 * (1 + rng.random())]))
+        same = prev is not None
+        if same:
+            three.observe_step(b + three.last_tokens, seconds)
+            three.observe(*prev, new, lens)
+        want, _ = three.decide(match, offered)
+        got = one.step(match, offered, drafts, new, lens, seconds, same)
+        assert np.array_equal(got, want), step
+        assert one.stats == three.stats
+        assert np.array_equal(one.p_bucket, three.p_bucket)
+        prev = (match.copy(), np.minimum(offered, K), drafts.copy())
+    assert one.stats["timed"] > 20 and one.stats["ignored_timings"] > 20
+
+
+def test_step_rejects_arrays_of_other_rows():
+    p = DraftPolicy(K)
+    m = np.ones(3, np.int32)
+    with pytest.raises(ValueError, match="same rows"):
+        p.step(m, m, np.zeros((2, K), np.int32), np.zeros((3, 2), np.int32), m, 0.1, False)
+    assert p.stats["steps"] == 0

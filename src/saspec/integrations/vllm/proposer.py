@@ -53,6 +53,7 @@ when present, ``model_config.max_model_len`` and
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -67,15 +68,6 @@ from .config import DEFAULT_MIN_MATCH, POLICY, resolve_proposer_settings, tensor
 from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
 from .fingerprint import FingerprintRows
-
-
-@njit(nogil=True, cache=True)
-def _policy_inputs(match, lens, offered, room, m, off):
-    """The policy's inputs per row: the match (0 for a row in prefill) and the offered draft cut to the
-    room left before ``max_model_len``."""
-    for b in range(match.shape[0]):
-        m[b] = match[b] if lens[b] > 0 else 0
-        off[b] = max(min(offered[b], room[b]), 0)
 
 
 @njit(nogil=True, cache=True)
@@ -174,10 +166,6 @@ class SAProposer:
         self._clock = time.perf_counter
         self._t_return: float | None = None  # when the last propose returned
         self._last_rids: list[Hashable] | None = None  # the rows of the last step the policy chose for
-        self._last_tokens = 0  # tokens that step verified (rows and drafts)
-        self._prev = np.zeros((0, self.k), np.int32)  # the last step's offered drafts, per row
-        self._prev_match = np.zeros(0, np.int32)
-        self._prev_offered = np.zeros(0, np.int32)
         # The policy sizes drafts itself: the automaton offers all it has ("fixed"), the policy cuts.
         rule = "fixed" if self.policy is not None else cfg.length_rule
         self.drafts = RequestDrafts(self.k, min_match=self.min_match, length_rule=rule,
@@ -278,7 +266,7 @@ class SAProposer:
         width = token_ids.shape[1] if self.max_model_len is None else min(self.max_model_len, token_ids.shape[1])
         match, draft, count = self.drafts.step(rids, text_len, new, lens, token_ids, width)
         if self.policy is not None:
-            count = self._policy_counts(now, rids, lens, new, match, draft, count, width - num_tokens[:b_live])
+            count = self._policy_counts(now, rids, lens, new, match, draft, count)
         tokens = int(count.sum())
         if not tokens:
             return [[] for _ in range(b_live)]
@@ -287,28 +275,18 @@ class SAProposer:
         return [row[:c] for row, c in zip(draft.tolist(), count.tolist())]
 
     def _policy_counts(self, now: float, rids: list, lens: np.ndarray, new: np.ndarray, match: np.ndarray,
-                       draft: np.ndarray, offered: np.ndarray, room: np.ndarray) -> np.ndarray:
-        """Each row's draft length from the policy: first what the last step cost and what followed each
-        row's offer (where the rows are the last step's requests), then this step's choice."""
+                       draft: np.ndarray, offered: np.ndarray) -> np.ndarray:
+        """Each row's draft length from the policy, in one call: what the last step cost (the forward
+        since the last return) and what followed each row's offer, where the rows are the last step's
+        requests, then this step's choice. ``offered`` is already cut to the room below ``max_model_len``
+        and 0 for rows in prefill."""
         p = self.policy
-        b = len(rids)
         same = self._last_rids is not None and rids == self._last_rids
-        if same and self._t_return is not None:
-            p.observe_step(self._last_tokens, now - self._t_return)  # the forward since the last return
-            p.observe(self._prev_match[:b], self._prev_offered[:b], self._prev[:b], new, lens)
         if not same:
             p.rows(rids)
-        if self._prev.shape[0] < b:
-            self._prev = np.zeros((max(b, 2 * self._prev.shape[0]), self.k), np.int32)
-            self._prev_match = np.zeros(self._prev.shape[0], np.int32)
-            self._prev_offered = np.zeros(self._prev.shape[0], np.int32)
-        m, off = self._prev_match[:b], self._prev_offered[:b]
-        _policy_inputs(match, lens, offered, room, m, off)  # a row in prefill drafts nothing
-        count, _ = p.decide(m, off)
-        self._prev[:b] = draft
-        self._last_rids = list(rids)
-        self._last_tokens = b + p.last_tokens
-        return count
+            self._last_rids = list(rids)
+        seconds = now - self._t_return if self._t_return is not None else math.nan
+        return p.step(match, offered, draft, new, lens, seconds, same)
 
     # -- inspection -----------------------------------------------------------------
 

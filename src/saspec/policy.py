@@ -31,7 +31,9 @@ correction ``r`` is learnt from the timed steps: per knot (token counts 1, 2,
 or none, a *pseudo-timing*: what the knot cost when it was last timed twice,
 relative to the global scale (the lower quartile of the latest ``4 * window``
 ratios of all steps), that deviation fading by half in log every
-``2 * max_age`` steps, or the global scale itself. Timings older than
+``2 * max_age`` steps; else the correction of the nearest knots timed twice
+lately, interpolated between them and flat beyond (a size next to dear ones
+is dear: no need to try it); else the global scale itself. Timings older than
 ``max_age`` steps no longer count; ``r`` is interpolated between knots and
 made to rise with the tokens; below the smallest knot timed lately, sizes not
 timed lately are assumed no dearer than their share of it (so a wrong prior
@@ -204,29 +206,53 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
         scratch[j] = scale_buf[j]
     s = _low_quantile(scratch, m, q)
     ctr[_SCALE] = s
-    first = -1  # the smallest knot with fresh timings
+    f = scale_buf.shape[0]  # scratch[f + k]: knot k's fresh timings
     for k in range(n_knots):
-        cnt = 1
+        cnt = 0
         last = -1
         for j in range(ratios.shape[1]):
             if steps[k, j] >= 0 and step - steps[k, j] <= max_age:
                 scratch[cnt] = ratios[k, j]
                 cnt += 1
                 last = max(last, steps[k, j])
-        if cnt > 2:  # two fresh timings or more: their lower quantile, remembered as a deviation from s
-            knot[2, k] = _low_quantile(scratch[1:], cnt - 1, q)
+        if cnt >= 2:  # two fresh timings or more: their lower quantile, remembered as a deviation from s
+            knot[2, k] = _low_quantile(scratch, cnt, q)
             knot[3, k] = knot[2, k] / s
             knot_i[1, k] = last
-        else:  # one or none: with a pseudo-timing, what the knot cost when last timed (its deviation from
-            # the global scale fading, by half in log every 2 max_age steps), or the global scale
-            pseudo = s
-            if knot_i[1, k] >= 0:
-                pseudo = s * knot[3, k] ** (0.5 ** ((step - knot_i[1, k]) / (2.0 * max_age)))
-            scratch[0] = pseudo
-            knot[2, k] = _low_quantile(scratch, cnt, q)
-        if cnt > 1 and first < 0:
+        scratch[f + k] = cnt
+    first = -1  # the smallest knot with fresh timings
+    for k in range(n_knots):
+        cnt = int(scratch[f + k])
+        if cnt > 0 and first < 0:
             first = k
-        scratch[scale_buf.shape[0] + k] = 1.0 if cnt == 1 else 0.0  # stale: no fresh timing
+        if cnt >= 2:
+            continue
+        # One timing or none: with a pseudo-timing. That is what the knot cost when last timed twice (its
+        # deviation from the global scale fading, by half in log every 2 max_age steps), else the correction
+        # of the nearest knots timed twice lately, interpolated between them and flat beyond (a size near
+        # dear ones is dear), else the global scale.
+        lo = k - 1
+        while lo >= 0 and scratch[f + lo] < 2:
+            lo -= 1
+        hi = k + 1
+        while hi < n_knots and scratch[f + hi] < 2:
+            hi += 1
+        if lo >= 0 and hi < n_knots:
+            pseudo = knot[2, lo] + (knot[2, hi] - knot[2, lo]) * (k - lo) / (hi - lo)
+        elif lo >= 0:
+            pseudo = knot[2, lo]
+        elif hi < n_knots:
+            pseudo = knot[2, hi]
+        else:
+            pseudo = s
+        if knot_i[1, k] >= 0:
+            pseudo = s * knot[3, k] ** (0.5 ** ((step - knot_i[1, k]) / (2.0 * max_age)))
+        scratch[0] = pseudo
+        if cnt == 1:
+            for j in range(ratios.shape[1]):
+                if steps[k, j] >= 0 and step - steps[k, j] <= max_age:
+                    scratch[1] = ratios[k, j]
+        knot[2, k] = _low_quantile(scratch, cnt + 1, q)
     # A step with more tokens never costs less.
     for k in range(1, n_knots):
         lo = knot[1, k - 1] * knot[2, k - 1]
@@ -239,7 +265,7 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
         c_first = knot[1, first] * knot[2, first]
         for k in range(first):
             bound = c_first * knot[0, k] / knot[0, first] / knot[1, k]
-            if scratch[scale_buf.shape[0] + k] > 0 and bound < knot[2, k]:
+            if scratch[f + k] == 0 and bound < knot[2, k]:
                 knot[2, k] = bound
 
 

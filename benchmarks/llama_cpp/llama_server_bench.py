@@ -77,7 +77,7 @@ def main() -> int:
         cmd = [server, "-m", str(models.gguf_path(target)), "--threads", str(info["threads"]), "--threads-batch",
                str(info["threads"]), "-c", str(info["n_ctx"]), "-np", "1", "--port", str(PORT), "--no-webui"]
         if kind == "draft":
-            cmd += ["--spec-draft-model", str(models.gguf_path(draft)), "--spec-draft-threads", str(info["threads"]),
+            cmd += ["--spec-type", "draft-simple", "--spec-draft-model", str(models.gguf_path(draft)), "--spec-draft-threads", str(info["threads"]),
                     "--spec-draft-n-max", str(info["neural_k"]), "--spec-draft-p-min", str(info["p_min"])]
         elif kind != "none":
             cmd += ["--spec-type", kind]

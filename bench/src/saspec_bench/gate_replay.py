@@ -174,8 +174,14 @@ def loaded(machine: Callable[[int], float], load: str, seed: int) -> Cost:
     return bursts(machine, seed=seed, share=0.2 if load == "bursts" else 1 / 3)
 
 
-def make(name: str) -> Any:
-    """A fresh policy: ``policy-cpu`` / ``policy-gpu`` (the prior shape of a CPU / a GPU), or ``gate``."""
+#: The token counts a profiled policy times up front (each 3 times, the minimum kept).
+PROFILE_SIZES = (1, 2, 3, 5, 9)
+
+
+def make(name: str, cost: Cost | None = None) -> Any:
+    """A fresh policy: ``policy-cpu`` / ``policy-gpu`` (the prior shape of a CPU / a GPU), ``policy-profiled``
+    (the shape profiled up front on ``cost``, under its load, with ``StepCost.profile``; the profile's own
+    time is not counted), or ``gate``."""
     if name == "gate":
         import warnings
 
@@ -184,6 +190,16 @@ def make(name: str) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             return CostGate(8)
+    if name == "policy-profiled":
+        if cost is None:
+            raise ValueError("policy-profiled needs the cost model to profile")
+        clock, calls = [0.0], [0]
+
+        def run_step(n: int) -> None:  # the profile's steps, before the replay's (negative step numbers)
+            calls[0] += 1
+            clock[0] += cost(-calls[0], n)
+
+        return SequencePolicy(8, cost=StepCost.profile(run_step, PROFILE_SIZES, clock=lambda: clock[0]))
     return SequencePolicy(8, cost=StepCost(cpu_like if name == "policy-cpu" else gpu_like))
 
 
@@ -191,7 +207,7 @@ def main() -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description="the drafting policy replayed over real outputs")
-    ap.add_argument("--rules", nargs="+", default=["policy-cpu", "policy-gpu", "gate"])
+    ap.add_argument("--rules", nargs="+", default=["policy-cpu", "policy-gpu", "policy-profiled", "gate"])
     ap.add_argument("--loads", nargs="+", default=list(LOADS))
     args = ap.parse_args()
     traces = load_traces()
@@ -207,7 +223,7 @@ def main() -> None:
                 oracle = sum(plain) / sum(best_fixed(t, loaded(machine, load, i)) for i, t in chosen)
                 cells = []
                 for rule in args.rules:
-                    runs = [replay(make(rule), t, loaded(machine, load, i)) for i, t in chosen]
+                    runs = [replay(make(rule, loaded(machine, load, i)), t, loaded(machine, load, i)) for i, t in chosen]
                     s = summary(runs, plain)
                     cells.append(f"{s['x_plain']:.2f}x / {s['drafted_long']:.0%} / {s['drafted']:.0%}")
                 print(f"| {name} | {load} | {kind} | {oracle:.2f}x | " + " | ".join(cells) + " |", flush=True)

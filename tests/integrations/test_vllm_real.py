@@ -104,6 +104,8 @@ def run(model: str, mode: str, n_prompts: int, out_path: str) -> None:
         extra = {"draft_sample_method": "probabilistic"} if mode == "hybrid-prob-sampled" else {}
         if mode == "hybrid-tp2":  # and a cross-request pool: the ranks must still draft alike
             extra["pool_tokens"] = 100_000
+        if mode.endswith("sampled"):  # verification is under test: the threshold rule keeps SA drafts long
+            extra["policy"] = False
         spec = hybrid_config("draft_model", model=draft, num_speculative_tokens=K, sa_tokens=16, threshold=3,
                              **extra)
         tp = 2 if mode == "hybrid-tp2" else 1

@@ -1,11 +1,12 @@
-"""The cost gate's forwards on a tiny random model, in fresh processes, with the real clock.
+"""The drafting policy's forwards on a tiny random model, in fresh processes, with the real clock.
 
 A tiny random Qwen2 (hidden 64, 2 layers, fp32) after a prompt that repeats a 30-token block, 60 new tokens,
-``model.generate(custom_generate=saspec.integrations.hf.generate)`` with the gate (the default) and with
-``saspec_gate=False``. Each process builds the same model and prompt (fixed seeds) and runs both once; the
-gate's choices follow the step times it measures, so they can differ between processes.
+``model.generate(custom_generate=saspec.integrations.hf.generate)`` with the policy (the default) and with
+``saspec_policy=False`` (the fixed rule). Each process builds the same model and prompt (fixed seeds) and runs
+both once; the policy's choices follow the step times it measures, so they can differ between processes.
+``--competing`` keeps a CPU-bound process busy meanwhile (a busy loop, on a 2-core machine the other core).
 
-    python benchmarks/gate_tiny_processes.py [N]   # N fresh processes (default 10), about 10 s each
+    python benchmarks/gate_tiny_processes.py [N] [--competing]   # N fresh processes (default 10), ~10 s each
 """
 
 from __future__ import annotations
@@ -27,27 +28,37 @@ prompt = np.random.default_rng(0).integers(1, 512, 30).tolist() * 4
 count = [0]
 model.register_forward_hook(lambda *a: count.__setitem__(0, count[0] + 1))
 out = {}
-for name, gate in (("gate", True), ("no-gate", False)):
+for name, policy in (("gate", True), ("no-gate", False)):
     count[0] = 0
     ids = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=60,
-                         custom_generate=sahf.generate, saspec_gate=gate)
+                         custom_generate=sahf.generate, saspec_policy=policy)
     out[name] = {"forwards": count[0], "tokens": ids[0, len(prompt):].tolist()}
 print(json.dumps(out))
 """
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    n = int(args[0]) if args else 10
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if "--competing" in sys.argv else None
+    try:
+        run(n)
+    finally:
+        if busy is not None:
+            busy.kill()
+
+
+def run(n: int) -> None:
     rows = []
     for i in range(n):
         res = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True)
         r = json.loads(res.stdout.strip().splitlines()[-1])
         same = r["gate"]["tokens"] == r["no-gate"]["tokens"]
         rows.append((r["gate"]["forwards"], r["no-gate"]["forwards"], same))
-        print(f"process {i}: gate {rows[-1][0]} forwards, no gate {rows[-1][1]}, "
+        print(f"process {i}: policy {rows[-1][0]} forwards, fixed rule {rows[-1][1]}, "
               f"ratio {rows[-1][0] / rows[-1][1]:.2f}, same output {same}", flush=True)
     worst = max(g / f for g, f, _ in rows)
-    print(f"gate forwards per process: {[g for g, _, _ in rows]}; no gate: {sorted(set(f for _, f, _ in rows))}; "
+    print(f"policy forwards per process: {[g for g, _, _ in rows]}; fixed rule: {sorted(set(f for _, f, _ in rows))}; "
           f"worst ratio {worst:.2f}; outputs identical: {all(s for _, _, s in rows)}")
 
 

@@ -343,6 +343,8 @@ class StepCost:
         self._scale_buf = np.zeros(SCALE_WINDOWS * self.window)
         self._scratch = np.zeros(SCALE_WINDOWS * self.window + max(self.window + 1, len(knots)))
         self._ctr = np.array([0.0, 0.0, 0.0, 1.0])
+        self._state = (self._curve, self._index, self._knot, self._knot_i, self._ratios, self._steps,
+                       self._scale_buf, self._scratch, self._ctr)
 
     @property
     def step(self) -> int:
@@ -362,8 +364,7 @@ class StepCost:
     def arrays(self) -> tuple[np.ndarray, ...]:
         """The state a jitted caller passes on: ``(curve, index, knot, knot_i, ratios, steps, scale_buf,
         scratch, ctr)`` (see the comment above :func:`_cost`)."""
-        return (self._curve, self._index, self._knot, self._knot_i, self._ratios, self._steps, self._scale_buf,
-                self._scratch, self._ctr)
+        return self._state
 
     @classmethod
     def profile(cls, run_step: Callable[[int], Any], sizes: Sequence[int], *, repeats: int = 3,
@@ -389,15 +390,28 @@ class StepCost:
                 best[s] = min(best[s], clock() - t0)
         if not all(math.isfinite(v) and v > 0 for v in best.values()):
             raise ValueError(f"a profiled step took no time or an endless one: {best}")
+        return cls.from_points(sizes, [best[s] for s in sizes], **kwargs)
+
+    @classmethod
+    def from_points(cls, sizes: Sequence[int], seconds: Sequence[float], **kwargs: Any) -> StepCost:
+        """A cost on the curve through ``(sizes[i], seconds[i])`` (sizes increasing, seconds finite and
+        > 0): interpolated between them, extended along the last segment above (flat below the first).
+
+        Raises:
+            ValueError: no points, sizes not increasing, or seconds not finite and > 0.
+        """
         xs = np.asarray(sizes, dtype=np.float64)
-        ys = np.asarray([best[s] for s in sizes])
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[0] * 0.0
-        max_tokens = kwargs.pop("max_tokens", 4096)
+        ys = np.asarray(seconds, dtype=np.float64)
+        if xs.ndim != 1 or xs.shape != ys.shape or not len(xs) or np.any(np.diff(xs) <= 0):
+            raise ValueError("sizes must be increasing and as many as seconds, at least one")
+        if not (np.all(np.isfinite(ys)) and np.all(ys > 0)):
+            raise ValueError(f"seconds must be finite and > 0, got {ys.tolist()}")
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
 
         def shape(n: np.ndarray) -> np.ndarray:
             return np.interp(n, xs, ys) + max(slope, 0.0) * np.maximum(n - xs[-1], 0.0)
 
-        return cls(shape, max_tokens=max_tokens, **kwargs)
+        return cls(shape, **kwargs)
 
     def observe(self, tokens: int, seconds: float) -> bool:
         """One timed step of ``tokens`` tokens. Timings that are not finite
@@ -437,22 +451,38 @@ _ST = {name: i for i, name in enumerate(STATS)}
 
 
 @njit(cache=True)
+def _bucket_end(j):
+    """The smallest match length past bucket ``j`` (a huge number for the last bucket)."""
+    if j < 8:
+        return j + 1
+    if j >= N_BUCKETS - 1:
+        return 1 << 62
+    return 1 << (j - 4)
+
+
+@njit(cache=True)
 def _row_probs(match, offered, rowf, p_bucket, k_max, probs):
-    """probs[b, i]: the chance that the automaton's draft tokens 0..i of row b are all accepted (0 past
-    ``offered[b]``); returns the expected accepted tokens of each row's whole draft into probs[:, k_max]."""
+    """probs[b, i]: the chance that the automaton's draft tokens 0..i of row b are all accepted (0 at
+    ``offered[b]``, where each row's candidates end); the expected accepted tokens of each row's whole draft
+    into probs[:, k_max]. The tokens of one match bucket share its per-token chance: one division per bucket."""
     for b in range(match.shape[0]):
         p = 1.0
         e = 0.0
         d = min(offered[b], k_max) if match[b] > 0 else 0
-        for i in range(k_max):
-            if i < d:
-                q = p_bucket[match_bucket(match[b] + i)]
-                odds = q / (1.0 - q) * rowf[0, b]
-                p *= odds / (1.0 + odds)
+        i = 0
+        while i < d:
+            j = match_bucket(match[b] + i)
+            q = p_bucket[j]
+            odds = q / (1.0 - q) * rowf[0, b]
+            a = odds / (1.0 + odds)
+            stop = min(d, _bucket_end(j) - match[b])
+            while i < stop:
+                p *= a
                 probs[b, i] = p
                 e += p
-            else:
-                probs[b, i] = 0.0
+                i += 1
+        if d < k_max:
+            probs[b, d] = 0.0
         probs[b, k_max] = e
 
 
@@ -461,22 +491,38 @@ def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, 
     """The histogram pass: (rate, bin) of the best threshold over the rows' candidate tokens (automaton
     rows: probs; neural rows (src == 2): q_nn ** (i + 1), i < k_nn); bin N_BINS means no draft."""
     hist[:, :] = 0.0
+    nn_bins = N_BINS if k_nn > 0 else 0  # the neural rows' candidates are alike: counted once, added per row
+    nn_cnt = np.zeros(nn_bins)
+    nn_tot = np.zeros(nn_bins)
+    p = 1.0
+    for i in range(k_nn):
+        p *= q_nn
+        j = min(int(p * N_BINS), N_BINS - 1)
+        nn_cnt[j] += 1.0
+        nn_tot[j] += p
     for b in range(probs.shape[0]):
         if src[b] == 2:
-            p = 1.0
-            for i in range(k_nn):
-                p *= q_nn
-                j = min(int(p * N_BINS), N_BINS - 1)
-                hist[0, j] += 1.0
-                hist[1, j] += p
+            for j in range(nn_bins):
+                hist[0, j] += nn_cnt[j]
+                hist[1, j] += nn_tot[j]
         elif src[b] == 1:
+            # p falls along a row, so its bins do too: add each run of one bin at once
+            run_bin, cnt, tot = -1, 0.0, 0.0
             for i in range(k_max):
                 p = probs[b, i]
                 if p <= 0.0:
                     break
                 j = min(int(p * N_BINS), N_BINS - 1)
-                hist[0, j] += 1.0
-                hist[1, j] += p
+                if j != run_bin:
+                    if cnt > 0.0:
+                        hist[0, run_bin] += cnt
+                        hist[1, run_bin] += tot
+                    run_bin, cnt, tot = j, 0.0, 0.0
+                cnt += 1.0
+                tot += p
+            if cnt > 0.0:
+                hist[0, run_bin] += cnt
+                hist[1, run_bin] += tot
     best = base / (_cost(base, curve, index, knot) + fixed_s)
     best_bin = N_BINS
     n = base
@@ -585,11 +631,16 @@ def _score(match, offered, drafts, new, lens, rowf, bk, decay, w):
             continue
         rowf[1, b] *= decay
         rowf[2, b] *= decay
+        j = -1
+        stop = 0
+        p = 0.0
         for i in range(n):
-            j = match_bucket(match[b] + i)
-            q = bk[3, j]
-            odds = q / (1.0 - q) * rowf[0, b]
-            p = odds / (1.0 + odds)
+            if i >= stop:  # a new match bucket: its chance, shared by the tokens up to its end
+                j = match_bucket(match[b] + i)
+                q = bk[3, j]
+                odds = q / (1.0 - q) * rowf[0, b]
+                p = odds / (1.0 + odds)
+                stop = _bucket_end(j) - match[b]
             bk[1, j] += 1.0
             if drafts[b, i] == new[b, i]:
                 bk[0, j] += 1.0

@@ -448,7 +448,7 @@ def policy_runs(llama, drafter, clock, prompts, n):
     """Greedy runs of one Speculator (its policy learning across them) with the modeled clock."""
     from saspec.integrations.llama_cpp import Sampler, Speculator
 
-    spec = Speculator(llama, drafter, clock=clock)
+    spec = Speculator(llama, drafter, clock=clock, profile=False)  # the prior shape, then the modeled timings
     clock.charge(spec.ctx, 4.0, 1.0)  # llama.cpp on a CPU: a fixed part, then about a forward per token
     model = getattr(drafter, "model", None)
     return spec, model, [spec.generate(p, n, Sampler(), stop_at_eog=False) for p in prompts]
@@ -475,6 +475,37 @@ def test_policy_uses_the_draft_model_only_where_it_costs_less(gguf_path, llama, 
     else:
         assert later == [0, 0]
     assert spec.policy.stats["steps"] == sum(r.steps for r in runs)
+
+
+def test_the_policy_starts_from_the_llamas_profiled_step_cost(llama, monkeypatch):
+    """Before the first step the loop times decodes of each profile size (the minimum of its repeats) on
+    the Llama's context, leaves the cache as it was, and reuses the curve for every later Speculator."""
+    import weakref
+
+    from saspec.integrations.llama_cpp import SADraftModel, Speculator, loop
+
+    clock = CostClock()
+    real = loop.Context.decode
+
+    def charged(self, tokens, **kw):
+        clock.t += 4.0 + len(tokens) * (3.0 if clock.t < 40 else 2.0)  # the first calls slow: a cold start
+        return real(self, tokens, **kw)
+
+    monkeypatch.setattr(loop.Context, "decode", charged)
+    monkeypatch.setattr(loop, "_profiles", weakref.WeakKeyDictionary())
+    llama.reset()
+    before = llama.n_tokens
+    spec = Speculator(llama, SADraftModel(16), clock=clock)
+    cost = spec.policy.policy.cost
+    assert [cost.seconds(n) for n in (1, 2, 9, 17)] == pytest.approx([6.0, 8.0, 22.0, 38.0])
+    assert llama.n_tokens == before
+    spent = clock.t
+    again = Speculator(llama, SADraftModel(16), clock=clock)
+    assert clock.t == spent and again.policy.policy.cost.seconds(9) == pytest.approx(22.0)
+    assert Speculator(llama, SADraftModel(16), clock=clock, profile=False).policy.policy.cost.seconds(9) == \
+        pytest.approx(13.0)  # the prior shape, cpu_like
+    r = spec.generate(random_prompt(40), 20, stop_at_eog=False)
+    assert r.tokens == plain_greedy(llama, random_prompt(40), 20)
 
 
 def wrong_drafts(token: int, k: int = 8):

@@ -244,6 +244,35 @@ def test_the_policy_drops_a_neural_drafter_that_never_pays():
     assert sum(ks[:5]) > 0 and sum(ks[-20:]) == 0
 
 
+def _neural_ks(ranks: int, neural_s: float, seed: int = 0) -> list[int]:
+    """The neural K the policy picks at each of 40 steps on fresh text whose neural drafts are half right,
+    each neural call timed ``neural_s`` per forward on this rank."""
+    h = hybrid(policy=True, device="cpu", ranks=ranks)
+    clock = [0.0]
+    h._clock = lambda: clock[0]
+    rng = np.random.default_rng(seed)
+    texts = [rng.integers(1000, 2000, 80).tolist() for _ in range(2)]
+    ks = []
+    for step in range(40):
+        count, draft, k = h.sa_step(["a", "b"], sampled([[t[-1]] for t in texts], 5), np.array([False, False]),
+                                    np.array([len(t) - 1 for t in texts], np.int32), rows_of(texts))
+        clock[0] += 0.1
+        h.time_neural(k, neural_s * max(k, 1))
+        h.merge(["a", "b"], count, draft, [[7] * k, [7] * k] if k else [])
+        clock[0] += 0.1 * (1 + k)
+        for t in texts:
+            t.append(7 if step % 2 else int(rng.integers(1000, 2000)))  # every other neural draft starts right
+        ks.append(k)
+    return ks
+
+
+def test_tensor_parallel_ranks_choose_the_same_neural_k_whatever_each_rank_times():
+    """The draft model's forwards are collectives: every rank must run as many. Ranks time their own steps,
+    so with several ranks the policy decides without timings; one rank alone learns from them."""
+    assert _neural_ks(2, 0.01) == _neural_ks(2, 5.0)
+    assert _neural_ks(1, 0.01) != _neural_ks(1, 5.0)
+
+
 def test_a_step_of_sa_rows_only_skips_the_neural_drafting_and_acceptance_is_counted_by_source():
     h = hybrid()
     copy = list(range(100, 140)) * 2

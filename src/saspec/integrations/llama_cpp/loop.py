@@ -28,11 +28,20 @@ only where it pays, its lazy catch-up (the tokens it skipped) counted in its
 cost, and text where drafts are rarely kept gets plain steps. ``policy=False``
 keeps the fixed rules: the drafter's own ``propose`` (the automaton's
 match-length rule, the hybrid's threshold).
+
+**The step-cost profile.** A llama.cpp decode on a CPU costs nearly a forward
+per token at small sizes and flattens later, which no prior shape knows; so
+before a fresh policy's first step the loop times decodes of ``PROFILE_SIZES``
+tokens (each ``PROFILE_REPEATS`` times, the minimum kept; positions after the
+cached ones, removed again) and the policy starts from that curve. The profile
+is taken once per ``Llama`` (about 2 s for a 1.5B model on 2 threads) and reused
+by every later ``Speculator`` on it; ``profile=False`` keeps the prior shape.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -199,6 +208,37 @@ def drafter_parts(drafter: Any) -> tuple[SADraftModel | None, ModelDrafter | Non
     return None
 
 
+#: Tokens per decode the step-cost profile times, and how often each (the minimum counts).
+PROFILE_SIZES = (1, 2, 3, 5, 9, 17, 33)
+PROFILE_REPEATS = 2
+
+#: Each profiled ``Llama``'s curve: ``(sizes, seconds)``, reused by every ``Speculator`` on it.
+_profiles: weakref.WeakKeyDictionary[Any, tuple[np.ndarray, np.ndarray]] = weakref.WeakKeyDictionary()
+
+
+def profile_cost(ctx: Context, max_tokens: int, clock: Callable[[], float] = time.perf_counter,
+                 sizes: Sequence[int] = PROFILE_SIZES, repeats: int = PROFILE_REPEATS) -> tuple[np.ndarray, np.ndarray]:
+    """Time decodes of each of ``sizes`` tokens (at most ``max_tokens`` and what the context and a batch
+    hold; logits at every position, as a verifying step asks) after the cached positions, which are
+    left as they were. Returns ``(sizes, seconds)``: float64 arrays, the minimum of ``repeats`` runs each.
+
+    Raises:
+        ValueError: no room in the context for even one token.
+    """
+    base = ctx.n_past
+    top = min(int(max_tokens), ctx.n_batch, ctx.n_ctx - base - 1)
+    if top < 1:
+        raise ValueError(f"no room left in the context ({ctx.n_ctx}) after {base} cached tokens to profile")
+    chosen = sorted({min(int(n), top) for n in sizes if int(n) >= 1})
+
+    def run_step(n: int) -> None:
+        ctx.decode([(7 * i) % ctx.n_vocab for i in range(1, n + 1)], want_from=0)
+        ctx.truncate(base)
+
+    cost = StepCost.profile(run_step, chosen, repeats=repeats, clock=clock, max_tokens=max(chosen))
+    return np.asarray(chosen, dtype=np.float64), cost.shape[np.asarray(chosen)]
+
+
 def make_policy(setting: Any, k_max: int, clock: Callable[[], float] | None = None) -> SequencePolicy | None:
     """The policy for ``policy=setting``: None (off), the given ``SequencePolicy`` (``k_max`` at
     least ``k_max``), or a fresh one with the compute-bound prior cost shape (llama.cpp on a CPU:
@@ -237,6 +277,9 @@ class Speculator:
             ``False``: the drafter's fixed rules.
         clock: seconds, for the policy's timings (default ``time.perf_counter``;
             a given ``SequencePolicy`` keeps its own).
+        profile: give a policy made here the step-cost curve of ``llama``,
+            profiled once per ``Llama`` (see the module doc; not where
+            ``PolicySettings.cost_shape`` is set or a ``SequencePolicy`` is given).
 
     Attributes:
         policy: the ``SequencePolicy`` in use, or None.
@@ -247,7 +290,7 @@ class Speculator:
 
     def __init__(self, llama: Any, drafter: Any = None, max_draft: int | None = None, *,
                  policy: bool | PolicySettings | SequencePolicy = True,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, profile: bool = True) -> None:
         if drafter is not None and not (callable(getattr(drafter, "begin", None)) and callable(getattr(drafter, "propose", None))):
             raise TypeError(f"drafter must have begin(prompt) and propose(new_tokens), got {type(drafter).__name__}")
         if clock is not None and not callable(clock):
@@ -264,6 +307,18 @@ class Speculator:
         self.policy = pol
         self._parts = parts if pol is not None else None
         self.clock = pol.clock if pol is not None else (clock or time.perf_counter)
+        own_shape = isinstance(policy, PolicySettings) and policy.cost_shape is not None
+        if profile and pol is not None and not isinstance(policy, SequencePolicy) and not own_shape:
+            curve = _profiles.get(llama)
+            if curve is None:
+                try:
+                    curve = _profiles[llama] = profile_cost(self.ctx, pol.k_max + 1, self.clock)
+                except ValueError:  # a clock that did not move (an injected one), or no room: the prior shape
+                    curve = None
+            if curve is not None:
+                ps = pol.policy.settings
+                pol.policy.cost = StepCost.from_points(*curve, window=ps.window, max_age=ps.max_age,
+                                                       quantile=ps.quantile)
 
     def _policy_draft(self, new: list[int], cap: int, remaining: int | None, res: GenerateResult) -> tuple[str, list[int]]:
         """This step's ``(source, draft)`` as the policy chooses, at most ``cap`` tokens; times the
@@ -397,7 +452,7 @@ def generate(llama: Any, prompt_ids: Any, max_tokens: int, drafter: Any = None, 
              top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
              stop_at_eog: bool = True, max_draft: int | None = None,
              policy: bool | PolicySettings | SequencePolicy = True,
-             clock: Callable[[], float] | None = None) -> GenerateResult:
+             clock: Callable[[], float] | None = None, profile: bool = True) -> GenerateResult:
     """Generate up to ``max_tokens`` tokens after ``prompt_ids`` with speculative decoding.
 
     Args:
@@ -413,8 +468,9 @@ def generate(llama: Any, prompt_ids: Any, max_tokens: int, drafter: Any = None, 
             temperature 0 is greedy).
         stop_at_eog: stop after an end-of-generation token (kept in the output).
         max_draft: cut every draft to this many tokens (default ``n_batch - 1``).
-        policy, clock: the drafting choice (:class:`Speculator`; default: the
-            policy; ``False``: the drafter's fixed rules).
+        policy, clock, profile: the drafting choice (:class:`Speculator`; default:
+            the policy, on this ``Llama``'s profiled step cost; ``False``: the
+            drafter's fixed rules).
 
     Returns:
         a :class:`GenerateResult` (``tokens``: the generated ids, prompt excluded).
@@ -423,6 +479,6 @@ def generate(llama: Any, prompt_ids: Any, max_tokens: int, drafter: Any = None, 
         ValueError, TypeError: a bad argument (raised before the model runs).
     """
     sampler = Sampler(temperature, top_k, top_p, min_p, seed=seed)
-    spec = Speculator(llama, drafter, max_draft, policy=policy, clock=clock)
+    spec = Speculator(llama, drafter, max_draft, policy=policy, clock=clock, profile=profile)
     spec.check_prompt(prompt_ids)
     return spec.generate(prompt_ids, max_tokens, sampler, stop_at_eog)

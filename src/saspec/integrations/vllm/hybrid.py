@@ -44,12 +44,16 @@ Greedy decoding is token-identical to plain.
 Tensor parallelism: every rank's runner runs this same code on the same
 sampled tokens, so each rank builds the same automata and proposes the same
 drafts, and every rank's neural drafter runs with the same K (its forwards
-contain collectives, so the ranks must agree). The automaton work is repeated
-on each rank; it is host work beside the model's.
+contain collectives, so the ranks must agree). So on several ranks the policy
+decides from its prior costs and the acceptance evidence alone, which every
+rank sees alike: each rank's timings differ, and a choice made from them could
+send one rank into the draft model's forward without the others. The automaton
+work is repeated on each rank; it is host work beside the model's.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -112,6 +116,7 @@ class HybridDrafter:
                                     length_rule="fixed" if self.policy is not None else DEFAULT_LENGTH_RULE,
                                     length_scale=DEFAULT_LENGTH_SCALE, pool_tokens=settings.pool_tokens, ranks=ranks)
         self._clock = time.perf_counter
+        self._timed = ranks == 1  # several ranks: no timings (see the module doc)
         self._t_merge: float | None = None  # when the last merge returned: the target's forward runs after it
         self._step_tokens = 0  # the tokens that forward verifies (rows and drafts)
         self._nn_len = np.zeros(0, np.int32)  # the policy's neural draft length per row (-1: no cut)
@@ -180,7 +185,7 @@ class HybridDrafter:
         same = self._prev_rids is not None and rids == self._prev_rids
         now = self._clock()
         if same and self._t_merge is not None:
-            p.observe_step(self._step_tokens, now - self._t_merge)
+            p.observe_step(self._step_tokens, now - self._t_merge if self._timed else math.nan)
             p.observe(self._prev_match[:b], self._prev_offered[:b], self._prev[:b], new, lens)
         if not same:
             p.rows(rids)
@@ -237,7 +242,7 @@ class HybridDrafter:
         kind = "neural" if k else "catch_up"
         self.stats[f"{kind}_calls"] += 1
         self.stats[f"{kind}_s"] += seconds
-        if self.policy is not None:  # what a neural forward costs against the target's over the same tokens
+        if self.policy is not None and self._timed:  # a neural forward's cost against the target's, same tokens
             rows = max(len(self._prev_rids or ()), 1)
             self.policy.observe_neural(seconds, read=max(self._step_tokens, 1), drafted=k, rows=rows)
 

@@ -202,16 +202,14 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
         knot[2, :] = 1.0
         ctr[_SCALE] = 1.0
         return
-    for j in range(m):
-        scratch[j] = scale_buf[j]
-    s = _low_quantile(scratch, m, q)
+    s = np.partition(scale_buf[:m], int(q * (m - 1)))[int(q * (m - 1))]  # _low_quantile's rank, in O(m)
     ctr[_SCALE] = s
     f = scale_buf.shape[0]  # scratch[f + k]: knot k's fresh timings
     for k in range(n_knots):
         cnt = 0
         last = -1
-        for j in range(ratios.shape[1]):
-            if steps[k, j] >= 0 and step - steps[k, j] <= max_age:
+        for j in range(min(knot_i[0, k], ratios.shape[1])):  # the timings written (none: nothing to scan)
+            if step - steps[k, j] <= max_age:
                 scratch[cnt] = ratios[k, j]
                 cnt += 1
                 last = max(last, steps[k, j])
@@ -249,8 +247,8 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
             pseudo = s * knot[3, k] ** (0.5 ** ((step - knot_i[1, k]) / (2.0 * max_age)))
         scratch[0] = pseudo
         if cnt == 1:
-            for j in range(ratios.shape[1]):
-                if steps[k, j] >= 0 and step - steps[k, j] <= max_age:
+            for j in range(min(knot_i[0, k], ratios.shape[1])):
+                if step - steps[k, j] <= max_age:
                     scratch[1] = ratios[k, j]
         knot[2, k] = _low_quantile(scratch, cnt + 1, q)
     # A step with more tokens never costs less.
@@ -853,6 +851,7 @@ class DraftPolicy:
         self._rows: list[Any] | None = None
         self._saved: dict[Any, tuple[float, float]] = {}
         self._cap = 0
+        self._step_tail: tuple | None = None
         self._grow(1)
 
     @property
@@ -1015,11 +1014,15 @@ class DraftPolicy:
             raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
         if self._rows is not None and len(self._rows) != b:
             self._rows = None
-        _, rowf, probs, ri, _, lengths, src, prev = self._batch(b)
-        c = self.cost
-        rate, plain = _step(match_len, offered, drafts, new, new_lens, seconds, same_rows, self.k_max, rowf,
-                            self._bk, probs, ri, self._hist, self._st, prev, self._last, self.settings.row_memory,
-                            self.prior_weight, *c.arrays(), c.max_age, c.quantile)
+        v = self._batch(b)
+        tail = self._step_tail
+        if tail is None or tail[0] is not v or tail[1] is not self.cost:  # the kernel's state, kept while it stays
+            c = self.cost
+            tail = self._step_tail = (v, c, (self.k_max, v[1], self._bk, v[2], v[3], self._hist, self._st, v[7],
+                                             self._last, self.settings.row_memory, self.prior_weight, *c.arrays(),
+                                             c.max_age, c.quantile))
+        rate, plain = _step(match_len, offered, drafts, new, new_lens, seconds, same_rows, *tail[2])
+        lengths, src = v[5], v[6]
         self.neural_k = 0
         if self.log is not None:
             self.log(Decision(int(self._st[0]), lengths.copy(), src.copy(), float(rate), float(plain), 0))

@@ -508,6 +508,30 @@ def test_the_policy_starts_from_the_llamas_profiled_step_cost(llama, monkeypatch
     assert r.tokens == plain_greedy(llama, random_prompt(40), 20)
 
 
+def test_a_draft_models_cost_before_it_is_timed_is_its_profiled_one_token_decode(gguf_path, llama, monkeypatch):
+    """The hybrid's draft model is profiled too: the policy's prior for its cost is the ratio of its one-token
+    decode to the target's (here 1.5 against 6 modeled seconds)."""
+    import weakref
+
+    from saspec.integrations.llama_cpp import LlamaCppHybridDrafter, ModelDrafter, SADraftModel, Speculator, loop
+
+    small = new_llama(gguf_path)
+    clock = CostClock()
+    real = loop.Context.decode
+
+    def charged(self, tokens, **kw):
+        clock.t += (1.0 + 0.5 * len(tokens)) if self.llama is small else (4.0 + 2.0 * len(tokens))
+        return real(self, tokens, **kw)
+
+    monkeypatch.setattr(loop.Context, "decode", charged)
+    monkeypatch.setattr(loop, "_profiles", weakref.WeakKeyDictionary())
+    llama.reset()
+    hybrid = LlamaCppHybridDrafter(SADraftModel(16), ModelDrafter(small, k=4, p_min=0.0))
+    spec = Speculator(llama, hybrid, clock=clock)
+    assert spec.policy.policy.neural_cost == pytest.approx(1.5 / 6.0)
+    assert spec.policy.policy.cost.seconds(9) == pytest.approx(22.0)
+
+
 def wrong_drafts(token: int, k: int = 8):
     """An automaton that offers, at a long match every step, ``token`` (one the target never emits)."""
     from saspec.integrations.llama_cpp import SADraftModel

@@ -33,9 +33,11 @@ match-length rule, the hybrid's threshold).
 per token at small sizes and flattens later, which no prior shape knows; so
 before a fresh policy's first step the loop times decodes of ``PROFILE_SIZES``
 tokens (each ``PROFILE_REPEATS`` times, the minimum kept; positions after the
-cached ones, removed again) and the policy starts from that curve. The profile
-is taken once per ``Llama`` (about 2 s for a 1.5B model on 2 threads) and reused
-by every later ``Speculator`` on it; ``profile=False`` keeps the prior shape.
+cached ones, removed again) and the policy starts from that curve; a draft
+model's one-token decode is timed too, and until its calls are timed in step
+its cost is taken as that share of the target's. The profile is taken once per
+``Llama`` (about 2 s for a 1.5B model on 2 threads) and reused by every later
+``Speculator`` on it; ``profile=False`` keeps the prior shape.
 """
 
 from __future__ import annotations
@@ -239,6 +241,19 @@ def profile_cost(ctx: Context, max_tokens: int, clock: Callable[[], float] = tim
     return np.asarray(chosen, dtype=np.float64), cost.shape[np.asarray(chosen)]
 
 
+def _cached_profile(ctx: Context, max_tokens: int, clock: Callable[[], float]) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`profile_cost` of ``ctx``'s ``Llama``, once per ``Llama`` (a profile up to fewer tokens than asked
+    is taken again); None where the clock did not move (an injected one) or the context has no room."""
+    curve = _profiles.get(ctx.llama)
+    if curve is None or curve[0][-1] < min(max_tokens, ctx.n_batch, ctx.n_ctx - ctx.n_past - 1):
+        try:
+            curve = _profiles[ctx.llama] = profile_cost(ctx, max(max_tokens, int(curve[0][-1]) if curve else 1),
+                                                        clock)
+        except ValueError:
+            return None
+    return curve
+
+
 def make_policy(setting: Any, k_max: int, clock: Callable[[], float] | None = None) -> SequencePolicy | None:
     """The policy for ``policy=setting``: None (off), the given ``SequencePolicy`` (``k_max`` at
     least ``k_max``), or a fresh one with the compute-bound prior cost shape (llama.cpp on a CPU:
@@ -309,16 +324,20 @@ class Speculator:
         self.clock = pol.clock if pol is not None else (clock or time.perf_counter)
         own_shape = isinstance(policy, PolicySettings) and policy.cost_shape is not None
         if profile and pol is not None and not isinstance(policy, SequencePolicy) and not own_shape:
-            curve = _profiles.get(llama)
-            if curve is None:
-                try:
-                    curve = _profiles[llama] = profile_cost(self.ctx, pol.k_max + 1, self.clock)
-                except ValueError:  # a clock that did not move (an injected one), or no room: the prior shape
-                    curve = None
-            if curve is not None:
-                ps = pol.policy.settings
-                pol.policy.cost = StepCost.from_points(*curve, window=ps.window, max_age=ps.max_age,
-                                                       quantile=ps.quantile)
+            self._use_profile(pol, parts[1])
+
+    def _use_profile(self, pol: SequencePolicy, model: ModelDrafter | None) -> None:
+        """Give ``pol`` the target's profiled step cost and, with a draft model, its cost as a share of the
+        target's one-token decode (see the module doc); the prior where a clock did not move."""
+        curve = _cached_profile(self.ctx, pol.k_max + 1, self.clock)
+        if curve is None:
+            return
+        ps = pol.policy.settings
+        pol.policy.cost = StepCost.from_points(*curve, window=ps.window, max_age=ps.max_age, quantile=ps.quantile)
+        if model is not None:
+            small = _cached_profile(model.ctx, 1, self.clock)
+            if small is not None:  # before the draft model is timed in step: its one-token decode over the target's
+                pol.policy.neural_cost = float(small[1][0] / curve[1][0])
 
     def _policy_draft(self, new: list[int], cap: int, remaining: int | None, res: GenerateResult) -> tuple[str, list[int]]:
         """This step's ``(source, draft)`` as the policy chooses, at most ``cap`` tokens; times the

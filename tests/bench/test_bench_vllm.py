@@ -276,3 +276,18 @@ def test_a_terminated_served_command_still_stops_its_servers():
             finally:
                 stopped.append("stopped")  # where Server.__exit__ stops the server
     assert stopped == ["stopped"] and signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("name", ["bench_vllm", "bench_llama_cpp"])
+def test_the_engine_children_run_as_scripts_outside_the_package(name):
+    """Each child runs its command's file as a script (``python -P FILE --child ...``) in the engine's venv;
+    its imports must work there, where the file is not part of a package."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import saspec_bench.commands as commands
+
+    path = Path(commands.__file__).with_name(f"{name}.py")
+    proc = subprocess.run([sys.executable, "-P", str(path)], capture_output=True, text=True, timeout=120)
+    assert "Error" not in proc.stderr and ("usage" in proc.stderr or "saspec bench" in proc.stderr), proc.stderr

@@ -49,13 +49,13 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from .. import models
-from ..options import CliError, nonnegative_int, positive_int
-from ..prompts import FREE_FORM_PROMPTS, bench_prompts, cross_request_prompts
-from ..tokenizers import get_tokenizer
-
-# Imports from saspec stay inside the parent's functions: the vLLM child runs this file as a
-# script, outside the package, and must not load numba before vLLM starts (see child).
+# Absolute imports: the vLLM child runs this file as a script, outside the package. These layers load
+# no saspec; imports from saspec stay inside the parent's functions: the child must not load numba
+# before vLLM starts (see child).
+from saspec_bench import models
+from saspec_bench.options import CliError, nonnegative_int, positive_int
+from saspec_bench.prompts import FREE_FORM_PROMPTS, bench_prompts, cross_request_prompts
+from saspec_bench.tokenizers import get_tokenizer
 
 METHODS = ("plain", "ngram", "ngram-2-5", "saspec", "ngram-2-5-long", "saspec-long", "saspec-fixed-long",
            "saspec-pool-long", "suffix", "draft-model", "hybrid", "hybrid-fixed")

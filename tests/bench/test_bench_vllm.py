@@ -291,3 +291,13 @@ def test_the_engine_children_run_as_scripts_outside_the_package(name):
     path = Path(commands.__file__).with_name(f"{name}.py")
     proc = subprocess.run([sys.executable, "-P", str(path)], capture_output=True, text=True, timeout=120)
     assert "Error" not in proc.stderr and ("usage" in proc.stderr or "saspec bench" in proc.stderr), proc.stderr
+
+
+def test_the_vllm_childs_process_tree_meter_loads_cpumeter_from_its_file():
+    """The child loads ``saspec_bench/cpumeter.py`` by path (not through the package, which would load numba
+    before vLLM starts); the meter it builds counts this process's CPU time."""
+    pytest.importorskip("psutil")
+    meter = bv._process_tree_meter()
+    meter.start()
+    share = meter.stop()
+    assert share is None or share >= 0.0

@@ -166,11 +166,17 @@ def test_hybrid_uses_both_drafters(models):
 def test_hybrid_where_the_automaton_drafts_first(models, gate):
     """The automaton matches at once and the assistant takes over later: its
     first call must still come at the first step (it expects the prompt alone)."""
+    from saspec.policy import PolicySettings, SequencePolicy
+
     target, draft = models["qwen2", "count"], models["qwen2", "draft-count"]
     prompt = [200, 201, 202, *range(50, 66), 210, 211, *range(50, 56)]  # matched at once; counting runs past 65
     expected = plain(target, prompt, max_new_tokens=30)
-    with Forwards(draft) as d:
-        out = spec(target, prompt, max_new_tokens=30, assistant_model=draft, saspec_policy=gate,
+    # The policy on a modeled clock (cheap verification, a cheap and good assistant): deterministic, and
+    # the assistant pays once the automaton has nothing to offer.
+    good = PolicySettings(neural_prior=0.9, neural_cost=0.05)
+    with ModelClock(target, CHEAP, draft, draft_s=0.001) as clock, Forwards(draft) as d:
+        out = spec(target, prompt, max_new_tokens=30, assistant_model=draft,
+                   saspec_policy=SequencePolicy(8, settings=good, clock=clock) if gate else False,
                    attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
     assert torch.equal(out, expected)
     assert d.n > 0

@@ -244,9 +244,9 @@ def test_the_policy_drops_a_neural_drafter_that_never_pays():
     assert sum(ks[:5]) > 0 and sum(ks[-20:]) == 0
 
 
-def _neural_ks(ranks: int, neural_s: float, seed: int = 0) -> list[int]:
-    """The neural K the policy picks at each of 40 steps on fresh text whose neural drafts are half right,
-    each neural call timed ``neural_s`` per forward on this rank."""
+def _neural_ks(ranks: int, neural_s: float, seed: int = 0) -> tuple[list[int], dict]:
+    """The neural K the policy picks at each of 40 steps on fresh text, each neural call timed ``neural_s``
+    per forward on this rank; and the policy's counters."""
     h = hybrid(policy=True, device="cpu", ranks=ranks)
     clock = [0.0]
     h._clock = lambda: clock[0]
@@ -263,14 +263,16 @@ def _neural_ks(ranks: int, neural_s: float, seed: int = 0) -> list[int]:
         for t in texts:
             t.append(7 if step % 2 else int(rng.integers(1000, 2000)))  # every other neural draft starts right
         ks.append(k)
-    return ks
+    return ks, h.policy_stats
 
 
 def test_tensor_parallel_ranks_choose_the_same_neural_k_whatever_each_rank_times():
     """The draft model's forwards are collectives: every rank must run as many. Ranks time their own steps,
     so with several ranks the policy decides without timings; one rank alone learns from them."""
-    assert _neural_ks(2, 0.01) == _neural_ks(2, 5.0)
-    assert _neural_ks(1, 0.01) != _neural_ks(1, 5.0)
+    (fast, stats), (slow, _) = _neural_ks(2, 0.01), _neural_ks(2, 5.0)
+    assert fast == slow and sum(fast) > 0
+    assert stats["policy_timed"] == 0 and stats["policy_ignored_timings"] > 0
+    assert _neural_ks(1, 0.01)[1]["policy_timed"] > 0
 
 
 def test_a_step_of_sa_rows_only_skips_the_neural_drafting_and_acceptance_is_counted_by_source():

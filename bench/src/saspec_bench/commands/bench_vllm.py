@@ -423,13 +423,14 @@ def _spec_counters(llm: Any) -> dict[str, int]:
 
 def _process_tree_meter() -> Any:
     """A ``cpumeter.CpuMeter`` whose own time counts this process and all its descendants (vLLM's
-    engine core and workers). ``cpumeter.py`` is loaded from its file: importing it through the
+    engine core and workers). ``saspec_bench/cpumeter.py`` is loaded from its file: importing it through the
     package would load saspec, and so numba, before vLLM starts its workers (see :func:`child`)."""
     import importlib.util
 
     import psutil  # a vLLM dependency
 
-    spec = importlib.util.spec_from_file_location("saspec_cpumeter", Path(__file__).with_name("cpumeter.py"))
+    path = Path(__file__).resolve().parent.parent / "cpumeter.py"  # saspec_bench/cpumeter.py
+    spec = importlib.util.spec_from_file_location("saspec_cpumeter", path)
     cpumeter = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cpumeter)
 

@@ -247,3 +247,14 @@ def test_plots_stay_readable_for_several_workloads(traces, tmp_path, capsys):
     for png in ("al_vs_threshold.png", "al_by_policy.png", "accepted_distribution.png"):
         w, h = Image.open(out / png).size
         assert 600 <= w <= 1400 and 300 <= h <= 1400, (png, w, h)
+
+
+def test_pick_names_the_unknown_item_and_an_empty_list():
+    from saspec_bench.options import CliError, pick
+
+    assert pick(" plain, saspec ,", ("plain", "saspec"), "--methods", "method") == ["plain", "saspec"]
+    with pytest.raises(CliError, match=r"unknown method 'nope' in --methods; expected some of plain, saspec"):
+        pick("plain,nope", ("plain", "saspec"), "--methods", "method")
+    with pytest.raises(CliError, match="no methods in --methods"):
+        pick(" , ", ("plain",), "--methods", "method")
+    assert pick("", ("plain",), "--models", "model size", allow_empty=True) == []

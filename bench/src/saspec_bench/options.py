@@ -107,6 +107,19 @@ def comma_list(item: Callable[[str], object], choices: Sequence[str] | None = No
     return parse
 
 
+def pick(text: str, choices: Sequence[str], flag: str, what: str, allow_empty: bool = False) -> list[str]:
+    """The comma-separated items of a command's ``flag`` value (empty items dropped), each one of
+    ``choices``; :class:`CliError` names the first unknown item, or says the list is empty (unless
+    ``allow_empty``). For lists checked once the command runs (a default that depends on other options)."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    for x in items:
+        if x not in choices:
+            raise CliError(f"unknown {what} {x!r} in {flag}; expected some of {', '.join(choices)}")
+    if not items and not allow_empty:
+        raise CliError(f"no {what}s in {flag}; expected some of {', '.join(choices)}")
+    return items
+
+
 def output_file(text: str) -> str:
     """A ``type=`` for a file the command will write: not a directory, in a
     directory that exists (checked before a long run rather than after it)."""

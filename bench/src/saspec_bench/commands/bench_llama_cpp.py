@@ -107,16 +107,11 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from .. import models
-    from ..options import CliError
+    from ..options import CliError, pick
     from ..prompts import FREE_FORM_PROMPTS, bench_prompts
     from ..tokenizers import get_tokenizer
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        if m not in METHODS:
-            raise CliError(f"unknown method {m!r} in --methods; expected some of {', '.join(METHODS)}")
-    if not methods:
-        raise CliError(f"no methods in --methods; expected some of {', '.join(METHODS)}")
+    methods = pick(args.methods, METHODS, "--methods", "method")
     if not Path(args.llama_python).is_file():
         raise CliError(f"no llama-cpp-python python at {args.llama_python}; run benchmarks/llama_cpp/setup.sh "
                        "(or pass --llama-python)")

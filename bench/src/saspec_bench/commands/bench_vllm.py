@@ -53,7 +53,7 @@ from typing import Any
 # no saspec; imports from saspec stay inside the parent's functions: the child must not load numba
 # before vLLM starts (see child).
 from saspec_bench import models
-from saspec_bench.options import CliError, nonnegative_int, positive_int
+from saspec_bench.options import CliError, nonnegative_int, pick, positive_int
 from saspec_bench.prompts import FREE_FORM_PROMPTS, bench_prompts, cross_request_prompts
 from saspec_bench.tokenizers import get_tokenizer
 
@@ -169,22 +169,15 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        if m not in METHODS:
-            raise CliError(f"unknown method {m!r} in --methods; expected some of {', '.join(METHODS)}")
+    methods = pick(args.methods, METHODS, "--methods", "method", allow_empty=True)
     target, draft = models.family("qwen2.5-coder")
     by_size = {"1.5b": target, "0.5b": draft}
-    sizes = [s.strip() for s in (args.models or ",".join(MODEL_SIZES)).split(",") if s.strip()]
-    if not sizes:
-        raise CliError(f"no model sizes in --models; expected some of {', '.join(MODEL_SIZES)}")
+    sizes = pick(args.models or ",".join(MODEL_SIZES), MODEL_SIZES, "--models", "model size")
     if not methods:
         raise CliError(f"no methods in --methods; expected some of {', '.join(METHODS)}")
     if args.code_prompts + args.free_prompts + args.multi_turn_prompts == 0 and not args.cross_requests:
         raise CliError("no prompts: --code-prompts, --free-prompts and --multi-turn-prompts are all 0")
     for s in sizes:
-        if s not in by_size:
-            raise CliError(f"unknown model size {s!r} in --models; expected some of {', '.join(MODEL_SIZES)}")
         if not models.is_converted(by_size[s]):
             raise CliError(f"{by_size[s].name} is not installed; run `saspec models install qwen2.5-coder`")
     if any(m in NEURAL_METHODS for m in methods) and not models.is_converted(draft):

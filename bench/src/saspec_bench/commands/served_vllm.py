@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import models
-from ..options import CliError
+from ..options import CliError, pick
 from ..prompts import FREE_FORM_PROMPTS, bench_prompts
 from ..tokenizers import get_tokenizer
 
@@ -397,19 +397,14 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    methods = [m.strip() for m in args.served_methods.split(",") if m.strip()]
-    for m in methods:
-        if m not in SERVED_METHODS:
-            raise CliError(f"unknown served drafter {m!r} in --served-methods; expected some of {', '.join(SERVED_METHODS)}")
+    methods = pick(args.served_methods, SERVED_METHODS, "--served-methods", "served drafter", allow_empty=True)
     if "plain" not in methods:
         methods.insert(0, "plain")  # every output is compared with plain's
     conc = _concurrency(args.concurrency)
     target, draft = models.family("qwen2.5-coder")
     by_size = {"1.5b": target, "0.5b": draft}
-    sizes = [s.strip() for s in (args.models or "0.5b").split(",") if s.strip()]
+    sizes = pick(args.models or "0.5b", tuple(by_size), "--models", "model size", allow_empty=True)
     for s in sizes:
-        if s not in by_size:
-            raise CliError(f"unknown model size {s!r} in --models; expected some of {', '.join(by_size)}")
         if not models.is_converted(by_size[s]):
             raise CliError(f"{by_size[s].name} is not installed; run `saspec models install qwen2.5-coder`")
     if not Path(args.vllm_python).is_file():

@@ -194,6 +194,9 @@ def run_traffic(seed: int, *, steps: int, rows: int, max_detached: int, max_mode
     rng = np.random.default_rng(seed)
     proposer = SAProposer(vllm_config(max_model_len=max_model_len, max_num_seqs=rows), max_detached=max_detached,
                           length_rule=length_rule)
+    # A clock that does not move: the policy's timings are ignored, so its choices, and with them which requests
+    # finish when, depend on the seed alone (the machine's real timings made the traffic differ run to run).
+    proposer._clock = lambda: 0.0
     worker = FakeWorker(proposer, rows, max_model_len, rng)
     worker.by_id = by_id
     waiting: list[Req] = []  # preempted requests waiting to resume, oldest first
@@ -252,7 +255,10 @@ def test_rows_named_by_request_id_draft_exactly_and_build_each_request_once(seed
     assert worker.checked_drafts > 500 and worker.nonempty_drafts > 100
     s = proposer.stats
     assert s["by_id"] == s["steps"] and s["reclaimed"] == 0 and s["continued"] == 0  # no fingerprints
-    assert s["built_ahead"] == started and s["new"] == started and s["rebuilt"] == 0
+    # every request that reached a decode step was built ahead, exactly once; the last arrivals may still be in
+    # their prefill when the traffic stops, their builds started and not yet taken by a step
+    decoded = started - sum(r.prefill_steps > 0 for r in worker.rows)
+    assert s["built_ahead"] == decoded and s["new"] == decoded and s["rebuilt"] == 0
 
 
 def test_each_request_is_built_once_when_the_pool_keeps_them():

@@ -82,6 +82,7 @@ import numpy as np
 from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
+from .slab import slab, view1, view2
 from .validate import check_count
 
 #: Row sources, as :meth:`DraftPolicy.decide` returns them.
@@ -157,7 +158,34 @@ def _low_quantile(vals, n, q):
     return vals[int(q * (n - 1))]
 
 
-# StepCost's state lives in a few arrays so that one jitted call reads and updates all of it:
+@njit(cache=True)
+def _select(vals, n, r):
+    """The ``r``-th smallest of ``vals[:n]`` (0-based), reordering them in place: Hoare's quickselect
+    (middle pivot), with no allocation."""
+    lo, hi = 0, n - 1
+    while lo < hi:
+        pivot = vals[(lo + hi) // 2]
+        i, j = lo, hi
+        while i <= j:
+            while vals[i] < pivot:
+                i += 1
+            while vals[j] > pivot:
+                j -= 1
+            if i <= j:
+                vals[i], vals[j] = vals[j], vals[i]
+                i += 1
+                j -= 1
+        if r <= j:
+            hi = j
+        elif r >= i:
+            lo = i
+        else:
+            break
+    return vals[r]
+
+
+# StepCost's state lives in a few arrays (views of two buffers: saspec.slab) so that one jitted call reads and
+# updates all of it:
 #   curve   float64 [2, max_tokens + 1]: the shape, and each token count's weight between its two knots
 #   index   int64 [2, max_tokens + 1]: each token count's lower knot, and its nearest knot
 #   knot    float64 [4, knots]: token count, shape there, correction, deviation from the global scale when
@@ -185,6 +213,13 @@ def _cost(n, curve, index, knot):
 
 
 @njit(cache=True)
+def _cost_arrays(cf, ci):
+    """StepCost.arrays() from StepCost.slabs(), inside a kernel."""
+    return (view2(cf, ci, 0), view2(ci, ci, 1), view2(cf, ci, 2), view2(ci, ci, 3), view2(cf, ci, 4),
+            view2(ci, ci, 5), view1(cf, ci, 6), view1(cf, ci, 7), view1(cf, ci, 8))
+
+
+@njit(cache=True)
 def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q, ratio, k):
     """Record a timing (``ratio`` at knot ``k``; none where ``k < 0``) and recompute every knot's
     correction (see the module doc)."""
@@ -202,7 +237,8 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
         knot[2, :] = 1.0
         ctr[_SCALE] = 1.0
         return
-    s = np.partition(scale_buf[:m], int(q * (m - 1)))[int(q * (m - 1))]  # _low_quantile's rank, in O(m)
+    scratch[:m] = scale_buf[:m]
+    s = _select(scratch, m, int(q * (m - 1)))  # _low_quantile's rank, in O(m)
     ctr[_SCALE] = s
     f = scale_buf.shape[0]  # scratch[f + k]: knot k's fresh timings
     for k in range(n_knots):
@@ -329,18 +365,25 @@ class StepCost:
         logk = np.log2(knots)
         pos = np.interp(np.log2(n), logk, np.arange(len(logk), dtype=np.float64))
         lo = np.minimum(pos.astype(np.int64), len(logk) - 2)
-        self._curve = np.stack([np.maximum.accumulate(table), pos - lo])  # a step with more tokens never costs less
-        self._index = np.stack([lo, np.rint(pos).astype(np.int64)])
+        n_knots, w = len(knots), self.window
+        self._buffers, v = slab({
+            "curve": (np.float64, (2, self.max_tokens + 1)), "index": (np.int64, (2, self.max_tokens + 1)),
+            "knot": (np.float64, (4, n_knots)), "knot_i": (np.int64, (2, n_knots)),
+            "ratios": (np.float64, (n_knots, w)), "steps": (np.int64, (n_knots, w)),
+            "scale_buf": (np.float64, (SCALE_WINDOWS * w,)),
+            "scratch": (np.float64, (SCALE_WINDOWS * w + max(w + 1, n_knots),)), "ctr": (np.float64, (4,))})
+        self._curve, self._index, self._knot, self._knot_i = v["curve"], v["index"], v["knot"], v["knot_i"]
+        self._ratios, self._steps, self._scale_buf, self._scratch, self._ctr = (
+            v["ratios"], v["steps"], v["scale_buf"], v["scratch"], v["ctr"])
+        self._curve[:] = (np.maximum.accumulate(table), pos - lo)  # a step with more tokens never costs less
+        self._index[:] = (lo, np.rint(pos).astype(np.int64))
         self.shape = self._curve[0]
-        self._knot = np.stack([knots, np.interp(knots, np.arange(self.max_tokens + 1, dtype=np.float64), self.shape),
-                               np.ones(len(knots)), np.ones(len(knots))])
+        self._knot[:] = (knots, np.interp(knots, np.arange(self.max_tokens + 1, dtype=np.float64), self.shape),
+                         np.ones(n_knots), np.ones(n_knots))
         self.knots, self.knot_ratio = self._knot[0], self._knot[2]
-        self._knot_i = np.stack([np.zeros(len(knots), np.int64), np.full(len(knots), -1, np.int64)])
-        self._ratios = np.zeros((len(knots), self.window))
-        self._steps = np.full((len(knots), self.window), -1, np.int64)
-        self._scale_buf = np.zeros(SCALE_WINDOWS * self.window)
-        self._scratch = np.zeros(SCALE_WINDOWS * self.window + max(self.window + 1, len(knots)))
-        self._ctr = np.array([0.0, 0.0, 0.0, 1.0])
+        self._knot_i[1] = -1
+        self._steps[:] = -1
+        self._ctr[_SCALE] = 1.0
         self._state = (self._curve, self._index, self._knot, self._knot_i, self._ratios, self._steps,
                        self._scale_buf, self._scratch, self._ctr)
 
@@ -363,6 +406,11 @@ class StepCost:
         """The state a jitted caller passes on: ``(curve, index, knot, knot_i, ratios, steps, scale_buf,
         scratch, ctr)`` (see the comment above :func:`_cost`)."""
         return self._state
+
+    def slabs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The same state as two buffers, ``(float64, int64)``, for a call made every step
+        (:func:`_cost_arrays` unpacks them)."""
+        return self._buffers[np.float64], self._buffers[np.int64]
 
     @classmethod
     def profile(cls, run_step: Callable[[int], Any], sizes: Sequence[int], *, repeats: int = 3,
@@ -435,9 +483,11 @@ class StepCost:
 
 # -- the allocation kernel -----------------------------------------------------------------------------------
 
-# DraftPolicy's state, likewise in a few arrays:
+# DraftPolicy's state, likewise in a few arrays (views of three buffers, in the order of DraftPolicy._grow,
+# which _step unpacks):
 #   rowf   float64 [3, rows]: each row's odds factor, and the hits and misses behind it
 #   bk     float64 [4, N_BUCKETS]: each match bucket's hits, trials, prior and estimate
+#   probs  float64 [rows, k_max + 1]: the row's cumulative acceptance chances, and its expected tokens (scratch)
 #   ri     int32 [3, rows]: each row's source, a trial source (scratch) and draft length
 #   hist   float64 [2, N_BINS]: the histogram's counts and sums (scratch)
 #   st     int64 [len(STATS)]: the counters (DraftPolicy.stats)
@@ -659,11 +709,15 @@ def _estimate(bk, w):
 
 
 @njit(cache=True)
-def _step(match, offered, drafts, new, lens, seconds, same, k_max, rowf, bk, probs, ri, hist, st, prev, last,
-          decay, w, curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q):
+def _step(match, offered, drafts, new, lens, seconds, same, k_max, pf, p32, p64, decay, w, cf, ci, max_age, q):
     """DraftPolicy.step in one call: the last step's timing and scores where ``same``, then this step's
-    choice (automaton only). Returns (rate, plain rate)."""
+    choice (automaton only). The policy's state comes as its three buffers, the cost's as its two.
+    Returns (rate, plain rate)."""
+    rowf, bk, probs, hist = view2(pf, p64, 0), view2(pf, p64, 1), view2(pf, p64, 2), view2(pf, p64, 3)
+    ri, prev, st, last = view2(p32, p64, 4), view2(p32, p64, 5), view1(p64, p64, 6), view1(p64, p64, 7)
+    curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr = _cost_arrays(cf, ci)
     b = match.shape[0]
+    rowf, probs, ri = rowf[:, :b], probs[:b], ri[:, :b]
     k = prev.shape[1] - 2
     if same and last[0] == b:
         if _observe_cost(last[1], seconds, curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
@@ -835,14 +889,6 @@ class DraftPolicy:
             raise ValueError(f"cost must be a saspec.policy.StepCost, got {type(self.cost).__name__}")
         self.catchup_sunk = bool(neural_catchup_sunk)
         self.log, self.clock = log, clock
-        floor = _bucket_floor()
-        self._bk = np.zeros((4, N_BUCKETS))
-        self._bk[2] = floor / (floor + 1.0)
-        self.p_bucket = self._bk[3]
-        _estimate(self._bk, self.prior_weight)
-        self._hist = np.zeros((2, N_BINS))
-        self._st = np.zeros(len(STATS), np.int64)
-        self._last = np.zeros(2, np.int64)
         self._nn_hits = 0.0
         self._nn_trials = 0.0
         # The neural cost ratio: its latest timings, each against the target's cost of the same tokens.
@@ -853,6 +899,9 @@ class DraftPolicy:
         self._cap = 0
         self._step_tail: tuple | None = None
         self._grow(1)
+        floor = _bucket_floor()
+        self._bk[2] = floor / (floor + 1.0)
+        _estimate(self._bk, self.prior_weight)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -867,15 +916,20 @@ class DraftPolicy:
         if rows <= self._cap:
             return
         cap = max(rows, 2 * self._cap)
-        rowf = np.zeros((3, cap))
-        rowf[0] = 1.0
-        if self._cap:
-            rowf[:, : self._cap] = self._rowf
-        self._rowf = rowf
-        self._probs = np.zeros((cap, self.k_max + 1))
-        self._ri = np.zeros((3, cap), np.int32)
+        self._buffers, v = slab({
+            "rowf": (np.float64, (3, cap)), "bk": (np.float64, (4, N_BUCKETS)),
+            "probs": (np.float64, (cap, self.k_max + 1)), "hist": (np.float64, (2, N_BINS)),
+            "ri": (np.int32, (3, cap)), "prev": (np.int32, (cap, self.k_max + 2)),
+            "st": (np.int64, (len(STATS),)), "last": (np.int64, (2,))})
+        v["rowf"][0] = 1.0
+        if self._cap:  # the evidence moves to the new buffers
+            v["rowf"][:, : self._cap] = self._rowf
+            for name in ("bk", "st", "last"):
+                v[name][:] = getattr(self, "_" + name)
+        self._rowf, self._bk, self._probs, self._hist = v["rowf"], v["bk"], v["probs"], v["hist"]
+        self._ri, self._prev, self._st, self._last = v["ri"], v["prev"], v["st"], v["last"]
+        self.p_bucket = self._bk[3]
         self._nn_ok = np.zeros(cap, np.bool_)
-        self._prev = np.zeros((cap, self.k_max + 2), np.int32)
         self._last[0] = -1  # no last step to score: the rows moved
         self._cap = cap
         self._views: tuple | None = None
@@ -1016,11 +1070,11 @@ class DraftPolicy:
             self._rows = None
         v = self._batch(b)
         tail = self._step_tail
-        if tail is None or tail[0] is not v or tail[1] is not self.cost:  # the kernel's state, kept while it stays
-            c = self.cost
-            tail = self._step_tail = (v, c, (self.k_max, v[1], self._bk, v[2], v[3], self._hist, self._st, v[7],
-                                             self._last, self.settings.row_memory, self.prior_weight, *c.arrays(),
-                                             c.max_age, c.quantile))
+        if tail is None or tail[0] is not self._buffers or tail[1] is not self.cost:  # kept while they stay
+            c, f = self.cost, self._buffers
+            tail = self._step_tail = (f, c, (self.k_max, f[np.float64], f[np.int32], f[np.int64],
+                                             self.settings.row_memory, self.prior_weight, *c.slabs(), c.max_age,
+                                             c.quantile))
         rate, plain = _step(match_len, offered, drafts, new, new_lens, seconds, same_rows, *tail[2])
         lengths, src = v[5], v[6]
         self.neural_k = 0

@@ -297,6 +297,32 @@ def test_step_in_one_call_equals_observe_step_observe_and_decide():
     assert one.stats["timed"] > 20 and one.stats["ignored_timings"] > 20
 
 
+def test_a_batch_that_outgrows_the_state_keeps_every_count_and_estimate():
+    """The state lives in buffers sized by the rows seen; a larger batch moves it into new buffers, with
+    the bucket estimates, the counters, each request's evidence and the learnt cost unchanged."""
+    rng = np.random.default_rng(3)
+    p = DraftPolicy(K, cost=StepCost(cpu_like, max_tokens=64 * (K + 1)))
+    ids = ["a", "b"]
+    p.rows(ids)
+    drafts = np.tile(np.arange(K, dtype=np.int32), (2, 1))
+    for step in range(30):  # "a" copies, "b" misses
+        match = np.array([20, 20], np.int32)
+        new = np.stack([np.arange(K + 1), np.full(K + 1, 99)]).astype(np.int32)
+        p.step(match, np.full(2, K, np.int32), drafts, new, np.array([K, 1], np.int32), 0.01 + 0.001 * step,
+               step > 0)
+    before = (p.stats, p.p_bucket.copy(), p.q_automaton(20, 0), p.q_automaton(20, 1), p.cost.seconds(np.arange(1, 40)))
+    assert before[2] > before[3] + 0.2  # each request has its own evidence
+    big = ids + [f"r{i}" for i in range(40)]
+    p.rows(big)
+    assert p.stats == before[0] and np.array_equal(p.p_bucket, before[1])
+    assert p.q_automaton(20, 0) == before[2] and p.q_automaton(20, 1) == before[3]
+    assert np.array_equal(p.cost.seconds(np.arange(1, 40)), before[4])
+    b = len(big)
+    got = p.step(rng.integers(0, 30, b).astype(np.int32), np.full(b, K, np.int32), np.zeros((b, K), np.int32),
+                 np.zeros((b, K + 1), np.int32), np.ones(b, np.int32), 0.02, False)
+    assert got.shape == (b,) and p.stats["steps"] == before[0]["steps"] + 1
+
+
 def test_step_rejects_arrays_of_other_rows():
     p = DraftPolicy(K)
     m = np.ones(3, np.int32)

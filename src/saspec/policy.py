@@ -21,35 +21,9 @@ its token count) the threshold rises with the batch and rows draft only what
 is likely accepted; where it is memory-bound (a GPU at small batch: ``C``
 flat) the threshold is low and rows draft long.
 
-**The cost model** (:class:`StepCost`): ``C(n) = shape(n) * r(n)``. ``shape``
-is the engine's cost curve, measured up front by :meth:`StepCost.profile` (a
-short deterministic profile: each size timed ``repeats`` times, the minimum
-taken) or one of the prior shapes (:func:`cpu_like`, :func:`gpu_like`). The
-correction ``r`` is learnt from the timed steps: per knot (token counts 1, 2,
-3, 4, 6, 8, 12, ...: half-octaves) the lower quartile of the knot's latest
-``window`` timings, each as a ratio to ``shape``, once it has two; with one
-or none, a *pseudo-timing*: what the knot cost when it was last timed twice,
-relative to the global scale (the lower quartile of the latest ``4 * window``
-ratios of all steps), that deviation fading by half in log every
-``2 * max_age`` steps; else the correction of the nearest knots timed twice
-lately, interpolated between them and flat beyond (a size next to dear ones
-is dear: no need to try it); else the global scale itself. Timings older than
-``max_age`` steps no longer count; ``r`` is interpolated between knots and
-made to rise with the tokens; below the smallest knot timed lately, sizes not
-timed lately are assumed no dearer than their share of it (so a wrong prior
-there is found out by trying). So
-
-* one slow timing moves nothing: a knot's single timing is taken only where
-  it is lower than its pseudo-timing (what the knot cost when last timed, or
-  the global scale); two or more give their lower quartile, so one fast
-  timing counts only until the next ones outvote it;
-* a burst of load or a competing process (timings 2-5x on a third of the
-  steps) is ignored by the lower quartiles, and a burst long enough to move a
-  knot ages out after ``max_age`` steps, after which the knot follows the
-  global scale (the profile's shape) again: neither a lock-out of drafting nor
-  a lock-in;
-* a cold start scales every knot alike (the global scale absorbs it) and the
-  choice depends only on the curve's shape.
+**The cost model** is :class:`saspec.step_cost.StepCost` (re-exported here): the engine's
+cost curve, profiled up front or a prior shape, corrected online by a rule that no single timing, burst or
+cold start moves for good.
 
 **Acceptance.** The automaton's draft token ``i`` at a match of ``m`` tokens
 continues a copy matched over ``m + i`` tokens; its probability comes from
@@ -83,6 +57,7 @@ from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator f
 from numba import njit
 
 from .slab import slab, view1, view2
+from .step_cost import StepCost, cost_arrays, cost_of, cpu_like, gpu_like, linear, observe_cost  # noqa: F401
 from .validate import check_count
 
 #: Row sources, as :meth:`DraftPolicy.decide` returns them.
@@ -92,8 +67,6 @@ SOURCE_NAMES = ("none", "automaton", "neural")
 N_BUCKETS = 16
 #: Bins of the per-token acceptance histogram the allocation ranks by.
 N_BINS = 64
-#: How many times ``window`` of the latest timings set the global scale.
-SCALE_WINDOWS = 4
 
 
 @njit(cache=True)
@@ -114,371 +87,6 @@ def _bucket_floor() -> np.ndarray:
     m = np.arange(N_BUCKETS, dtype=np.float64)
     m[8:] = 2.0 ** (np.arange(8, N_BUCKETS) - 5)
     return m
-
-
-# -- cost shapes ---------------------------------------------------------------------------------------------
-
-
-def linear(overhead: float = 1.0, per_token: float = 1.0) -> Callable[[np.ndarray], np.ndarray]:
-    """A cost shape ``overhead + per_token * n`` (seconds, or any unit: only the shape matters)."""
-    return lambda n: overhead + per_token * np.asarray(n, dtype=np.float64)
-
-
-def cpu_like(n: Any) -> np.ndarray:
-    """Prior shape of a compute-bound engine (a CPU): a fixed part worth about four tokens, then every
-    verified token costs about as much as a row's own token."""
-    return 4.0 + np.asarray(n, dtype=np.float64)
-
-
-def gpu_like(n: Any) -> np.ndarray:
-    """Prior shape of a memory-bound engine (a GPU at small batch): flat up to 128 tokens, then linear."""
-    return np.maximum(128.0, np.asarray(n, dtype=np.float64))
-
-
-def knots_for(max_tokens: int) -> np.ndarray:
-    """float64: the token counts the correction is learnt at: 1, 2, 3, 4, 6, 8, 12, ... (half-octaves),
-    up to at least ``max_tokens``."""
-    out = [1.0, 2.0]
-    while out[-1] < max_tokens:
-        p = 2.0 ** math.floor(math.log2(out[-1]))
-        out.append(out[-1] + p / 2 if out[-1] == p else 2 * p)
-    return np.asarray(out)
-
-
-@njit(cache=True)
-def _low_quantile(vals, n, q):
-    """The ``q`` quantile (nearest rank below) of ``vals[:n]``, sorting them in place."""
-    for i in range(1, n):
-        v = vals[i]
-        j = i - 1
-        while j >= 0 and vals[j] > v:
-            vals[j + 1] = vals[j]
-            j -= 1
-        vals[j + 1] = v
-    return vals[int(q * (n - 1))]
-
-
-@njit(cache=True)
-def _select(vals, n, r):
-    """The ``r``-th smallest of ``vals[:n]`` (0-based), reordering them in place: Hoare's quickselect
-    (middle pivot), with no allocation."""
-    lo, hi = 0, n - 1
-    while lo < hi:
-        pivot = vals[(lo + hi) // 2]
-        i, j = lo, hi
-        while i <= j:
-            while vals[i] < pivot:
-                i += 1
-            while vals[j] > pivot:
-                j -= 1
-            if i <= j:
-                vals[i], vals[j] = vals[j], vals[i]
-                i += 1
-                j -= 1
-        if r <= j:
-            hi = j
-        elif r >= i:
-            lo = i
-        else:
-            break
-    return vals[r]
-
-
-# StepCost's state lives in a few arrays (views of two buffers: saspec.slab) so that one jitted call reads and
-# updates all of it:
-#   curve   float64 [2, max_tokens + 1]: the shape, and each token count's weight between its two knots
-#   index   int64 [2, max_tokens + 1]: each token count's lower knot, and its nearest knot
-#   knot    float64 [4, knots]: token count, shape there, correction, deviation from the global scale when
-#           last timed twice
-#   knot_i  int64 [2, knots]: timings written, step of the last remembered deviation (-1: never)
-#   ratios, steps  [knots, window]: each knot's latest timings (as ratios to the shape) and their steps
-#   scale_buf  float64 [SCALE_WINDOWS * window]: the latest ratios of all knots
-#   ctr     float64 [4]: steps counted, ratios written to scale_buf, timings taken, the global scale
-_STEP, _SEEN, _TIMED, _SCALE = 0, 1, 2, 3
-
-
-@njit(cache=True)
-def _cost(n, curve, index, knot):
-    """Estimated cost of a step of ``n`` tokens (see StepCost.seconds)."""
-    if n < 1:
-        n = 1
-    extra = 0.0
-    top = curve.shape[1] - 1
-    if n > top:
-        extra = (curve[0, top] - curve[0, top - 1]) * (n - top)
-        n = top
-    lo = index[0, n]
-    w = curve[1, n]
-    return (curve[0, n] + extra) * ((1.0 - w) * knot[2, lo] + w * knot[2, lo + 1])
-
-
-@njit(cache=True)
-def _cost_arrays(cf, ci):
-    """StepCost.arrays() from StepCost.slabs(), inside a kernel."""
-    return (view2(cf, ci, 0), view2(ci, ci, 1), view2(cf, ci, 2), view2(ci, ci, 3), view2(cf, ci, 4),
-            view2(ci, ci, 5), view1(cf, ci, 6), view1(cf, ci, 7), view1(cf, ci, 8))
-
-
-@njit(cache=True)
-def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q, ratio, k):
-    """Record a timing (``ratio`` at knot ``k``; none where ``k < 0``) and recompute every knot's
-    correction (see the module doc)."""
-    step = ctr[_STEP]
-    if k >= 0:
-        j = knot_i[0, k] % ratios.shape[1]
-        ratios[k, j] = ratio
-        steps[k, j] = step
-        knot_i[0, k] += 1
-        scale_buf[int(ctr[_SEEN]) % scale_buf.shape[0]] = ratio
-        ctr[_SEEN] += 1
-    m = min(int(ctr[_SEEN]), scale_buf.shape[0])
-    n_knots = knot.shape[1]
-    if m == 0:
-        knot[2, :] = 1.0
-        ctr[_SCALE] = 1.0
-        return
-    scratch[:m] = scale_buf[:m]
-    s = _select(scratch, m, int(q * (m - 1)))  # _low_quantile's rank, in O(m)
-    ctr[_SCALE] = s
-    f = scale_buf.shape[0]  # scratch[f + k]: knot k's fresh timings
-    for k in range(n_knots):
-        cnt = 0
-        last = -1
-        for j in range(min(knot_i[0, k], ratios.shape[1])):  # the timings written (none: nothing to scan)
-            if step - steps[k, j] <= max_age:
-                scratch[cnt] = ratios[k, j]
-                cnt += 1
-                last = max(last, steps[k, j])
-        if cnt >= 2:  # two fresh timings or more: their lower quantile, remembered as a deviation from s
-            knot[2, k] = _low_quantile(scratch, cnt, q)
-            knot[3, k] = knot[2, k] / s
-            knot_i[1, k] = last
-        scratch[f + k] = cnt
-    first = -1  # the smallest knot with fresh timings
-    for k in range(n_knots):
-        cnt = int(scratch[f + k])
-        if cnt > 0 and first < 0:
-            first = k
-        if cnt >= 2:
-            continue
-        # One timing or none: with a pseudo-timing. That is what the knot cost when last timed twice (its
-        # deviation from the global scale fading, by half in log every 2 max_age steps), else the correction
-        # of the nearest knots timed twice lately, interpolated between them and flat beyond (a size near
-        # dear ones is dear), else the global scale.
-        lo = k - 1
-        while lo >= 0 and scratch[f + lo] < 2:
-            lo -= 1
-        hi = k + 1
-        while hi < n_knots and scratch[f + hi] < 2:
-            hi += 1
-        if lo >= 0 and hi < n_knots:
-            pseudo = knot[2, lo] + (knot[2, hi] - knot[2, lo]) * (k - lo) / (hi - lo)
-        elif lo >= 0:
-            pseudo = knot[2, lo]
-        elif hi < n_knots:
-            pseudo = knot[2, hi]
-        else:
-            pseudo = s
-        if knot_i[1, k] >= 0:
-            pseudo = s * knot[3, k] ** (0.5 ** ((step - knot_i[1, k]) / (2.0 * max_age)))
-        scratch[0] = pseudo
-        if cnt == 1:
-            for j in range(min(knot_i[0, k], ratios.shape[1])):
-                if step - steps[k, j] <= max_age:
-                    scratch[1] = ratios[k, j]
-        knot[2, k] = _low_quantile(scratch, cnt + 1, q)
-    # A step with more tokens never costs less.
-    for k in range(1, n_knots):
-        lo = knot[1, k - 1] * knot[2, k - 1]
-        if knot[1, k] * knot[2, k] < lo:
-            knot[2, k] = lo / knot[1, k]
-    # Below the smallest fresh knot, sizes not timed lately cost at least their share of that one's seconds
-    # (a cost curve with an overhead is concave) and are assumed no dearer, so that a prior shape or a memory
-    # that is wrong there (a burst that slowed only those steps) is found out by trying: no lock-in.
-    if first > 0:
-        c_first = knot[1, first] * knot[2, first]
-        for k in range(first):
-            bound = c_first * knot[0, k] / knot[0, first] / knot[1, k]
-            if scratch[f + k] == 0 and bound < knot[2, k]:
-                knot[2, k] = bound
-
-
-@njit(cache=True)
-def _observe_cost(tokens, seconds, curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q):
-    """One timed step (see StepCost.observe); returns whether the timing was taken."""
-    ctr[_STEP] += 1
-    if not (seconds > 0.0 and seconds < np.inf) or tokens < 1:  # also False for NaN
-        return False
-    top = curve.shape[1] - 1
-    n = min(tokens, top)
-    extra = (curve[0, top] - curve[0, top - 1]) * (tokens - top) if tokens > top else 0.0
-    _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q,
-             seconds / (curve[0, n] + extra), index[1, n])
-    ctr[_TIMED] += 1
-    return True
-
-
-class StepCost:
-    """Seconds of a step as a function of the tokens it verifies (see the module doc).
-
-    Args:
-        shape: the engine's cost curve: a callable from token counts (float64
-            array) to costs (any unit, finite, > 0, not falling), or a
-            float64 array ``[max_tokens + 1]`` (entry ``n``: ``n`` tokens; entry
-            0 unused). Default :func:`cpu_like`.
-        max_tokens: the most tokens a step verifies (rows x (K + 1)); larger
-            steps cost what the curve says at ``max_tokens``, extended along
-            its last slope.
-        window: the latest timings each knot keeps (>= 1).
-        max_age: steps after which a timing no longer counts (>= 1).
-        quantile: the low quantile of timings taken as the cost (0 to 0.5):
-            timing noise only ever adds time.
-
-    Raises:
-        ValueError: a setting out of range, or a shape that is not finite and > 0.
-
-    Attributes:
-        shape: float64 [max_tokens + 1]: the curve (not falling).
-        knots: float64: the token counts the correction is learnt at.
-        knot_ratio: float64: the correction at each knot, as now learnt.
-    """
-
-    def __init__(self, shape: Any = None, *, max_tokens: int = 4096, window: int = 16, max_age: int = 64,
-                 quantile: float = 0.25) -> None:
-        self.max_tokens = check_count(max_tokens, "max_tokens")
-        self.window = check_count(window, "window")
-        self.max_age = check_count(max_age, "max_age")
-        if not (isinstance(quantile, (int, float)) and 0.0 <= quantile <= 0.5):
-            raise ValueError(f"quantile must be a number in [0, 0.5], got {quantile!r}")
-        self.quantile = float(quantile)
-        n = np.arange(self.max_tokens + 1, dtype=np.float64)
-        n[0] = 1.0
-        if shape is None:
-            shape = cpu_like
-        table = np.asarray(shape(n) if callable(shape) else shape, dtype=np.float64)
-        if table.shape != (self.max_tokens + 1,):
-            raise ValueError(f"shape must give {self.max_tokens + 1} costs (0..max_tokens tokens), got {table.shape}")
-        if not (np.all(np.isfinite(table[1:])) and np.all(table[1:] > 0)):
-            raise ValueError("shape must be finite and > 0 at every token count")
-        table[0] = table[1]
-        knots = knots_for(self.max_tokens)
-        logk = np.log2(knots)
-        pos = np.interp(np.log2(n), logk, np.arange(len(logk), dtype=np.float64))
-        lo = np.minimum(pos.astype(np.int64), len(logk) - 2)
-        n_knots, w = len(knots), self.window
-        self._buffers, v = slab({
-            "curve": (np.float64, (2, self.max_tokens + 1)), "index": (np.int64, (2, self.max_tokens + 1)),
-            "knot": (np.float64, (4, n_knots)), "knot_i": (np.int64, (2, n_knots)),
-            "ratios": (np.float64, (n_knots, w)), "steps": (np.int64, (n_knots, w)),
-            "scale_buf": (np.float64, (SCALE_WINDOWS * w,)),
-            "scratch": (np.float64, (SCALE_WINDOWS * w + max(w + 1, n_knots),)), "ctr": (np.float64, (4,))})
-        self._curve, self._index, self._knot, self._knot_i = v["curve"], v["index"], v["knot"], v["knot_i"]
-        self._ratios, self._steps, self._scale_buf, self._scratch, self._ctr = (
-            v["ratios"], v["steps"], v["scale_buf"], v["scratch"], v["ctr"])
-        self._curve[:] = (np.maximum.accumulate(table), pos - lo)  # a step with more tokens never costs less
-        self._index[:] = (lo, np.rint(pos).astype(np.int64))
-        self.shape = self._curve[0]
-        self._knot[:] = (knots, np.interp(knots, np.arange(self.max_tokens + 1, dtype=np.float64), self.shape),
-                         np.ones(n_knots), np.ones(n_knots))
-        self.knots, self.knot_ratio = self._knot[0], self._knot[2]
-        self._knot_i[1] = -1
-        self._steps[:] = -1
-        self._ctr[_SCALE] = 1.0
-        self._state = (self._curve, self._index, self._knot, self._knot_i, self._ratios, self._steps,
-                       self._scale_buf, self._scratch, self._ctr)
-
-    @property
-    def step(self) -> int:
-        """Steps counted (timed or not): timings age by these."""
-        return int(self._ctr[_STEP])
-
-    @property
-    def timed(self) -> int:
-        """Timings taken."""
-        return int(self._ctr[_TIMED])
-
-    @property
-    def scale(self) -> float:
-        """The global scale: the lower quantile of the latest ratios of timings to the shape."""
-        return float(self._ctr[_SCALE])
-
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        """The state a jitted caller passes on: ``(curve, index, knot, knot_i, ratios, steps, scale_buf,
-        scratch, ctr)`` (see the comment above :func:`_cost`)."""
-        return self._state
-
-    def slabs(self) -> tuple[np.ndarray, np.ndarray]:
-        """The same state as two buffers, ``(float64, int64)``, for a call made every step
-        (:func:`_cost_arrays` unpacks them)."""
-        return self._buffers[np.float64], self._buffers[np.int64]
-
-    @classmethod
-    def profile(cls, run_step: Callable[[int], Any], sizes: Sequence[int], *, repeats: int = 3,
-                clock: Callable[[], float] = time.perf_counter, **kwargs: Any) -> StepCost:
-        """Measure the shape up front: ``run_step(n)`` runs one step of ``n``
-        tokens; each size of ``sizes`` is run ``repeats`` times, in a fixed
-        order, and its minimum taken (the first runs of a cold process are
-        slow; noise only adds time); sizes between are interpolated, sizes
-        above extended along the last segment.
-
-        Raises:
-            ValueError: no sizes, a size below 1, or a step timed at 0 s or less.
-        """
-        sizes = sorted({check_count(s, "size") for s in sizes})
-        if not sizes:
-            raise ValueError("profile needs at least one size")
-        repeats = check_count(repeats, "repeats")
-        best = {s: math.inf for s in sizes}
-        for _ in range(repeats):
-            for s in sizes:
-                t0 = clock()
-                run_step(s)
-                best[s] = min(best[s], clock() - t0)
-        if not all(math.isfinite(v) and v > 0 for v in best.values()):
-            raise ValueError(f"a profiled step took no time or an endless one: {best}")
-        return cls.from_points(sizes, [best[s] for s in sizes], **kwargs)
-
-    @classmethod
-    def from_points(cls, sizes: Sequence[int], seconds: Sequence[float], **kwargs: Any) -> StepCost:
-        """A cost on the curve through ``(sizes[i], seconds[i])`` (sizes increasing, seconds finite and
-        > 0): interpolated between them, extended along the last segment above (flat below the first).
-
-        Raises:
-            ValueError: no points, sizes not increasing, or seconds not finite and > 0.
-        """
-        xs = np.asarray(sizes, dtype=np.float64)
-        ys = np.asarray(seconds, dtype=np.float64)
-        if xs.ndim != 1 or xs.shape != ys.shape or not len(xs) or np.any(np.diff(xs) <= 0):
-            raise ValueError("sizes must be increasing and as many as seconds, at least one")
-        if not (np.all(np.isfinite(ys)) and np.all(ys > 0)):
-            raise ValueError(f"seconds must be finite and > 0, got {ys.tolist()}")
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
-
-        def shape(n: np.ndarray) -> np.ndarray:
-            return np.interp(n, xs, ys) + max(slope, 0.0) * np.maximum(n - xs[-1], 0.0)
-
-        return cls(shape, **kwargs)
-
-    def observe(self, tokens: int, seconds: float) -> bool:
-        """One timed step of ``tokens`` tokens. Timings that are not finite
-        and > 0 (a clock that did not move, or went back) are ignored;
-        returns whether the timing was taken."""
-        seconds = float(seconds) if isinstance(seconds, (int, float, np.floating, np.integer)) else math.nan
-        return bool(_observe_cost(int(tokens), seconds, *self.arrays(), self.max_age, self.quantile))
-
-    def refresh(self) -> None:
-        """Recompute the correction (timings age by the steps :meth:`observe` counts)."""
-        _refresh(*self.arrays(), self.max_age, self.quantile, 0.0, -1)
-
-    def seconds(self, tokens: Any) -> Any:
-        """Estimated seconds of a step of ``tokens`` tokens (int or int array), as now learnt."""
-        t = np.asarray(tokens, dtype=np.int64)
-        n = np.clip(t, 1, self.max_tokens)
-        lo, w, kr = self._index[0][n], self._curve[1][n], self.knot_ratio
-        r = (1 - w) * kr[lo] + w * kr[lo + 1]
-        slope = self.shape[-1] - self.shape[-2]
-        out = (self.shape[n] + slope * np.maximum(t - self.max_tokens, 0)) * r
-        return float(out) if out.ndim == 0 else out
 
 
 # -- the allocation kernel -----------------------------------------------------------------------------------
@@ -571,7 +179,7 @@ def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, 
             if cnt > 0.0:
                 hist[0, run_bin] += cnt
                 hist[1, run_bin] += tot
-    best = base / (_cost(base, curve, index, knot) + fixed_s)
+    best = base / (cost_of(base, curve, index, knot) + fixed_s)
     best_bin = N_BINS
     n = base
     e = float(base)
@@ -580,7 +188,7 @@ def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, 
             continue
         n += int(hist[0, j])
         e += hist[1, j]
-        r = e / (_cost(n, curve, index, knot) + fixed_s)
+        r = e / (cost_of(n, curve, index, knot) + fixed_s)
         if r > best:
             best = r
             best_bin = j
@@ -597,11 +205,11 @@ def _allocate(match, offered, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, 
     _row_probs(match, offered, rowf, bk[3], k_max, probs)
     for b in range(rows):
         src[b] = 1 if probs[b, 0] > 0.0 else 0
-    plain = rows / _cost(rows, curve, index, knot)
+    plain = rows / cost_of(rows, curve, index, knot)
     best, best_bin = _best_threshold(probs, k_max, src, q_nn, k_nn, rows, 0.0, curve, index, knot, hist)
     best_k = 0
     if k_nn > 0:  # the neural drafter at each of its lengths, for the rows it drafts better than the automaton
-        one = _cost(rows, curve, index, knot)
+        one = cost_of(rows, curve, index, knot)
         for kk in range(1, k_nn + 1):
             e_nn = 0.0
             p = 1.0
@@ -715,12 +323,12 @@ def _step(match, offered, drafts, new, lens, seconds, same, k_max, pf, p32, p64,
     Returns (rate, plain rate)."""
     rowf, bk, probs, hist = view2(pf, p64, 0), view2(pf, p64, 1), view2(pf, p64, 2), view2(pf, p64, 3)
     ri, prev, st, last = view2(p32, p64, 4), view2(p32, p64, 5), view1(p64, p64, 6), view1(p64, p64, 7)
-    curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr = _cost_arrays(cf, ci)
+    curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr = cost_arrays(cf, ci)
     b = match.shape[0]
     rowf, probs, ri = rowf[:, :b], probs[:b], ri[:, :b]
     k = prev.shape[1] - 2
     if same and last[0] == b:
-        if _observe_cost(last[1], seconds, curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
+        if observe_cost(last[1], seconds, curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
                          max_age, q):
             st[9] += 1
         else:

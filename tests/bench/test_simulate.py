@@ -228,38 +228,3 @@ def test_simulate_replays_recorded_traces(traces_file, tmp_path, capsys):
     res = json.loads((tmp_path / "results.json").read_text())
     rows = {r["drafter"]: r for r in res["workloads"]["rec"]["rows"]}
     assert rows["sa:first"]["AL"] == 40 / 5  # a perfect copy: 8 drafts + 1 bonus each step, 40 tokens
-
-
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_adaptive_selector_replays_the_simulators_rule():
-    """The (deprecated) runtime AdaptiveSelector, driven step by step, takes exactly the
-    decisions of the simulator's ADAPTIVE walk."""
-    from saspec.adaptive import AdaptiveSelector
-
-    rng = np.random.default_rng(1)
-    n = 3000
-    out = np.arange(n, dtype=np.int32)
-    flat = flat_of(([0], out))
-    match = np.where(rng.random(n) < 0.5, rng.integers(0, 40, n), 0).astype(np.int32)
-    sa_acc = np.where(match > 8, rng.integers(2, K + 1, n), rng.integers(0, 2, n)).astype(np.int32)
-    sa_acc[match == 0] = 0
-    nn_acc = rng.integers(0, 3, n).astype(np.int32)
-    steps_walk, sa_steps_walk, _, _ = run(flat, match, sa_acc, nn_acc, ADAPTIVE)
-
-    sel = AdaptiveSelector(K, neural_prior=2.0)
-    pos = steps = sa_steps = 0
-    while pos < n:
-        def draft(good):
-            d = np.full(K, -5, np.int32)
-            true = out[pos : pos + good]
-            d[: len(true)] = true
-            return d
-
-        m = match[pos]
-        use_sa = sel.choose(["r"], np.array([m]))[0]
-        a = min(sa_acc[pos] if use_sa else nn_acc[pos], n - pos - 1) + 1
-        sel.observe(["r"], np.array([m]), [draft(sa_acc[pos] if m else 0)], [draft(nn_acc[pos])], [out[pos : pos + a]])
-        steps += 1
-        sa_steps += bool(use_sa)
-        pos += a
-    assert (steps, sa_steps) == (steps_walk, sa_steps_walk)

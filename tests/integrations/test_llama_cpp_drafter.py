@@ -158,8 +158,7 @@ def test_min_match_withholds_drafts_of_short_matches():
 
 
 def test_importing_the_package_raises_no_deprecation_warning():
-    """The drafters, the loop and the server use saspec.rules and saspec.policy, not the deprecated
-    saspec.lengths / saspec.select (which warn when imported)."""
+    """The drafters, the loop and the server import nothing deprecated."""
     code = ("import warnings; warnings.simplefilter('error', DeprecationWarning); "
             "import saspec.integrations.llama_cpp.drafter, saspec.integrations.llama_cpp.loop, "
             "saspec.integrations.llama_cpp.server")

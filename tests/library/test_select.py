@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 
-from saspec.policy import N_BUCKETS, match_bucket
 from saspec.rules import select_drafts, select_drafts_np
 
 MATCH = [0, 1, 2, 2**31 - 2, 2**31 - 1]
@@ -103,41 +102,3 @@ def test_check_length_rule_names_the_problem():
     for bad in (0.0, -1.0, float("inf"), float("nan"), "two", None):
         with pytest.raises(ValueError, match="scale must be a finite number > 0"):
             check_length_rule("per-match", bad)
-
-
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_adaptive_selector_checks_rows_before_updating():
-    from saspec.adaptive import AdaptiveSelector, adaptive_init
-
-    sel = AdaptiveSelector(8)
-    with pytest.raises(ValueError, match="match_len has 1 rows, expected 3"):
-        sel.choose(["x", "y", "z"], np.array([5]))
-    before = sel._g_sum.copy()
-    with pytest.raises(ValueError, match="verified has 1 rows, expected 2"):
-        sel.observe(["x", "y"], np.array([5, 6]), np.zeros((2, 8)), np.zeros((2, 8)), [np.zeros(3)])
-    assert np.array_equal(sel._g_sum, before) and sel._req == {}
-    with pytest.raises(ValueError, match="k must be an int >= 1"):
-        AdaptiveSelector(0)
-    g_sum, g_cnt = np.zeros(N_BUCKETS), np.zeros(N_BUCKETS)
-    adaptive_init(g_sum, g_cnt, 32)
-    assert g_sum[match_bucket(5)] == 2.5 and g_sum[match_bucket(16)] == 8.0 and g_sum[match_bucket(100)] == 16.0
-
-
-
-@pytest.mark.parametrize("module", ["saspec.select", "saspec.lengths", "saspec.adaptive"])
-def test_the_old_policy_modules_warn_on_import_and_still_work(module):
-    import importlib
-    import sys
-
-    sys.modules.pop(module, None)
-    with pytest.warns(DeprecationWarning, match="deprecated"):
-        mod = importlib.import_module(module)
-    assert hasattr(mod, "select_drafts" if module == "saspec.select" else
-                   "draft_lengths" if module == "saspec.lengths" else "AdaptiveSelector")
-
-
-def test_the_old_cost_gate_warns_when_built():
-    from saspec.gate import CostGate
-
-    with pytest.warns(DeprecationWarning, match="SequencePolicy"):
-        CostGate(4)

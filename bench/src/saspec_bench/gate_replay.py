@@ -2,11 +2,11 @@
 
 Each shipped real output of Qwen2.5-Coder-1.5B (``data/real_outputs.jsonl.gz``: code edits, HumanEval edits,
 chat) is decoded again with a real ``SpecEngine``: each step offers the automaton's draft to a
-:class:`~saspec.policy.SequencePolicy` (or the deprecated ``saspec.gate.CostGate``, with the same calls),
+:class:`~saspec.policy.SequencePolicy` (or the former gate, ``saspec_bench.former_gate.CostGate``, with the same calls),
 verifies what it chose (the target accepts the drafts that equal the output, then one token of its own) and
 reports the step time a *cost model* gives for the forward's size (times a seeded load where asked: bursts, 20%
 of steps 2-5x slower, or a competing process, a third of the steps 2-5x slower). Deterministic, so it measures
-the rule and what its exploration costs; ``tests/library/test_gate.py`` states the old gate's properties on the
+the rule and what its exploration costs; ``tests/bench/test_former_gate.py`` states the old gate's properties on the
 same replay.
 
     python -m saspec_bench.gate_replay   # policy and old gate, every machine and load (about a minute)
@@ -185,7 +185,7 @@ def make(name: str, cost: Cost | None = None) -> Any:
     if name == "gate":
         import warnings
 
-        from saspec.gate import CostGate
+        from .former_gate import CostGate
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)

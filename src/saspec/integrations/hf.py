@@ -44,7 +44,7 @@ Options (keyword arguments of ``model.generate``):
   tokens after a match of ``m`` (``saspec.rules.draft_length``; ``fixed``
   always ``saspec_k``).
 * ``saspec_gate``: deprecated, the former name of ``saspec_policy`` (a bool,
-  or an object with the policy's calls, such as the old ``saspec.gate.CostGate``).
+  or an object with the policy's calls, such as the bench's former gate, ``saspec_bench.former_gate.CostGate``).
 * ``saspec_pool`` (a :class:`saspec.RequestPool`, default None): memory
   across calls: pass the same pool to every ``generate`` call, and each call
   drafts from the earlier calls' outputs too (where the match there is longer

@@ -1,5 +1,6 @@
-"""Deprecated (``CostGate`` warns when built; :class:`saspec.policy.SequencePolicy` replaces it, with the
-same call pattern): draft only where a draft pays for its verification, learnt as a sequence runs.
+"""The former per-request cost gate, kept as a baseline for the replay (``gate_replay``): the library's
+choice is :class:`saspec.policy.SequencePolicy`, with the same calls. Draft only where a draft pays for its
+verification, learnt as a sequence runs.
 
 A step that verifies ``d`` draft tokens costs a target forward over ``d + 1``
 tokens, plus ``d`` draft-model forwards for a model's draft (the SA's costs
@@ -85,13 +86,11 @@ import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
+from saspec import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
-import warnings
-
-from .policy import N_BUCKETS, match_bucket
-from .validate import check_count, check_int, check_seconds
+from saspec.policy import N_BUCKETS, match_bucket
+from saspec.validate import check_count, check_int, check_seconds
 
 
 @njit(cache=True)
@@ -241,8 +240,6 @@ class CostGate:
                  slope_prior: float = 0.1, model_prior: float = 0.8, prior_weight: float = 8.0,
                  window: int = 5, retry_after: int = 8, max_retry_after: int = 256,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        warnings.warn("saspec.gate.CostGate is deprecated: use saspec.policy.SequencePolicy (the same calls)",
-                      DeprecationWarning, stacklevel=2)
         k_max = check_count(k_max, "k_max")
         window = check_count(window, "window")
         retry_after = check_count(retry_after, "retry_after")

@@ -13,13 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from saspec_bench.former_gate import PROBE_WAIT, CostGate, best_draft_length, expected_tokens
 from saspec_bench.gate_replay import bursts, load_traces, plain_time, replay
 from saspec_bench.gate_replay import cheap as CHEAP
 from saspec_bench.gate_replay import dear as DEAR
 from saspec_bench.gate_replay import flattening as CONCAVE
-from saspec.gate import PROBE_WAIT, CostGate, best_draft_length, expected_tokens  # deprecated, still shipped
-
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 TRACES = load_traces()
 KINDS = sorted({t["meta"]["workload"] for t in TRACES})

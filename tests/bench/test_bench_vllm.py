@@ -216,7 +216,7 @@ def test_served_results_are_parsed_and_compared_with_plain():
 
     runs = [run("plain", 1, ["x", "y"], 12.0), run("saspec", 1, ["x", "y"], 30.0, (10, 200, 120)),
             run("plain", 8, ["x", "y"], 30.0), run("suffix", 8, ["x", "z"], 45.0, (20, 100, 80))]
-    sv.mark_identity(runs)
+    sv.count_identical(runs)
     assert [r["identical"] for r in runs] == [2, 2, 2, 1]
     report = sv.format_report({"date": "d", "cpus": 2, "argv": ["bench-vllm", "--served"], "traffic": "t",
                                "max_tokens": 256}, runs)

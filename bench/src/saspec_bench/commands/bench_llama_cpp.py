@@ -106,7 +106,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .. import models
+    from .. import models, results
     from ..options import CliError, pick
     from ..prompts import FREE_FORM_PROMPTS, bench_prompts
     from ..tokenizers import get_tokenizer
@@ -157,13 +157,9 @@ def main(args: argparse.Namespace) -> int:
         res = _run_child(args.llama_python, job, out / f".job-{c}", args.lock)
         info["llama_cpp"] = res.get("llama_cpp")
         runs += res["runs"]
-        (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
-    mark_identity(runs)
-    (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
-    report = format_report(info, runs)
-    (out / "results.md").write_text(report)
-    print(report)
-    return 0
+        results.save(out, info, runs=runs)
+    results.mark_identity(runs)
+    return results.publish(out, info, format_report(info, runs), runs=runs)
 
 
 def _run_child(python: str, job: dict[str, Any], stem: Path, lock: str | None = None) -> dict[str, Any]:
@@ -185,18 +181,6 @@ def _run_child(python: str, job: dict[str, Any], stem: Path, lock: str | None = 
     for p in (job_path, out_path, log_path):
         p.unlink()
     return res
-
-
-def mark_identity(runs: list[dict[str, Any]]) -> None:
-    """Set ``same_as_plain`` and ``first_diff`` (the first position differing from plain's output, or None)."""
-    plain = {r["id"]: r["tokens"] for r in runs if r["method"] == "plain"}
-    for r in runs:
-        ref = plain.get(r["id"])
-        r["same_as_plain"] = None if ref is None else r["tokens"] == ref
-        r["first_diff"] = None
-        if ref is not None and r["tokens"] != ref:
-            n = min(len(ref), len(r["tokens"]))
-            r["first_diff"] = next((i for i in range(n) if ref[i] != r["tokens"][i]), n)
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:

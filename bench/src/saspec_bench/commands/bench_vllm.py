@@ -52,7 +52,7 @@ from typing import Any
 # Absolute imports: the vLLM child runs this file as a script, outside the package. These layers load
 # no saspec; imports from saspec stay inside the parent's functions: the child must not load numba
 # before vLLM starts (see child).
-from saspec_bench import models
+from saspec_bench import models, results
 from saspec_bench.options import CliError, nonnegative_int, pick, positive_int
 from saspec_bench.prompts import FREE_FORM_PROMPTS, bench_prompts, cross_request_prompts
 from saspec_bench.tokenizers import get_tokenizer
@@ -220,19 +220,15 @@ def main(args: argparse.Namespace) -> int:
                 info.setdefault("drafter_stats", {})[f"{size}/{method}"] = res["drafter"]
             for r in res["runs"]:
                 runs.append({"model": by_size[size].name, "size": size, "method": method, **r})
-            (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
-    _mark_identity(runs)
+            results.save(out, info, runs=runs)
+    results.mark_identity(runs, key=("size", "id"))
     by_id = {p["id"]: p["prompt_ids"] for p in prompts}
     for size in sizes:  # for benchmarks/vllm/replay_drafts.py: prompt ids and the plain output
         traces = [{"id": r["id"], "prompt": by_id[r["id"]], "out": r["tokens"]} for r in runs
                   if r["size"] == size and r["method"] == "plain"]
         if traces:
             (out / (f"traces-{size}.json" if len(sizes) > 1 else "traces.json")).write_text(json.dumps(traces))
-    (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
-    report = format_report(info, runs)
-    (out / "results.md").write_text(report)
-    print(report)
-    return 0
+    return results.publish(out, info, format_report(info, runs), runs=runs)
 
 
 
@@ -264,14 +260,6 @@ def _run_child(python: str, job: dict[str, Any], stem: Path) -> dict[str, Any]:
     for p in (job_path, out_path, log_path):
         p.unlink()
     return res
-
-
-def _mark_identity(runs: list[dict[str, Any]]) -> None:
-    """Set ``same_as_plain`` on every run: its tokens equal the plain run's for that model and prompt."""
-    plain = {(r["size"], r["id"]): r["tokens"] for r in runs if r["method"] == "plain"}
-    for r in runs:
-        ref = plain.get((r["size"], r["id"]))
-        r["same_as_plain"] = None if ref is None else r["tokens"] == ref
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, float]]:

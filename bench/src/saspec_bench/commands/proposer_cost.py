@@ -44,6 +44,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from .. import results
 from ..options import CliError
 from ..synthetic import code_like_prompt
 
@@ -279,11 +280,7 @@ def main(args: argparse.Namespace) -> int:
     info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
             "cpu": platform.processor() or platform.machine(), "vllm": res.get("vllm"), "argv": sys.argv[1:],
             "k": K, "step_tokens": STEP_TOKENS, "steps": args.steps, "rounds": args.rounds}
-    (out / "results.json").write_text(json.dumps({"info": info, **res}, indent=1))
-    report = format_report(info, res)
-    (out / "results.md").write_text(report)
-    print(report)
-    return 0
+    return results.publish(out, info, format_report(info, res), **res)
 
 
 def format_report(info: dict[str, Any], res: dict[str, Any]) -> str:

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import models
+from .. import models, results
 from ..options import CliError, pick
 from ..prompts import FREE_FORM_PROMPTS, bench_prompts
 from ..tokenizers import get_tokenizer
@@ -214,7 +214,7 @@ def spec_counters(metrics_text: str) -> dict[str, float]:
     return out
 
 
-def mark_identity(runs: list[dict[str, Any]]) -> None:
+def count_identical(runs: list[dict[str, Any]]) -> None:
     """Set ``identical`` (how many texts equal plain's, same model, concurrency and prompt) on every run."""
     plain = {(r["size"], r["concurrency"], r["round"]): r["texts"] for r in runs if r["method"] == "plain"}
     any_plain = {(r["size"], r["concurrency"]): r["texts"] for r in runs if r["method"] == "plain"}
@@ -446,15 +446,11 @@ def _main(args: argparse.Namespace) -> int:
                 else:
                     spec, extra = peer_config(method, draft_dir), {}
                 runs.append(_served_run(args, env, extra, out, dataset, len(rows), size, model, method, rnd, c, spec))
-                mark_identity(runs)
-                (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
+                count_identical(runs)
+                results.save(out, info, runs=runs)
         info.setdefault("vllm", _vllm_version(args.vllm_python))
-    mark_identity(runs)
-    (out / "results.json").write_text(json.dumps({"info": info, "runs": runs}, indent=1))
-    report = format_report(info, runs)
-    (out / "results.md").write_text(report)
-    print(report)
-    return 0
+    count_identical(runs)
+    return results.publish(out, info, format_report(info, runs), runs=runs)
 
 
 def _served_run(args: argparse.Namespace, env: dict[str, str], extra: dict[str, str], out: Path, dataset: Path,

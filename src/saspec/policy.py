@@ -143,9 +143,11 @@ def _row_probs(match, offered, rowf, p_bucket, k_max, probs):
 
 
 @njit(cache=True)
-def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, knot, hist):
+def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, knot, hist, tol):
     """The histogram pass: (rate, bin) of the best threshold over the rows' candidate tokens (automaton
-    rows: probs; neural rows (src == 2): q_nn ** (i + 1), i < k_nn); bin N_BINS means no draft."""
+    rows: probs; neural rows (src == 2): q_nn ** (i + 1), i < k_nn); bin N_BINS means no draft. With
+    more than one row and ``tol > 0``, the highest threshold (the fewest tokens) whose rate is within
+    ``tol`` of the best."""
     hist[:, :] = 0.0
     nn_bins = N_BINS if k_nn > 0 else 0  # the neural rows' candidates are alike: counted once, added per row
     nn_cnt = np.zeros(nn_bins)
@@ -192,12 +194,29 @@ def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, 
         if r > best:
             best = r
             best_bin = j
+    if tol > 0.0 and base > 1 and best_bin < N_BINS:
+        # Where the rate is flat near its best (a compute-bound step), the extra tokens buy next to nothing
+        # and make the step longer for every row in it and for the prefills that wait for it.
+        floor = (1.0 - tol) * best
+        n = base
+        e = float(base)
+        r = e / (cost_of(n, curve, index, knot) + fixed_s)
+        if r >= floor:
+            return r, N_BINS
+        for j in range(N_BINS - 1, best_bin, -1):
+            if hist[0, j] == 0.0:
+                continue
+            n += int(hist[0, j])
+            e += hist[1, j]
+            r = e / (cost_of(n, curve, index, knot) + fixed_s)
+            if r >= floor:
+                return r, j
     return best, best_bin
 
 
 @njit(cache=True)
 def _allocate(match, offered, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, bk, probs, ri, hist, st, count,
-              curve, index, knot):
+              curve, index, knot, tol):
     """Each row's draft length (ri[2]) and source (ri[0]); see the module doc. Counts the step into ``st``
     where ``count``. Returns (rate, plain rate, neural k, draft tokens)."""
     rows = match.shape[0]
@@ -206,7 +225,7 @@ def _allocate(match, offered, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, 
     for b in range(rows):
         src[b] = 1 if probs[b, 0] > 0.0 else 0
     plain = rows / cost_of(rows, curve, index, knot)
-    best, best_bin = _best_threshold(probs, k_max, src, q_nn, k_nn, rows, 0.0, curve, index, knot, hist)
+    best, best_bin = _best_threshold(probs, k_max, src, q_nn, k_nn, rows, 0.0, curve, index, knot, hist, tol)
     best_k = 0
     if k_nn > 0:  # the neural drafter at each of its lengths, for the rows it drafts better than the automaton
         one = cost_of(rows, curve, index, knot)
@@ -225,7 +244,7 @@ def _allocate(match, offered, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, 
             if not any_nn:
                 continue
             fixed = nn_fwd * (nn_catch + (kk - 1) * one)
-            r, bn = _best_threshold(probs, k_max, alt, q_nn, kk, rows, fixed, curve, index, knot, hist)
+            r, bn = _best_threshold(probs, k_max, alt, q_nn, kk, rows, fixed, curve, index, knot, hist, tol)
             if r > best:
                 best, best_bin, best_k = r, bn, kk
         if best_k > 0:
@@ -317,7 +336,8 @@ def _estimate(bk, w):
 
 
 @njit(cache=True)
-def _step(match, offered, drafts, new, lens, seconds, same, k_max, pf, p32, p64, decay, w, cf, ci, max_age, q):
+def _step(match, offered, drafts, new, lens, seconds, same, k_max, pf, p32, p64, decay, w, tol, cf, ci, max_age,
+          q):
     """DraftPolicy.step in one call: the last step's timing and scores where ``same``, then this step's
     choice (automaton only). The policy's state comes as its three buffers, the cost's as its two.
     Returns (rate, plain rate)."""
@@ -336,7 +356,7 @@ def _step(match, offered, drafts, new, lens, seconds, same, k_max, pf, p32, p64,
         _score(prev[:b, 0], prev[:b, 1], prev[:b, 2:], new, lens, rowf, bk, decay, w)
     nn_ok = np.zeros(0, np.bool_)
     rate, plain, _, tokens = _allocate(match, offered, nn_ok, 0.0, 0, 0.0, 0.0, k_max, rowf, bk, probs, ri, hist,
-                                       st, True, curve, index, knot)
+                                       st, True, curve, index, knot, tol)
     width = min(drafts.shape[1], k)
     for r in range(b):
         prev[r, 0] = match[r]
@@ -423,6 +443,10 @@ class PolicySettings:
             tokens, before it is timed (finite, > 0).
         neural_memory: per step, how much of the neural drafter's acceptance evidence is kept (0, 1].
         row_memory: per step, how much of a row's own acceptance evidence is kept (0, 1].
+        step_tolerance: with more than one row, the policy takes the shortest step whose expected
+            tokens per second are within this share of the best, in [0, 0.5) (0: the best): where the
+            rate is flat (verification compute-bound) longer steps buy next to nothing and delay every
+            row and any prefill that waits for them.
         cost_shape: the cost curve's prior shape (see :class:`StepCost`) where no profile is given.
         window, max_age, quantile: the cost model's refresh rule (see :class:`StepCost`).
     """
@@ -432,6 +456,7 @@ class PolicySettings:
     neural_cost: float = 0.25
     neural_memory: float = 0.995
     row_memory: float = 0.9
+    step_tolerance: float = 0.02
     cost_shape: Any = field(default=None)
     window: int = 16
     max_age: int = 64
@@ -483,6 +508,9 @@ class DraftPolicy:
         self.prior_weight = _check_positive(s.prior_weight, "prior_weight")
         self.neural_prior = _check_prob(s.neural_prior, "neural_prior", open_top=True)
         self.neural_cost = _check_positive(s.neural_cost, "neural_cost")
+        self.step_tolerance = _check_prob(s.step_tolerance, "step_tolerance", open_top=True)
+        if self.step_tolerance >= 0.5:
+            raise ValueError(f"step_tolerance must be in [0, 0.5), got {s.step_tolerance!r}")
         for name in ("neural_memory", "row_memory"):
             v = _check_prob(getattr(s, name), name)
             if v == 0.0:
@@ -641,7 +669,7 @@ class DraftPolicy:
         c = self.cost
         rate, plain, nk, tokens = _allocate(match_len, offered, nn_ok, q_nn, int(neural_k), ratio, catch, self.k_max,
                                             rowf, self._bk, probs, ri, self._hist, self._st, bool(count),
-                                            c._curve, c._index, c._knot)
+                                            *c.arrays()[:3], self.step_tolerance)
         if count:
             self._last[:] = (b, b + tokens)
             self.neural_k = int(nk)
@@ -681,8 +709,8 @@ class DraftPolicy:
         if tail is None or tail[0] is not self._buffers or tail[1] is not self.cost:  # kept while they stay
             c, f = self.cost, self._buffers
             tail = self._step_tail = (f, c, (self.k_max, f[np.float64], f[np.int32], f[np.int64],
-                                             self.settings.row_memory, self.prior_weight, *c.slabs(), c.max_age,
-                                             c.quantile))
+                                             self.settings.row_memory, self.prior_weight, self.step_tolerance,
+                                             *c.slabs(), c.max_age, c.quantile))
         rate, plain = _step(match_len, offered, drafts, new, new_lens, seconds, same_rows, *tail[2])
         lengths, src = v[5], v[6]
         self.neural_k = 0

@@ -275,7 +275,7 @@ def test_siblings_swapping_rows_are_told_apart_by_their_tails():
     prompt = [1, 2] + list(range(100, 140)) + [3]
     a = prompt + [100, 101, 102, 103, 104, 105, 106, 107]
     b = prompt + [120, 121, 122, 123, 124, 125, 126, 127]
-    proposer = SAProposer(vllm_config(), min_match=3)
+    proposer = SAProposer(vllm_config(), min_match=3, length_rule="fixed")  # rows told apart, not lengths
     ids = np.zeros((2, 128), np.int32)
     n = np.array([len(a), len(b)], np.int32)
     ids[0, : len(a)], ids[1, : len(b)] = a, b
@@ -405,7 +405,7 @@ def test_torch_style_inputs_and_int64_counts():
     text = [3, 4, 5, 6, 7, 8, 9, 3, 4, 5, 6, 7]
     ids = torch.zeros((2, 32), dtype=torch.int32)
     ids[0, : len(text)] = torch.tensor(text)
-    proposer = SAProposer(vllm_config(), min_match=3)
+    proposer = SAProposer(vllm_config(), min_match=3, length_rule="fixed")  # inputs, not lengths
     assert proposer.propose([[7], []], np.array([len(text), 0], np.int64), ids) == [[8, 9, 3, 4], []]
 
 
@@ -416,7 +416,7 @@ def test_negative_ids_get_no_draft_and_no_error():
     ids[0, : len(text)] = text
     ids[1, : len(text)] = text
     ids[1, 3] = -1
-    p = SAProposer(vllm_config(), min_match=3)
+    p = SAProposer(vllm_config(), min_match=3, length_rule="fixed")  # inputs, not lengths
     n = np.array([len(text), len(text)], np.int32)
     assert p.propose([[9], [9]], n, ids) == [[1, 5, 6, 7], []]
     ids[0, len(text)] = -1  # a continuing row whose new token is a placeholder

@@ -88,6 +88,28 @@ def test_gpu_like_drafts_long_at_batch_1_and_cpu_like_shrinks_the_budget_at_conc
     assert 0 < eight.max() < one[0]  # where a step costs about its tokens, rows draft only their likeliest
 
 
+def _expected_rate(policy: DraftPolicy, match: np.ndarray, lengths: np.ndarray) -> float:
+    """The expected tokens per cost unit of a step drafting ``lengths``, by the policy's own estimates."""
+    e = len(match) + sum(np.cumprod([policy.q_automaton(m + i, b) for i in range(d)]).sum()
+                         for b, (m, d) in enumerate(zip(match, lengths)))
+    return e / policy.cost.seconds(len(match) + int(lengths.sum()))
+
+
+@pytest.mark.parametrize("shape", [cpu_like, linear(11.0, 1.0)])
+def test_at_concurrency_the_shortest_step_near_the_best_rate_is_taken(shape):
+    """Where the rate is flat near its best (a compute-bound step), the policy drafts fewer tokens for at most
+    ``step_tolerance`` of the rate; one row alone drafts for the best rate."""
+    m, off = np.full(4, 40), np.full(4, 32)
+    best = DraftPolicy(32, cost=StepCost(shape, max_tokens=4 * 33), settings=PolicySettings(step_tolerance=0.0))
+    near = DraftPolicy(32, cost=StepCost(shape, max_tokens=4 * 33), settings=PolicySettings(step_tolerance=0.02))
+    lb, ln = best.decide(m, off)[0].copy(), near.decide(m, off)[0].copy()
+    assert 0 < ln.sum() < 0.85 * lb.sum()
+    rb, rn = _expected_rate(best, m, lb), _expected_rate(near, m, ln)
+    assert (1 - 0.02) * rb <= rn <= rb
+    one_best, one_near = best.decide(m[:1], off[:1])[0].copy(), near.decide(m[:1], off[:1])[0].copy()
+    assert np.array_equal(one_best, one_near) and one_best[0] > 0
+
+
 def test_rows_with_stronger_evidence_get_longer_drafts_and_rows_without_a_match_none():
     p = DraftPolicy(16, cost=StepCost(linear(8.0, 1.0), max_tokens=4 * 17))
     lengths, src = p.decide(np.array([64, 3, 0, 12]), np.array([16, 16, 0, 16]))
@@ -182,7 +204,8 @@ def test_a_step_timed_at_zero_or_nan_seconds_is_ignored():
 @pytest.mark.parametrize("field,value", [("prior_weight", math.inf), ("prior_weight", math.nan), ("prior_weight", 0),
                                          ("neural_prior", math.nan), ("neural_prior", 1.0), ("neural_prior", -0.1),
                                          ("neural_cost", math.inf), ("neural_memory", 0.0), ("row_memory", 1.5),
-                                         ("window", 0), ("max_age", 0), ("quantile", 0.9), ("prior_weight", True)])
+                                         ("window", 0), ("max_age", 0), ("quantile", 0.9), ("prior_weight", True),
+                                         ("step_tolerance", 0.5), ("step_tolerance", -0.01), ("step_tolerance", "x")])
 def test_invalid_settings_are_rejected(field, value):
     with pytest.raises(ValueError, match=field):
         DraftPolicy(K, settings=PolicySettings(**{field: value}))

@@ -97,7 +97,7 @@ def _bucket_floor() -> np.ndarray:
 #   bk     float64 [4, N_BUCKETS]: each match bucket's hits, trials, prior and estimate
 #   probs  float64 [rows, k_max + 1]: the row's cumulative acceptance chances, and its expected tokens (scratch)
 #   ri     int32 [3, rows]: each row's source, a trial source (scratch) and draft length
-#   hist   float64 [2, N_BINS]: the histogram's counts and sums (scratch)
+#   hist   float64 [3, N_BINS]: the histogram's counts and sums, and the rate down to each bin (scratch)
 #   st     int64 [len(STATS)]: the counters (DraftPolicy.stats)
 #   prev   int32 [rows, k_max + 2]: for DraftPolicy.step, each row's last match, offer and offered draft
 #   last   int64 [2]: the rows and the tokens (rows plus draft tokens) of the last step
@@ -181,7 +181,8 @@ def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, 
             if cnt > 0.0:
                 hist[0, run_bin] += cnt
                 hist[1, run_bin] += tot
-    best = base / (cost_of(base, curve, index, knot) + fixed_s)
+    plain = base / (cost_of(base, curve, index, knot) + fixed_s)
+    best = plain
     best_bin = N_BINS
     n = base
     e = float(base)
@@ -191,6 +192,7 @@ def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, 
         n += int(hist[0, j])
         e += hist[1, j]
         r = e / (cost_of(n, curve, index, knot) + fixed_s)
+        hist[2, j] = r
         if r > best:
             best = r
             best_bin = j
@@ -198,19 +200,11 @@ def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, 
         # Where the rate is flat near its best (a compute-bound step), the extra tokens buy next to nothing
         # and make the step longer for every row in it and for the prefills that wait for it.
         floor = (1.0 - tol) * best
-        n = base
-        e = float(base)
-        r = e / (cost_of(n, curve, index, knot) + fixed_s)
-        if r >= floor:
-            return r, N_BINS
+        if plain >= floor:
+            return plain, N_BINS
         for j in range(N_BINS - 1, best_bin, -1):
-            if hist[0, j] == 0.0:
-                continue
-            n += int(hist[0, j])
-            e += hist[1, j]
-            r = e / (cost_of(n, curve, index, knot) + fixed_s)
-            if r >= floor:
-                return r, j
+            if hist[0, j] > 0.0 and hist[2, j] >= floor:
+                return hist[2, j], j
     return best, best_bin
 
 
@@ -554,7 +548,7 @@ class DraftPolicy:
         cap = max(rows, 2 * self._cap)
         self._buffers, v = slab({
             "rowf": (np.float64, (3, cap)), "bk": (np.float64, (4, N_BUCKETS)),
-            "probs": (np.float64, (cap, self.k_max + 1)), "hist": (np.float64, (2, N_BINS)),
+            "probs": (np.float64, (cap, self.k_max + 1)), "hist": (np.float64, (3, N_BINS)),
             "ri": (np.int32, (3, cap)), "prev": (np.int32, (cap, self.k_max + 2)),
             "st": (np.int64, (len(STATS),)), "last": (np.int64, (2,))})
         v["rowf"][0] = 1.0

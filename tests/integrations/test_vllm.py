@@ -710,3 +710,52 @@ def test_sampled_verification_is_repaired_only_on_vllms_cpu_platform(fake_vllm_m
     rs.expand_batch_to_tokens = correct = lambda x, cu, n, replace_from=0, replace_to=0: \
         cpu_sampling.expand_batch_to_tokens(x, cu, n, replace_from, replace_to)
     assert cpu_sampling.fix_sampled_verification() is False and rs.expand_batch_to_tokens is correct
+
+
+# -- warm-up: every kernel of a serving step compiled before the first request -----------------------
+
+
+def test_the_first_proposer_of_a_process_compiles_the_serving_kernels_before_any_request():
+    """The pool's lookup runs only once a request has finished: on a cold cache its compile would stall
+    the first steps after that. Building the first proposer runs it, and the user's proposer is untouched."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from types import SimpleNamespace\n"
+        "from saspec import extend\n"
+        "from saspec.integrations.vllm import SAProposer\n"
+        "assert not extend.pool_rows.signatures\n"
+        "cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),\n"
+        "                      model_config=SimpleNamespace(max_model_len=512),\n"
+        "                      scheduler_config=SimpleNamespace(max_num_seqs=4))\n"
+        "p = SAProposer(cfg)\n"
+        "print(len(extend.pool_rows.signatures), p.stats['steps'], p.stats['new'],\n"
+        "      p.drafts.pool.stats()['added'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SASPEC_VLLM_POOL_TOKENS"}  # the pool as by default
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                         env=env).stdout.split()
+    assert int(out[0]) >= 1  # compiled (or loaded from the cache) before serving
+    assert out[1:] == ["0", "0", "0"]  # the user's proposer has seen nothing
+
+
+def test_a_failing_warm_up_is_logged_and_the_proposer_still_serves(monkeypatch, caplog):
+    from saspec.integrations.vllm import proposer as pr
+
+    monkeypatch.setattr(pr, "_WARMED", False)
+
+    def broken(self, *a, **k):
+        raise RuntimeError("no kernels today")
+
+    with monkeypatch.context() as m:
+        m.setattr(pr.SAProposer, "propose", broken)
+        with caplog.at_level("WARNING", logger=pr.__name__):
+            p = SAProposer(vllm_config())
+    assert "warming up the kernels failed" in caplog.text and pr._WARMED
+    text = [5, 6, 7, 8, 5, 6, 7]
+    ids = np.zeros((1, 64), np.int32)
+    ids[0, : len(text)] = text
+    out = p.propose([[7]], np.array([len(text)], np.int32), ids)
+    assert len(out) == 1 and out[0] == [8, 5, 6, 7][: len(out[0])] and p.stats["steps"] == 1

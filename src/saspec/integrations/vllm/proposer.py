@@ -53,6 +53,7 @@ when present, ``model_config.max_model_len`` and
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Hashable, Sequence
@@ -68,6 +69,9 @@ from .config import DEFAULT_MIN_MATCH, POLICY, resolve_proposer_settings, tensor
 from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
 from .fingerprint import FingerprintRows
+
+logger = logging.getLogger(__name__)
+_WARMED = False  # this process has run warm_up
 
 
 @njit(nogil=True, cache=True)
@@ -112,6 +116,7 @@ class SAProposer:
             (default all defaults; the prior cost shape follows vLLM's device).
         log: called with each step's ``saspec.policy.Decision`` (None: logged to the ``saspec.policy``
             logger where ``$SASPEC_POLICY_LOG`` is set, else not).
+        warm: run :func:`warm_up` with these settings (once per process) before serving.
         max_detached: without the plugin: how many requests that left their
             rows (finished, preempted or moved) are kept for a possible resume
             before the oldest is freed. Default: ``$SASPEC_VLLM_MAX_DETACHED``,
@@ -150,6 +155,7 @@ class SAProposer:
         pool_tokens: int | None = None,
         policy_settings: PolicySettings | None = None,
         log: Any = None,
+        warm: bool = True,
     ) -> None:
         cfg = resolve_proposer_settings(vllm_config, min_match=min_match, max_detached=max_detached,
                                         length_rule=length_rule, length_scale=length_scale, pool_tokens=pool_tokens)
@@ -177,6 +183,9 @@ class SAProposer:
         self._text_len = np.zeros(0, np.int32)  # and each row's text length before them
         self._stats = {"steps": 0, "drafted": 0, "draft_tokens": 0, "by_id": 0}
         fix_sampled_verification()  # point proposals need exact sampled verification, with or without the plugin
+        if warm:
+            warm_up(vllm_config, min_match=min_match, policy=policy, length_rule=length_rule,
+                    length_scale=length_scale, pool_tokens=pool_tokens, policy_settings=policy_settings)
 
     # -- what the plugin calls ------------------------------------------------------
 
@@ -323,3 +332,50 @@ def _int32_2d(x: Any, name: str) -> np.ndarray:
     if a.dtype != np.int32 or not a.flags.c_contiguous:
         a = np.ascontiguousarray(a, dtype=np.int32)
     return a
+
+
+def warm_up(vllm_config: Any, **settings: Any) -> None:
+    """Drive a throwaway :class:`SAProposer` with these settings through every kernel a serving step
+    uses (the automaton's build and step, the policy, the pool's build and lookup), once per process.
+
+    numba compiles each kernel at its first call and caches it on disk, keyed on saspec's sources; on a
+    cold cache (a new install or version) the first calls take seconds, and a server would pay them
+    inside the steps of its first requests (the pool's lookup only once a request has finished). Here
+    they are paid while the engine starts. A failure is logged, never raised: serving works without.
+    """
+    global _WARMED
+    if _WARMED:
+        return
+    _WARMED = True
+    t0 = time.perf_counter()
+    p = SAProposer(vllm_config, warm=False, **settings)
+    try:
+        text = np.tile(np.arange(1, 33, dtype=np.int32), 8)  # a repeated block: every row drafts
+        width = text.shape[0] + 16
+        if p.max_model_len is not None and p.max_model_len < width:
+            return  # too short a model length to run a step; the kernels compile at first use
+        ids = np.zeros((1, width), np.int32)
+        for rid in ("warm-up-0", "warm-up-1"):  # the second one runs with the first one pooled
+            n = text.shape[0] - 8
+            ids[0, :n] = text[:n]
+            p.schedule([(rid, ids[0, :n], 8)], [])
+            for _ in range(4):
+                p.name_rows([rid])
+                p.propose([[int(text[n])]], np.array([n + 1], np.int32), ids)
+                ids[0, n] = text[n]
+                n += 1
+            p.schedule([], [rid])
+            pool = p.drafts.pool
+            if pool is not None:
+                if pool.manual:
+                    pool.publish()
+                pool.flush(timeout=60.0)
+                if pool.manual:
+                    pool.publish()
+        logger.info("saspec: kernels ready in %.1f s", time.perf_counter() - t0)
+    except Exception:  # noqa: BLE001  (a warm-up must never stop a server from starting)
+        logger.warning("saspec: warming up the kernels failed; they compile at first use", exc_info=True)
+    finally:
+        if p.drafts.pool is not None:
+            p.drafts.pool.close()
+

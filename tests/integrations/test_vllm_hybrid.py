@@ -438,3 +438,21 @@ def test_a_gap_rebuild_does_not_pool_the_live_request_and_keeps_its_expected_roo
     d.pool.flush(30)
     pooled = [t.tolist() for t in d.pool.texts()]
     assert d.pool.stats()["added"] == 1 and len(pooled) == 1 and pooled[0] == text[len(text) - len(pooled[0]):]
+
+
+def test_the_first_hybrid_of_a_process_compiles_the_automatons_kernels_before_any_request():
+    """Like the custom_class drafter: the pool's lookup, which first runs once a request has finished, is
+    compiled (or loaded from the cache) when the drafter is built."""
+    import subprocess
+    import sys
+
+    code = (
+        "from saspec import extend\n"
+        "from saspec.integrations.vllm.config import HybridSettings\n"
+        "from saspec.integrations.vllm.hybrid import HybridDrafter\n"
+        "assert not extend.pool_rows.signatures\n"
+        "h = HybridDrafter(HybridSettings('draft_model', 4, 32, 4, 36, pool_tokens=1 << 16), 512, device='cpu')\n"
+        "print(len(extend.pool_rows.signatures), h.drafts.pool.stats()['added'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    assert int(out[0]) >= 1 and out[1] == "0"

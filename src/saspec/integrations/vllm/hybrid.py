@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import math
 import time
+from types import SimpleNamespace
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -65,6 +66,7 @@ from ...rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
 from .config import DEFAULT_MIN_MATCH, HybridSettings
 from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
+from .proposer import warm_up
 
 
 class HybridDrafter:
@@ -125,6 +127,11 @@ class HybridDrafter:
         self._prev_offered = np.zeros(0, np.int64)
         self._prev_rids: list[Hashable] | None = None
         fix_sampled_verification()  # SA drafts are point proposals: they need exact sampled verification
+        # The automaton's and the pool's kernels compile now, not inside the first requests' steps.
+        warm_up(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=settings.sa_tokens),
+                                model_config=SimpleNamespace(max_model_len=self.max_model_len),
+                                scheduler_config=SimpleNamespace(max_num_seqs=4)),
+                pool_tokens=settings.pool_tokens)
         self._last_rids: list[Hashable] = []  # the rows of the last merge
         self._last_sa = np.zeros(0, bool)  # which of them took an SA draft
         self._last_drafted = np.zeros(0, np.int32)  # and how many draft tokens each proposed

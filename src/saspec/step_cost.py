@@ -78,19 +78,6 @@ def knots_for(max_tokens: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _low_quantile(vals, n, q):
-    """The ``q`` quantile (nearest rank below) of ``vals[:n]``, sorting them in place."""
-    for i in range(1, n):
-        v = vals[i]
-        j = i - 1
-        while j >= 0 and vals[j] > v:
-            vals[j + 1] = vals[j]
-            j -= 1
-        vals[j + 1] = v
-    return vals[int(q * (n - 1))]
-
-
-@njit(cache=True)
 def _select(vals, n, r):
     """The ``r``-th smallest of ``vals[:n]`` (0-based), reordering them in place: Hoare's quickselect
     (middle pivot), with no allocation."""
@@ -114,6 +101,12 @@ def _select(vals, n, r):
         else:
             break
     return vals[r]
+
+
+@njit(cache=True)
+def _low_quantile(vals, n, q):
+    """The ``q`` quantile (nearest rank below) of ``vals[:n]``, reordering them in place."""
+    return _select(vals, n, int(q * (n - 1)))
 
 
 # StepCost's state lives in a few arrays (views of two buffers: saspec.slab) so that one jitted call reads and
@@ -170,7 +163,7 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
         ctr[_SCALE] = 1.0
         return
     scratch[:m] = scale_buf[:m]
-    s = _select(scratch, m, int(q * (m - 1)))  # _low_quantile's rank, in O(m)
+    s = _low_quantile(scratch, m, q)
     ctr[_SCALE] = s
     f = scale_buf.shape[0]  # scratch[f + k]: knot k's fresh timings
     for k in range(n_knots):

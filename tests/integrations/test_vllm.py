@@ -758,4 +758,4 @@ def test_a_failing_warm_up_is_logged_and_the_proposer_still_serves(monkeypatch, 
     ids = np.zeros((1, 64), np.int32)
     ids[0, : len(text)] = text
     out = p.propose([[7]], np.array([len(text)], np.int32), ids)
-    assert len(out) == 1 and out[0] == [8, 5, 6, 7][: len(out[0])] and p.stats["steps"] == 1
+    assert len(out) == 1 and out[0] and out[0] == [8, 5, 6, 7, 8, 5, 6, 7][: len(out[0])] and p.stats["steps"] == 1

@@ -55,8 +55,8 @@ from __future__ import annotations
 
 import math
 import time
-from types import SimpleNamespace
 from collections.abc import Hashable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np

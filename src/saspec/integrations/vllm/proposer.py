@@ -348,8 +348,9 @@ def warm_up(vllm_config: Any, **settings: Any) -> None:
         return
     _WARMED = True
     t0 = time.perf_counter()
-    p = SAProposer(vllm_config, warm=False, **settings)
+    p = None
     try:
+        p = SAProposer(vllm_config, warm=False, **settings)
         text = np.tile(np.arange(1, 33, dtype=np.int32), 8)  # a repeated block: every row drafts
         width = text.shape[0] + 16
         if p.max_model_len is not None and p.max_model_len < width:
@@ -359,10 +360,10 @@ def warm_up(vllm_config: Any, **settings: Any) -> None:
             n = text.shape[0] - 8
             ids[0, :n] = text[:n]
             p.schedule([(rid, ids[0, :n], 8)], [])
-            for _ in range(4):
+            for _ in range(4):  # each step emits the text's next token, as vLLM hands it over
+                ids[0, n] = text[n]
                 p.name_rows([rid])
                 p.propose([[int(text[n])]], np.array([n + 1], np.int32), ids)
-                ids[0, n] = text[n]
                 n += 1
             p.schedule([], [rid])
             pool = p.drafts.pool
@@ -376,6 +377,6 @@ def warm_up(vllm_config: Any, **settings: Any) -> None:
     except Exception:  # noqa: BLE001  (a warm-up must never stop a server from starting)
         logger.warning("saspec: warming up the kernels failed; they compile at first use", exc_info=True)
     finally:
-        if p.drafts.pool is not None:
+        if p is not None and p.drafts.pool is not None:
             p.drafts.pool.close()
 

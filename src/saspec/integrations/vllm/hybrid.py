@@ -13,19 +13,17 @@ threshold are SA rows, the others neural, K the neural drafter's own).
 :meth:`HybridDrafter.merge` then gives each SA row its SA draft and each neural
 row its neural draft, cut to the policy's length.
 
-The catch-up. With K = 0 the neural drafter's first forward, over the tokens
-the target just verified, still runs: the draft model's KV cache must hold
-every token of the text. vLLM's draft-model path cannot skip it and catch up
-later: its proposer builds the draft forward's inputs from the target's
-batch of this step (``common_attn_metadata``: query start locations, slot
-mapping and positions of the scheduled tokens only), writes the draft's KV
-into the slots of those tokens alone and keeps no record of what the draft
-model has read, so a skipped step leaves a hole in its cache that no later
-forward fills (a scratch variant that skipped it lost a third of the neural
-acceptance). So the catch-up forward runs every step and is sunk: the policy
-charges a neural row only its drafting forwards (``neural_catchup_sunk``),
-timed apart (:meth:`time_neural`), and picks the draft model only where those
-pay.
+The catch-up. The draft model's KV cache must hold every token of the text
+before it drafts. With vLLM's draft model (``draft_model``) a step where no
+row takes a neural draft runs no draft forward at all, and the step that next
+needs one reads each row's skipped tokens first, in its first forward
+(``catch_up.DraftCatchUp``, which rebuilds that forward's inputs over the
+skipped spans): the policy charges a neural row that catch-up, shared over the
+neural steps it is expected to serve (``saspec.policy.CatchUpShare``), and the
+draft model's cost comes from its own timed calls (:meth:`time_neural`).
+EAGLE and MTP read the target's hidden states of each step, which are gone a
+step later: their first forward runs every step (with K = 0 where no row takes
+their draft) and the policy charges a neural row only its drafting forwards.
 
 Sampling: vLLM's rejection sampler verifies a draft token ``x`` proposed with
 probability ``q(x)`` by accepting it with probability ``min(1, p(x) / q(x))``
@@ -61,8 +59,9 @@ from typing import Any
 
 import numpy as np
 
-from ...policy import AUTOMATON, NEURAL, DraftPolicy, PolicySettings, StepCost, cpu_like, env_log, gpu_like
+from ...policy import AUTOMATON, NEURAL, CatchUpShare, DraftPolicy, PolicySettings, StepCost, cpu_like, env_log, gpu_like
 from ...rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
+from .catch_up import CatchUpPlan, DraftCatchUp
 from .config import DEFAULT_MIN_MATCH, HybridSettings
 from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
@@ -82,13 +81,20 @@ class HybridDrafter:
         policy_settings: the policy's :class:`saspec.policy.PolicySettings` (default all defaults).
         log: called with each step's ``saspec.policy.Decision`` (None: logged to the ``saspec.policy``
             logger where ``$SASPEC_POLICY_LOG`` is set, else not).
+        catch_up_capacity: with ``draft_model``, the most tokens one draft forward reads (the
+            proposer's ``max_num_tokens``): the draft model skips the steps no row needs it and
+            catches up later (see the module doc); None: it runs every step.
 
     Attributes:
         drafts: the ``RequestDrafts`` holding each request's automaton.
         stats: ``steps``, ``sa_rows`` / ``neural_rows`` (rows that took each
             source's draft), ``sa_tokens`` (SA draft tokens proposed) and
-            ``neural_skipped`` (steps whose neural drafter ran its catch-up
-            forward only), ``neural_tokens``, and ``sa_accepted`` /
+            ``neural_skipped`` (steps whose neural drafter drafted nothing: it
+            ran no forward, or with EAGLE / MTP its first forward only),
+            ``catch_up_tokens`` (tokens the draft model's first forwards read),
+            ``late_rows`` (rows whose first forward read tokens of steps it had
+            skipped, after their first draft) and ``short_rows`` (rows whose catch-up the forward's capacity cut
+            short: no neural draft that step), ``neural_tokens``, and ``sa_accepted`` /
             ``neural_accepted`` (draft tokens accepted, from the next step's
             tokens, counted where the batch kept its rows), ``mixed_steps``
             (steps with rows of both sources), ``one_hot_rows`` (SA rows given
@@ -100,17 +106,23 @@ class HybridDrafter:
     """
 
     def __init__(self, settings: HybridSettings, max_model_len: int, ranks: int = 1, *, device: str | None = None,
-                 max_rows: int = 256, policy_settings: PolicySettings | None = None, log: Any = None) -> None:
+                 max_rows: int = 256, policy_settings: PolicySettings | None = None, log: Any = None,
+                 catch_up_capacity: int | None = None) -> None:
         self.settings = settings
         self.max_model_len = int(max_model_len)
         self.policy: DraftPolicy | None = None
+        self.catch_up = DraftCatchUp(catch_up_capacity) \
+            if settings.method == "draft_model" and catch_up_capacity is not None else None
+        self.plan: CatchUpPlan | None = None  # this step's draft forward (with catch_up; None: none runs)
+        self._share = CatchUpShare()
         if settings.policy:
             device = _device_type() if device is None else device
             ps = policy_settings if policy_settings is not None else PolicySettings()
             shape = ps.cost_shape or (cpu_like if device == "cpu" else gpu_like)
             cost = StepCost(shape, max_tokens=max(int(max_rows), 1) * (settings.sa_tokens + 1), window=ps.window,
                             max_age=ps.max_age, quantile=ps.quantile)
-            self.policy = DraftPolicy(settings.sa_tokens, cost=cost, settings=ps, neural_catchup_sunk=True,
+            self.policy = DraftPolicy(settings.sa_tokens, cost=cost, settings=ps,
+                                      neural_catchup_sunk=self.catch_up is None,
                                       log=log if log is not None else env_log())
         # The policy cuts what the automaton offers ("fixed"); the fixed rules cut by the match.
         self.drafts = RequestDrafts(settings.sa_tokens,
@@ -137,21 +149,29 @@ class HybridDrafter:
         self._last_drafted = np.zeros(0, np.int32)  # and how many draft tokens each proposed
         self.stats = {"steps": 0, "sa_rows": 0, "neural_rows": 0, "sa_tokens": 0, "neural_tokens": 0,
                       "sa_accepted": 0, "neural_accepted": 0, "neural_skipped": 0, "mixed_steps": 0, "one_hot_rows": 0,
-                      "neural_calls": 0, "neural_s": 0.0, "catch_up_calls": 0, "catch_up_s": 0.0}
+                      "neural_calls": 0, "neural_s": 0.0, "catch_up_calls": 0, "catch_up_s": 0.0,
+                      "catch_up_tokens": 0, "late_rows": 0, "short_rows": 0}
 
-    def schedule(self, new_requests: Sequence[tuple[Hashable, Any, int | None]], finished: Sequence[Hashable]) -> None:
+    def schedule(self, new_requests: Sequence[tuple[Hashable, Any, int | None]], finished: Sequence[Hashable],
+                 resumed: Sequence[Hashable] = ()) -> None:
         """Before a step's forward: start building each new ``(id, prompt, max new tokens)``
-        while vLLM prefills it; free the ``finished`` ids."""
+        while vLLM prefills it; free the ``finished`` ids; ``resumed`` ids (back from preemption,
+        on new KV blocks) have a draft KV cache to read again."""
         for rid in finished:
             self.drafts.finish(rid)
             if self.policy is not None:
                 self.policy.forget(rid)
+            if self.catch_up is not None:
+                self.catch_up.forget(rid)
         for rid, prompt, max_new in new_requests:
             self.drafts.start(rid, prompt, max_new)
+        if self.catch_up is not None:
+            for rid in [r for r, _, _ in new_requests] + list(resumed):
+                self.catch_up.start(rid)
 
     def sa_step(self, req_ids: Sequence[Hashable], sampled: np.ndarray, discard: np.ndarray, text_len: np.ndarray,
-                token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """Append this step's accepted tokens and draft.
+                token_ids: np.ndarray, prefill_end: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+        """Append this step's accepted tokens and draft; with :attr:`catch_up`, set :attr:`plan`.
 
         Args:
             req_ids: the B rows' request ids.
@@ -159,6 +179,8 @@ class HybridDrafter:
             discard: bool [B]: rows whose sampled tokens vLLM discards (a prefill chunk).
             text_len: int32 [B]: each row's text length before this step's tokens.
             token_ids: int32 [>= B, width]: each row's text in ``[:text_len[b]]``.
+            prefill_end: int [B]: where each discarded row's prefill chunk ends (tokens computed after
+                this step); needed with :attr:`catch_up`.
 
         Returns:
             ``(count, draft, k)``: int32 [B] SA draft tokens per row (0: not an
@@ -172,20 +194,39 @@ class HybridDrafter:
         width = min(self.max_model_len, token_ids.shape[1])
         match, draft, count = self.drafts.step(req_ids, text_len, new, lens, token_ids, width)
         self._score(req_ids, lens)
+        ends = None
+        if self.catch_up is not None:  # each row's next token's position: where the draft model drafts from
+            if prefill_end is None and discard[:b].any():
+                raise ValueError("prefill_end is needed for the discarded rows (a prefill chunk) with the catch-up")
+            ends = text_len.astype(np.int64) + lens - 1
+            if prefill_end is not None:
+                ends = np.where(discard[:b], np.asarray(prefill_end[:b], np.int64), ends)
         if self.policy is not None:
-            count, k = self._choose(req_ids, match, draft, count, new, lens)
+            count, k = self._choose(req_ids, match, draft, count, new, lens, ends)
         else:
             neural = (count == 0) & (lens > 0)
             k = self.settings.k if neural.any() else 0
             self._nn_len = np.full(b, -1, np.int32)
+        if self.catch_up is not None:
+            want = (self._nn_len > 0) if self.policy is not None else (count == 0) & (lens > 0)
+            self.plan = None if k == 0 else self.catch_up.plan(req_ids, ends, want, text_len, token_ids, new, lens)
+            if self.plan is not None:
+                self._nn_len[~self.plan.full] = 0  # a row read only part of its span: its neural draft is off
+                self.stats["short_rows"] += int(np.count_nonzero(~self.plan.full))
+                self.stats["catch_up_tokens"] += self.plan.read
+                late = (self.plan.starts > 0) & (self.plan.starts < text_len - 1) & (lens > 0)
+                self.stats["late_rows"] += int(np.count_nonzero(late))
+        if (lens > 0).any():
+            self._share.observe_tokens(float(lens.sum()) / int(np.count_nonzero(lens)))
         self.stats["steps"] += 1
         self.stats["neural_skipped"] += int(k == 0 and bool((lens > 0).any()))
         return count, draft, k
 
     def _choose(self, req_ids: Sequence[Hashable], match: np.ndarray, draft: np.ndarray, offered: np.ndarray,
-                new: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, int]:
+                new: np.ndarray, lens: np.ndarray, ends: np.ndarray | None) -> tuple[np.ndarray, int]:
         """The policy's step: what the last forward cost and what followed each row's offer, then each
-        row's source and length; returns the SA counts and the neural drafter's K."""
+        row's source and length (a draft model that skipped steps charged its catch-up to ``ends``);
+        returns the SA counts and the neural drafter's K."""
         p = self.policy
         b = len(req_ids)
         rids = list(req_ids)
@@ -199,7 +240,13 @@ class HybridDrafter:
         m = match.astype(np.int64)
         m[lens == 0] = 0  # a row in prefill drafts nothing
         off = offered.astype(np.int64)
-        lengths, src = p.decide(m, off, neural_k=self.settings.k, neural_rows=lens > 0)
+        live = lens > 0
+        behind, share = b, 1.0
+        if ends is not None:
+            behind = self.catch_up.behind(rids, ends)
+            share = self._share.share(p, m, off, self.settings.k, live, behind, b)
+        lengths, src = p.decide(m, off, neural_k=self.settings.k, neural_rows=live, neural_behind=behind,
+                                catchup_share=share)
         k = p.neural_k
         count = np.where(src == AUTOMATON, lengths, 0).astype(np.int32)
         self._nn_len = np.where(src == NEURAL, lengths, 0).astype(np.int32)
@@ -246,12 +293,15 @@ class HybridDrafter:
     def time_neural(self, k: int, seconds: float) -> None:
         """Count one neural drafter call of this step: with its K, or the catch-up alone (``k == 0``).
         Host seconds: on a CPU the whole call; on a GPU what the host waited for."""
+        if self.catch_up is not None and self.plan is None:  # skipped: no draft forward ran
+            return
         kind = "neural" if k else "catch_up"
         self.stats[f"{kind}_calls"] += 1
         self.stats[f"{kind}_s"] += seconds
         if self.policy is not None and self._timed:  # a neural forward's cost against the target's, same tokens
             rows = max(len(self._prev_rids or ()), 1)
-            self.policy.observe_neural(seconds, read=max(self._step_tokens, 1), drafted=k, rows=rows)
+            read = self.plan.read if self.plan is not None else max(self._step_tokens, 1)
+            self.policy.observe_neural(seconds, read=read, drafted=k, rows=rows)
 
     def merge(self, req_ids: Sequence[Hashable], count: np.ndarray, draft: np.ndarray,
               neural: list[list[int]]) -> list[list[int]]:

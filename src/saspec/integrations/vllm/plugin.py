@@ -20,8 +20,11 @@ leave vLLM's behaviour unchanged unless a saspec drafter is configured:
   background thread while vLLM prefills them, and finished ones are freed;
 * ``GPUModelRunner.propose_draft_token_ids``: the ``custom_class`` drafter is
   told the request id of each row before vLLM calls it; the hybrid drafts
-  from the automaton first, runs the neural drafter with its K (or with K = 0:
-  see ``hybrid``) and merges the two.
+  from the automaton first, runs the neural drafter with its K (or with K = 0,
+  or, for a draft model, not at all: see ``hybrid``) and merges the two;
+* for the hybrid with a draft model, its proposer's ``propose`` (on the
+  instance): a step the hybrid skips runs no draft forward, and the next one
+  reads what was skipped (``catch_up``).
 
 vLLM's CPU runner subclasses ``GPUModelRunner``, so both backends get the same
 code. The wrapped internals are those of :data:`config.TESTED_VLLM`; on any
@@ -149,7 +152,12 @@ def _drafter(runner: Any) -> Any:
     if settings is not None:
         from .hybrid import HybridDrafter
 
-        drafter = HybridDrafter(settings, runner.max_model_len, tensor_parallel_ranks(runner))
+        capacity = getattr(runner.drafter, "max_num_tokens", None) \
+            if settings.method == "draft_model" and settings.catch_up else None
+        drafter = HybridDrafter(settings, runner.max_model_len, tensor_parallel_ranks(runner),
+                                catch_up_capacity=capacity)
+        if drafter.catch_up is not None:
+            runner.drafter.propose = _catch_up_propose(runner.drafter, drafter)
     elif getattr(spec, "method", None) == "custom_class" and hasattr(getattr(runner, "drafter", None), "name_rows"):
         drafter = runner.drafter
     runner.__dict__[_STATE] = drafter
@@ -164,7 +172,11 @@ def _wrap_update_states(update_states: Any) -> Any:
         if drafter is not None:
             new = [(r.req_id, r.prompt_token_ids, getattr(r.sampling_params, "max_tokens", None))
                    for r in scheduler_output.scheduled_new_reqs if r.prompt_token_ids is not None]
-            drafter.schedule(new, scheduler_output.finished_req_ids)
+            if getattr(drafter, "catch_up", None) is not None:
+                resumed = getattr(scheduler_output.scheduled_cached_reqs, "resumed_req_ids", ())
+                drafter.schedule(new, scheduler_output.finished_req_ids, resumed)
+            else:
+                drafter.schedule(new, scheduler_output.finished_req_ids)
         return out
 
     return _update_states
@@ -193,8 +205,13 @@ def _propose_hybrid(runner: Any, hybrid: Any, propose: Any, scheduler_output: An
     b = batch.num_reqs
     sampled = _as_numpy(sampled_token_ids, b)
     discard = runner.discard_request_mask.np[:b]
+    prefill_end = None
+    if hybrid.catch_up is not None and discard.any():  # a prefill chunk's draft forward ends where the chunk ends
+        scheduled_tokens = scheduler_output.num_scheduled_tokens
+        prefill_end = batch.num_computed_tokens_cpu[:b] + np.fromiter(
+            (scheduled_tokens.get(r, 0) for r in batch.req_ids[:b]), np.int64, b)
     count, draft, k = hybrid.sa_step(batch.req_ids[:b], sampled, discard, batch.num_tokens_no_spec[:b],
-                                     batch.token_ids_cpu)
+                                     batch.token_ids_cpu, prefill_end)
     scheduled = scheduler_output.num_spec_tokens_to_schedule
     scheduler_output.num_spec_tokens_to_schedule = min(scheduled, k)  # the neural drafter's K, or 0
     t0 = time.perf_counter()
@@ -207,6 +224,30 @@ def _propose_hybrid(runner: Any, hybrid: Any, propose: Any, scheduler_output: An
         count = hybrid.as_point_proposals(runner._draft_probs, count, draft)  # SA rows get one-hot ones
     neural_rows = neural.tolist() if hasattr(neural, "tolist") else list(neural)
     return hybrid.merge(batch.req_ids[:b], count, draft, neural_rows)
+
+
+def _catch_up_propose(proposer: Any, hybrid: Any) -> Any:
+    """The draft-model proposer's ``propose`` for the hybrid: no forward where the hybrid's
+    ``plan`` is None, else its first forward over the plan's spans (``catch_up``)."""
+    from .catch_up import forward_inputs
+
+    original = proposer.propose
+
+    @functools.wraps(original)
+    def propose(**kwargs: Any) -> Any:
+        import torch
+
+        plan = hybrid.plan
+        if plan is None:
+            proposer._last_draft_probs = None  # nothing drafted: no probabilities either
+            rows = kwargs["common_attn_metadata"].batch_size()
+            return torch.empty(rows, 0, dtype=torch.int64, device=kwargs["next_token_ids"].device)
+        kwargs.update(forward_inputs(plan, kwargs["common_attn_metadata"], proposer.block_size))
+        out = original(**kwargs)
+        hybrid.catch_up.commit(plan)
+        return out
+
+    return propose
 
 
 def _as_numpy(sampled: Any, rows: int) -> Any:

@@ -51,6 +51,8 @@ work is repeated on each rank; it is host work beside the model's.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import time
 from collections.abc import Hashable, Sequence
@@ -66,6 +68,9 @@ from .config import DEFAULT_MIN_MATCH, HybridSettings
 from .cpu_sampling import fix_sampled_verification
 from .drafts import RequestDrafts
 from .proposer import warm_up
+
+logger = logging.getLogger(__name__)
+_WARMED = False  # this process has run _warm_up_hybrid
 
 
 class HybridDrafter:
@@ -147,6 +152,7 @@ class HybridDrafter:
         self._last_rids: list[Hashable] = []  # the rows of the last merge
         self._last_sa = np.zeros(0, bool)  # which of them took an SA draft
         self._last_drafted = np.zeros(0, np.int32)  # and how many draft tokens each proposed
+        _warm_up_hybrid(settings, self.max_model_len)
         self.stats = {"steps": 0, "sa_rows": 0, "neural_rows": 0, "sa_tokens": 0, "neural_tokens": 0,
                       "sa_accepted": 0, "neural_accepted": 0, "neural_skipped": 0, "mixed_steps": 0, "one_hot_rows": 0,
                       "neural_calls": 0, "neural_s": 0.0, "catch_up_calls": 0, "catch_up_s": 0.0,
@@ -341,3 +347,35 @@ def _device_type() -> str:
     except ImportError:
         return "cpu"
     return str(getattr(current_platform, "device_type", "") or "cpu")
+
+
+def _warm_up_hybrid(settings: HybridSettings, max_model_len: int) -> None:
+    """Drive a throwaway hybrid with these settings through the policy's and the catch-up's kernels, once per
+    process, so that numba compiles them while the engine starts (see ``proposer.warm_up``); a failure is
+    logged, never raised."""
+    global _WARMED
+    if _WARMED:
+        return
+    _WARMED = True
+    try:
+        h = HybridDrafter(dataclasses.replace(settings, pool_tokens=0), max_model_len, device="cpu", max_rows=2,
+                          catch_up_capacity=4096 if settings.catch_up else None)
+        copy = np.tile(np.arange(1, 33, dtype=np.int32), 4)  # row 0 repeats a block, row 1 never repeats
+        texts = np.stack([copy, np.arange(1000, 1000 + copy.shape[0], dtype=np.int32)])
+        n = copy.shape[0] - 8
+        if max_model_len < copy.shape[0] + settings.sa_tokens:
+            return
+        ids = np.zeros((2, copy.shape[0] + settings.sa_tokens), np.int32)
+        h.schedule([("warm-up-0", texts[0, :n], 8), ("warm-up-1", texts[1, :n], 8)], [])
+        for _ in range(4):
+            ids[:, :n] = texts[:, :n]
+            count, draft, k = h.sa_step(["warm-up-0", "warm-up-1"], texts[:, n: n + 1], np.zeros(2, bool),
+                                        np.full(2, n, np.int32), ids)
+            if h.catch_up is not None and h.plan is None:  # the step drafted no neural row: plan one anyway
+                h.catch_up.plan(["warm-up-0", "warm-up-1"], np.full(2, n), np.ones(2, bool), np.full(2, n, np.int32),
+                                ids, texts[:, n: n + 1], np.ones(2, np.int32))
+            h.time_neural(k, 0.01)
+            h.merge(["warm-up-0", "warm-up-1"], count, draft, [[1] * k, [1] * k])
+            n += 1
+    except Exception:  # noqa: BLE001  (a warm-up must never stop a server from starting)
+        logger.warning("saspec: warming up the hybrid's kernels failed; they compile at first use", exc_info=True)

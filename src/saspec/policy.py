@@ -768,17 +768,29 @@ class CatchUpShare:
     A neural drafter that skipped steps must read what it skipped before it
     drafts again. Charged whole to the step that ends the skip, a long catch-up
     would keep the neural drafter out for good, and the skipped span grows
-    while it is out. It serves the neural steps after it too, so a step is
-    charged ``1 / n`` of it, ``n`` the neural steps it is expected to serve:
-    the share of recent steps whose best choice, were the drafter in step, was
-    the neural drafter, times the steps left (``remaining`` tokens over the
-    tokens per step so far).
+    while it is out; charged too little, it reads a long span for one draft
+    and falls behind again at the next automaton step. A step is charged each
+    part of the catch-up over the neural steps that part serves:
+
+    - a first read (the prompt, where the drafter has never run for a row)
+      serves every neural step of the request after it: the share of recent
+      steps whose best choice, were the drafter in step, was the neural
+      drafter, times the steps left (``remaining`` tokens over the tokens per
+      step so far);
+    - a gap (the tokens of the automaton's steps since the drafter last ran)
+      serves one run of neural steps: the mean length of recent runs of steps
+      whose best choice, in step, was the neural drafter (1 before any). In a
+      code edit the neural drafter is best only at isolated steps between the
+      automaton's copies, so its gaps are charged whole; in free text its
+      runs are long.
     """
 
     def __init__(self) -> None:
         self.prefer_neural = 0.5  # the share of recent steps whose best choice, in step, was the neural drafter
+        self.run_len = 1.0  # the mean length of recent runs of such steps
         self.per_step = 1.0  # tokens per row and step so far (mean of the latest 32)
         self._steps = 0
+        self._run = 0  # the length of the current run
 
     def observe_tokens(self, tokens: float) -> None:
         """A step emitted ``tokens`` tokens per row."""
@@ -786,16 +798,32 @@ class CatchUpShare:
         self.per_step += (float(tokens) - self.per_step) / min(self._steps, 32)
 
     def share(self, policy: DraftPolicy, match_len: np.ndarray, offered: np.ndarray, neural_k: int, neural_rows: Any,
-              behind: int, in_step: int, remaining: int | None = None) -> float:
-        """The share, in (0, 1], of a catch-up over ``behind`` tokens that this step is charged, where a
-        drafter in step would read ``in_step``; the other arguments are ``policy.decide``'s
-        (``remaining``: tokens a row may still emit; None: 256 assumed)."""
-        if not neural_k or behind <= in_step:
+              behind: int, in_step: int, remaining: int | None = None, first: int = 0) -> float:
+        """The share, in (0, 1], of the cost of a catch-up over ``behind`` tokens that this step is charged,
+        where a drafter in step would read ``in_step`` (charged whole) and ``first`` of the others are first
+        reads; the
+        other arguments are ``policy.decide``'s (``remaining``: tokens a row may still emit; None: 256
+        assumed). Call it once per step: it also counts the step's best choice in step."""
+        if not neural_k:
             return 1.0
         _, src = policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=in_step, count=False)
-        self.prefer_neural = 0.9 * self.prefer_neural + 0.1 * float(np.any(src == NEURAL))
+        prefer = bool(np.any(src == NEURAL))
+        self.prefer_neural = 0.9 * self.prefer_neural + 0.1 * float(prefer)
+        if prefer:
+            self._run += 1
+        elif self._run:
+            self.run_len += 0.25 * (self._run - self.run_len)
+            self._run = 0
+        if behind <= in_step:
+            return 1.0
         left = 256 if remaining is None else max(int(remaining), 1)
-        return 1.0 / max(1.0, self.prefer_neural * left / max(self.per_step, 1.0))
+        extra = behind - in_step  # what it reads beyond a forward in step, which the step pays whole
+        first = min(max(int(first), 0), extra)
+        serves_first = max(1.0, self.prefer_neural * left / max(self.per_step, 1.0))
+        serves_gap = max(1.0, self.run_len, float(self._run))
+        part = (first / serves_first + (extra - first) / serves_gap) / extra
+        whole, own = policy.cost.seconds(behind), policy.cost.seconds(in_step)
+        return min(1.0, (own + part * max(whole - own, 0.0)) / whole)
 
 
 class SequencePolicy:
@@ -836,6 +864,7 @@ class SequencePolicy:
         self._m = np.zeros(1, np.int64)
         self._off = np.zeros(1, np.int64)
         self.catch_up = CatchUpShare()
+        self._drafted = False  # the neural drafter has drafted in this sequence: what it is behind is a gap
         self._counts = {"steps": 0, "sa": 0, "draft": 0, "none": 0}
 
     @property
@@ -860,9 +889,11 @@ class SequencePolicy:
         self._m[0] = match if sa_len > 0 else 0
         self._off[0] = min(max(int(sa_len), 0), self.k_max)
         k_nn = min(max(int(model_k), 0), self.k_max)
-        share = self.catch_up.share(self.policy, self._m, self._off, k_nn, None, model_behind, 1, remaining)
+        share = self.catch_up.share(self.policy, self._m, self._off, k_nn, None, model_behind, 1, remaining,
+                                    first=0 if self._drafted else model_behind)
         lengths, src = self.policy.decide(self._m, self._off, k_nn, neural_behind=model_behind, catchup_share=share)
         d, s = int(lengths[0]), int(src[0])
+        self._drafted |= s == NEURAL
         if s == AUTOMATON:
             self._counts["sa"] += 1
             return "sa", d

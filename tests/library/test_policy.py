@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from saspec.policy import (AUTOMATON, NEURAL, NONE, DraftPolicy, PolicySettings, SequencePolicy, StepCost,
+from saspec.policy import (AUTOMATON, NEURAL, NONE, CatchUpShare, DraftPolicy, PolicySettings, SequencePolicy, StepCost,
                            cpu_like, gpu_like, linear)
 
 K = 8
@@ -190,6 +190,25 @@ def test_the_catch_up_over_a_long_stretch_is_charged_where_the_automaton_wins():
     p = SequencePolicy(K)
     p.offer(200, list(range(K)))
     assert p.choose(200, K, K, 400, remaining=300)[0] == "sa"
+
+
+def test_a_catch_up_share_charges_a_gap_over_the_runs_it_serves_and_a_prompt_over_the_request():
+    policy = DraftPolicy(K, cost=StepCost(cpu_like))
+    m, off = np.zeros(1, np.int64), np.zeros(1, np.int64)  # no automaton offer: in step, the neural drafter is best
+    sure = np.array([200], np.int64), np.array([K], np.int64)  # a sure automaton copy: it is not
+    share = CatchUpShare()
+    gap = share.share(policy, m, off, K, None, behind=101, in_step=1)  # a 100-token gap, runs of 1 so far
+    assert gap == 1.0  # charged whole: it would serve one neural step
+    first = share.share(policy, m, off, K, None, behind=101, in_step=1, first=100)  # the prompt, never read
+    own = policy.cost.seconds(1) / policy.cost.seconds(101)  # the forward it would run in step: charged whole
+    assert own < first < own + 0.02  # the rest served by the request's neural steps to come
+    for _ in range(3):  # runs of 20 steps whose best choice is the neural drafter, between automaton copies
+        for _ in range(20):
+            share.share(policy, m, off, K, None, behind=2, in_step=2)
+        share.share(policy, *sure, K, None, behind=2, in_step=2)
+    assert share.run_len > 5
+    assert share.share(policy, m, off, K, None, behind=101, in_step=1) < 0.3  # a gap now serves a run
+    assert share.share(policy, m, off, 0, None, behind=101, in_step=1) == 1.0  # no neural drafter this step
 
 
 def test_a_step_timed_at_zero_or_nan_seconds_is_ignored():

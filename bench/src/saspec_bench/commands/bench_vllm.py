@@ -234,7 +234,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run_child(python: str, job: dict[str, Any], stem: Path) -> dict[str, Any]:
-    job_path, out_path, log_path = stem.with_suffix(".json"), stem.with_suffix(".out.json"), stem.with_suffix(".log")
+    # names built on the stem's full name: with_suffix would cut a size's dot (".job-1.5b-hybrid" to ".job-1")
+    job_path, out_path, log_path = (stem.with_name(stem.name + ext) for ext in (".json", ".out.json", ".log"))
     job_path.write_text(json.dumps(job))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}

@@ -121,6 +121,11 @@ class DraftCatchUp:
         need = ends.astype(np.int64) - self.starts(req_ids, ends)
         return int(min(int(need.sum()) + len(req_ids), self.capacity))
 
+    def first_reads(self, req_ids: Sequence[Hashable], ends: np.ndarray) -> int:
+        """Of :meth:`behind`, the tokens of rows the draft model has never read (their prompts)."""
+        new = np.fromiter((self._seen.get(r, 0) == 0 for r in req_ids), bool, len(req_ids))
+        return int(min(int(ends.astype(np.int64)[new].sum()), self.capacity))
+
     def plan(self, req_ids: Sequence[Hashable], ends: np.ndarray, want: np.ndarray, text_len: np.ndarray,
              token_ids: np.ndarray, new: np.ndarray, new_lens: np.ndarray) -> CatchUpPlan:
         """The draft forward of this step.

@@ -250,7 +250,9 @@ class HybridDrafter:
         behind, share = b, 1.0
         if ends is not None:
             behind = self.catch_up.behind(rids, ends)
-            share = self._share.share(p, m, off, self.settings.k, live, behind, b)
+            in_step = int(lens[live].sum()) + b  # a forward in step reads each row's new tokens and its extra slot
+            share = self._share.share(p, m, off, self.settings.k, live, behind, in_step,
+                                      first=self.catch_up.first_reads(rids, ends))
         lengths, src = p.decide(m, off, neural_k=self.settings.k, neural_rows=live, neural_behind=behind,
                                 catchup_share=share)
         k = p.neural_k

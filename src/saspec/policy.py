@@ -801,9 +801,8 @@ class CatchUpShare:
               behind: int, in_step: int, remaining: int | None = None, first: int = 0) -> float:
         """The share, in (0, 1], of the cost of a catch-up over ``behind`` tokens that this step is charged,
         where a drafter in step would read ``in_step`` (charged whole) and ``first`` of the others are first
-        reads; the
-        other arguments are ``policy.decide``'s (``remaining``: tokens a row may still emit; None: 256
-        assumed). Call it once per step: it also counts the step's best choice in step."""
+        reads; the other arguments are ``policy.decide``'s (``remaining``: tokens a row may still emit; None:
+        256 assumed). Call it once per step: it also counts the step's best choice in step."""
         if not neural_k:
             return 1.0
         _, src = policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=in_step, count=False)

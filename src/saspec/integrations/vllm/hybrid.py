@@ -359,14 +359,14 @@ def _warm_up_hybrid(settings: HybridSettings, max_model_len: int) -> None:
     if _WARMED:
         return
     _WARMED = True
+    copy = np.tile(np.arange(1, 33, dtype=np.int32), 4)  # row 0 repeats a block, row 1 never repeats
+    if max_model_len < copy.shape[0] + settings.sa_tokens:
+        return
     try:
         h = HybridDrafter(dataclasses.replace(settings, pool_tokens=0), max_model_len, device="cpu", max_rows=2,
                           catch_up_capacity=4096 if settings.catch_up else None)
-        copy = np.tile(np.arange(1, 33, dtype=np.int32), 4)  # row 0 repeats a block, row 1 never repeats
         texts = np.stack([copy, np.arange(1000, 1000 + copy.shape[0], dtype=np.int32)])
         n = copy.shape[0] - 8
-        if max_model_len < copy.shape[0] + settings.sa_tokens:
-            return
         ids = np.zeros((2, copy.shape[0] + settings.sa_tokens), np.int32)
         h.schedule([("warm-up-0", texts[0, :n], 8), ("warm-up-1", texts[1, :n], 8)], [])
         for _ in range(4):

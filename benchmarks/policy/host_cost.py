@@ -3,7 +3,8 @@
 ``SAProposer`` is driven the way vLLM's runner and saspec's plugin drive it (request ids named, builds at
 arrival), each row gaining 3 tokens per step; the same arrays go to a proposer with the fixed rule
 (``length_rule="fixed"``: the drafting call alone) and one with the policy (the default), interleaved step
-by step. Also, alone on the same batch: ``DraftPolicy.decide`` + ``observe`` + ``observe_step``, and
+by step (the share: the medians' difference, and the median of each step's own difference). Also, alone
+on the same batch: ``DraftPolicy.decide`` + ``observe`` + ``observe_step``, and
 ``DraftPolicy.step`` (the one call ``SAProposer`` makes).
 
     python benchmarks/policy/host_cost.py --rows 64 --context 8192 --k 8 32
@@ -86,8 +87,11 @@ def run(rows: int, context: int, k: int, steps: int, seed: int = 0) -> dict:
         step_alone.append(time.perf_counter() - t0)
     skip = min(20, steps // 4)  # the first steps build and compile
     med = {name: statistics.median(t[skip:]) * 1e6 for name, t in times.items()}
+    # the same step's two calls ran back to back: their difference is the least moved by the machine's drift
+    paired = statistics.median(p - f for p, f in zip(times["policy"][skip:], times["fixed"][skip:])) * 1e6
     return {"rows": rows, "context": context, "k": k, "steps": steps, "fixed_us": med["fixed"],
             "policy_us": med["policy"], "policy_share": (med["policy"] - med["fixed"]) / med["fixed"],
+            "paired_us": paired, "paired_share": paired / med["fixed"],
             "policy_alone_us": statistics.median(alone[skip:]) * 1e6,
             "step_alone_us": statistics.median(step_alone[skip:]) * 1e6}
 
@@ -105,6 +109,7 @@ def main() -> None:
         best = min(runs, key=lambda r: r["policy_us"])
         print(json.dumps({**best, "fixed_us_all": [round(r["fixed_us"], 1) for r in runs],
                           "policy_us_all": [round(r["policy_us"], 1) for r in runs],
+                          "paired_share_all": [round(r["paired_share"], 3) for r in runs],
                           "alone_us_all": [round(r["policy_alone_us"], 1) for r in runs],
                           "step_alone_us_all": [round(r["step_alone_us"], 1) for r in runs]}))
 

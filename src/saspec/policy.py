@@ -94,10 +94,11 @@ def _bucket_floor() -> np.ndarray:
 # DraftPolicy's state, likewise in a few arrays (views of three buffers, in the order of DraftPolicy._grow,
 # which _step unpacks):
 #   rowf   float64 [3, rows]: each row's odds factor, and the hits and misses behind it
-#   bk     float64 [4, N_BUCKETS]: each match bucket's hits, trials, prior and estimate
+#   bk     float64 [5, N_BUCKETS]: each match bucket's hits, trials, prior, estimate, and its odds (q / (1 - q))
 #   probs  float64 [rows, k_max + 1]: the row's cumulative acceptance chances, and its expected tokens (scratch)
-#   ri     int32 [3, rows]: each row's source, a trial source (scratch) and draft length
-#   hist   float64 [3, N_BINS]: the histogram's counts and sums, and the rate down to each bin (scratch)
+#   ri     int32 [3, rows]: each row's source, a trial source (scratch) and draft length (at first: its candidates)
+#   hist   float64 [5, N_BINS]: the histogram's counts and sums, the rate down to each bin, and the automaton's
+#          own counts and sums (all scratch)
 #   st     int64 [len(STATS)]: the counters (DraftPolicy.stats)
 #   prev   int32 [rows, k_max + 2]: for DraftPolicy.step, each row's last match, offer and offered draft
 #   last   int64 [2]: the rows and the tokens (rows plus draft tokens) of the last step
@@ -117,26 +118,54 @@ def _bucket_end(j):
 
 
 @njit(cache=True)
-def _row_probs(match, offered, rowf, p_bucket, k_max, probs):
+def _row_probs(match, offered, rowf, odds_bucket, k_max, probs, ends, hist):
     """probs[b, i]: the chance that the automaton's draft tokens 0..i of row b are all accepted (0 at
-    ``offered[b]``, where each row's candidates end); the expected accepted tokens of each row's whole draft
-    into probs[:, k_max]. The tokens of one match bucket share its per-token chance: one division per bucket."""
+    ``ends[b]``, where each row's candidates end, when that is below ``k_max``); the expected accepted
+    tokens of each row's whole draft into probs[:, k_max]; every row's candidates counted into the
+    automaton histogram ``hist[3:5]`` (counts and sums per bin). The tokens of one match bucket share its
+    per-token chance: one division per bucket; ``p`` falls along a row, so its bins do too, and a bin
+    changes only where ``p`` drops below the bin's floor."""
+    hist[3:5, :] = 0.0
     for b in range(match.shape[0]):
         p = 1.0
         e = 0.0
         d = min(offered[b], k_max) if match[b] > 0 else 0
+        ends[b] = d
+        run_bin, cnt, tot = N_BINS - 1, 0.0, 0.0
         i = 0
         while i < d:
             j = match_bucket(match[b] + i)
-            q = p_bucket[j]
-            odds = q / (1.0 - q) * rowf[0, b]
+            odds = odds_bucket[j] * rowf[0, b]
             a = odds / (1.0 + odds)
             stop = min(d, _bucket_end(j) - match[b])
+            a2 = a * a
+            a3, a4 = a2 * a, a2 * a2
             while i < stop:
+                if i + 4 <= stop and p * a4 * N_BINS >= run_bin:
+                    # four tokens of one bin at a time, off one product: no chain of multiplications
+                    p1, p2, p3, p4 = p * a, p * a2, p * a3, p * a4
+                    probs[b, i], probs[b, i + 1], probs[b, i + 2], probs[b, i + 3] = p1, p2, p3, p4
+                    add = (p1 + p2) + (p3 + p4)
+                    e += add
+                    cnt += 4.0
+                    tot += add
+                    p = p4
+                    i += 4
+                    continue
                 p *= a
                 probs[b, i] = p
                 e += p
+                if p * N_BINS < run_bin:  # a new bin
+                    if cnt > 0.0:
+                        hist[3, run_bin] += cnt
+                        hist[4, run_bin] += tot
+                    run_bin, cnt, tot = min(int(p * N_BINS), N_BINS - 1), 0.0, 0.0
+                cnt += 1.0
+                tot += p
                 i += 1
+        if cnt > 0.0:
+            hist[3, run_bin] += cnt
+            hist[4, run_bin] += tot
         if d < k_max:
             probs[b, d] = 0.0
         probs[b, k_max] = e
@@ -147,8 +176,11 @@ def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, 
     """The histogram pass: (rate, bin) of the best threshold over the rows' candidate tokens (automaton
     rows: probs; neural rows (src == 2): q_nn ** (i + 1), i < k_nn); bin N_BINS means no draft. With
     more than one row and ``tol > 0``, the highest threshold (the fewest tokens) whose rate is within
-    ``tol`` of the best."""
-    hist[:, :] = 0.0
+    ``tol`` of the best. Without neural rows the automaton histogram of :func:`_row_probs` is the
+    histogram (every row with candidates has src 1 then)."""
+    hist[0:3, :] = 0.0
+    if k_nn == 0:
+        hist[0:2, :] = hist[3:5, :]
     nn_bins = N_BINS if k_nn > 0 else 0  # the neural rows' candidates are alike: counted once, added per row
     nn_cnt = np.zeros(nn_bins)
     nn_tot = np.zeros(nn_bins)
@@ -163,7 +195,7 @@ def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, 
             for j in range(nn_bins):
                 hist[0, j] += nn_cnt[j]
                 hist[1, j] += nn_tot[j]
-        elif src[b] == 1:
+        elif src[b] == 1 and k_nn > 0:
             # p falls along a row, so its bins do too: add each run of one bin at once
             run_bin, cnt, tot = -1, 0.0, 0.0
             for i in range(k_max):
@@ -215,11 +247,11 @@ def _allocate(match, offered, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, 
     where ``count``. Returns (rate, plain rate, neural k, draft tokens)."""
     rows = match.shape[0]
     src, alt, lengths = ri[0], ri[1], ri[2]
-    _row_probs(match, offered, rowf, bk[3], k_max, probs)
+    _row_probs(match, offered, rowf, bk[4], k_max, probs, lengths, hist)  # lengths: each row's candidates
     for b in range(rows):
-        src[b] = 1 if probs[b, 0] > 0.0 else 0
+        src[b] = 1 if lengths[b] > 0 else 0
     plain = rows / cost_of(rows, curve, index, knot)
-    best, best_bin = _best_threshold(probs, k_max, src, q_nn, k_nn, rows, 0.0, curve, index, knot, hist, tol)
+    best, best_bin = _best_threshold(probs, k_max, src, q_nn, 0, rows, 0.0, curve, index, knot, hist, tol)
     best_k = 0
     if k_nn > 0:  # the neural drafter at each of its lengths, for the rows it drafts better than the automaton
         one = cost_of(rows, curve, index, knot)
@@ -262,11 +294,15 @@ def _allocate(match, offered, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, 
                         break
                     d += 1
             elif src[b] == 1:
-                for i in range(k_max):
-                    p = probs[b, i]
-                    if p <= 0.0 or min(int(p * N_BINS), N_BINS - 1) < best_bin:
-                        break
-                    d += 1
+                # the row's tokens in a bin >= best_bin are a prefix (p falls along the row): bisect for its end
+                lo, hi = 0, lengths[b]
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if probs[b, mid] * N_BINS < best_bin:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                d = lo
         lengths[b] = d
         if d == 0:
             src[b] = 0
@@ -292,41 +328,46 @@ def _allocate(match, offered, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, 
 @njit(cache=True)
 def _score(match, offered, drafts, new, lens, rowf, bk, decay, w):
     """Score each row's offered automaton draft against the tokens it emitted (see DraftPolicy.observe),
-    then re-estimate every bucket from its counts with ``w`` pseudo-tokens of prior."""
+    then re-estimate every bucket from its counts with ``w`` pseudo-tokens of prior. The tokens of one
+    match bucket share its chance: each run of one bucket is counted at once."""
     width = min(drafts.shape[1], new.shape[1])
     for b in range(match.shape[0]):
         n = min(lens[b], offered[b], width)
         if match[b] <= 0 or n <= 0:
             continue
-        rowf[1, b] *= decay
-        rowf[2, b] *= decay
-        j = -1
-        stop = 0
-        p = 0.0
-        for i in range(n):
-            if i >= stop:  # a new match bucket: its chance, shared by the tokens up to its end
-                j = match_bucket(match[b] + i)
-                q = bk[3, j]
-                odds = q / (1.0 - q) * rowf[0, b]
-                p = odds / (1.0 + odds)
-                stop = _bucket_end(j) - match[b]
-            bk[1, j] += 1.0
-            if drafts[b, i] == new[b, i]:
-                bk[0, j] += 1.0
-                rowf[1, b] += 1.0 - p
-            else:
-                rowf[2, b] += p
+        hit = rowf[1, b] * decay
+        miss = rowf[2, b] * decay
+        i = 0
+        while i < n:  # one match bucket per pass: its chance is shared by the tokens up to its end
+            j = match_bucket(match[b] + i)
+            odds = bk[4, j] * rowf[0, b]
+            p = odds / (1.0 + odds)
+            stop = min(n, _bucket_end(j) - match[b])
+            start = i
+            while i < stop and drafts[b, i] == new[b, i]:
+                i += 1
+            hit += (i - start) * (1.0 - p)
+            bk[0, j] += i - start
+            if i < stop:  # a miss ends the row's draft
+                bk[1, j] += i - start + 1
+                miss += p
                 break
-        rowf[0, b] = (1.0 + rowf[1, b]) / (1.0 + rowf[2, b])
+            bk[1, j] += i - start
+        rowf[1, b] = hit
+        rowf[2, b] = miss
+        rowf[0, b] = (1.0 + hit) / (1.0 + miss)
     _estimate(bk, w)
 
 
 @njit(cache=True)
 def _estimate(bk, w):
-    """Each match bucket's acceptance: its counts with ``w`` pseudo-tokens of its prior, kept inside (0, 1)."""
+    """Each match bucket's acceptance: its counts with ``w`` pseudo-tokens of its prior, kept inside (0, 1),
+    and its odds (which the kernels scale by a row's factor)."""
     for j in range(bk.shape[1]):
         p = (bk[0, j] + w * bk[2, j]) / (bk[1, j] + w)
-        bk[3, j] = min(max(p, 1e-6), 1.0 - 1e-6)
+        q = min(max(p, 1e-6), 1.0 - 1e-6)
+        bk[3, j] = q
+        bk[4, j] = q / (1.0 - q)
 
 
 @njit(cache=True)
@@ -352,10 +393,11 @@ def _step(match, offered, drafts, new, lens, seconds, same, k_max, pf, p32, p64,
     rate, plain, _, tokens = _allocate(match, offered, nn_ok, 0.0, 0, 0.0, 0.0, k_max, rowf, bk, probs, ri, hist,
                                        st, True, curve, index, knot, tol)
     width = min(drafts.shape[1], k)
-    for r in range(b):
+    for r in range(b):  # _score reads no further than the offer
+        n = min(offered[r], width)
         prev[r, 0] = match[r]
-        prev[r, 1] = min(offered[r], width)
-        for i in range(width):
+        prev[r, 1] = n
+        for i in range(n):
             prev[r, 2 + i] = drafts[r, i]
     last[0] = b
     last[1] = b + tokens
@@ -547,8 +589,8 @@ class DraftPolicy:
             return
         cap = max(rows, 2 * self._cap)
         self._buffers, v = slab({
-            "rowf": (np.float64, (3, cap)), "bk": (np.float64, (4, N_BUCKETS)),
-            "probs": (np.float64, (cap, self.k_max + 1)), "hist": (np.float64, (3, N_BINS)),
+            "rowf": (np.float64, (3, cap)), "bk": (np.float64, (5, N_BUCKETS)),
+            "probs": (np.float64, (cap, self.k_max + 1)), "hist": (np.float64, (5, N_BINS)),
             "ri": (np.int32, (3, cap)), "prev": (np.int32, (cap, self.k_max + 2)),
             "st": (np.int64, (len(STATS),)), "last": (np.int64, (2,))})
         v["rowf"][0] = 1.0

@@ -339,6 +339,48 @@ def test_step_in_one_call_equals_observe_step_observe_and_decide():
     assert one.stats["timed"] > 20 and one.stats["ignored_timings"] > 20
 
 
+@pytest.mark.parametrize("k_max", [8, 32])
+def test_each_row_takes_the_prefix_of_its_chances_above_one_threshold(k_max):
+    """Whatever the kernel's shortcuts (four tokens off one product, the threshold's end found by
+    bisection), every automaton row's length is the prefix of its draft whose cumulative chance, the
+    product of :meth:`DraftPolicy.q_automaton` along the match, lies in a bin at or above one threshold
+    shared by the step; the rate it expects is the step's expected tokens over its modelled seconds."""
+    rng = np.random.default_rng(11)
+    decisions = []
+    policy = DraftPolicy(k_max, cost=StepCost(linear(6.0, 1.0), max_tokens=64 * (k_max + 1)),
+                         log=decisions.append)
+    b = 24
+    for step in range(200):
+        match = rng.integers(-2, 300, b).astype(np.int32)
+        offered = rng.integers(0, k_max + 1, b).astype(np.int32)
+        drafts = rng.integers(0, 3, (b, k_max)).astype(np.int32)
+        new = drafts.copy()
+        new[rng.random((b, k_max)) < rng.choice([0.0, 0.03, 0.3])] += 1
+        lens = rng.integers(0, k_max + 1, b).astype(np.int32)
+        lengths = policy.step(match, offered, drafts, new, lens, 0.01, True).copy()
+        bins = []  # per row, the bin of each candidate token: the cumulative chance times N_BINS, floored
+        expected = float(b)  # the tokens the step emits on average: every row's own, and its draft's chances
+        for r in range(b):
+            d = min(offered[r], k_max) if match[r] > 0 else 0
+            p, row = 1.0, []
+            for i in range(d):
+                p *= policy.q_automaton(match[r] + i, r)
+                row.append(min(int(p * 64), 63))
+                expected += p if i < lengths[r] else 0.0
+            bins.append(row)
+            assert all(x >= y for x, y in zip(row, row[1:]))  # chances fall along a row
+            assert lengths[r] <= d
+        seconds = float(policy.cost.seconds(b + int(lengths.sum())))
+        assert decisions[-1].rate == pytest.approx(expected / seconds, rel=1e-9), step
+        drafted = [r for r in range(b) if lengths[r] > 0]
+        if not drafted:
+            continue
+        # the threshold: no lower than the lowest bin a row took, above every bin a row left out
+        low = min(bins[r][lengths[r] - 1] for r in drafted)
+        left = [bins[r][lengths[r]] for r in range(b) if lengths[r] < len(bins[r])]
+        assert not left or max(left) < low, step
+
+
 def test_a_batch_that_outgrows_the_state_keeps_every_count_and_estimate():
     """The state lives in buffers sized by the rows seen; a larger batch moves it into new buffers, with
     the bucket estimates, the counters, each request's evidence and the learnt cost unchanged."""

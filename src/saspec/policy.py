@@ -805,7 +805,7 @@ class DraftPolicy:
 
 
 class CatchUpShare:
-    """The share of a neural drafter's catch-up that a step is charged.
+    """The share of a neural drafter's catch-up that a step is charged, and the step's choice with it.
 
     A neural drafter that skipped steps must read what it skipped before it
     drafts again. Charged whole to the step that ends the skip, a long catch-up
@@ -839,15 +839,8 @@ class CatchUpShare:
         self._steps += 1
         self.per_step += (float(tokens) - self.per_step) / min(self._steps, 32)
 
-    def share(self, policy: DraftPolicy, match_len: np.ndarray, offered: np.ndarray, neural_k: int, neural_rows: Any,
-              behind: int, in_step: int, remaining: int | None = None, first: int = 0) -> float:
-        """The share, in (0, 1], of the cost of a catch-up over ``behind`` tokens that this step is charged,
-        where a drafter in step would read ``in_step`` (charged whole) and ``first`` of the others are first
-        reads; the other arguments are ``policy.decide``'s (``remaining``: tokens a row may still emit; None:
-        256 assumed). Call it once per step: it also counts the step's best choice in step."""
-        if not neural_k:
-            return 1.0
-        _, src = policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=in_step, count=False)
+    def _count(self, src: np.ndarray) -> None:
+        """Count a step's best choice in step (``src``: each row's source)."""
         prefer = bool(np.any(src == NEURAL))
         self.prefer_neural = 0.9 * self.prefer_neural + 0.1 * float(prefer)
         if prefer:
@@ -855,6 +848,18 @@ class CatchUpShare:
         elif self._run:
             self.run_len += 0.25 * (self._run - self.run_len)
             self._run = 0
+
+    def share(self, policy: DraftPolicy, match_len: np.ndarray, offered: np.ndarray, neural_k: int, neural_rows: Any,
+              behind: int, in_step: int, remaining: int | None = None, first: int = 0) -> float:
+        """The share, in (0, 1], of the cost of a catch-up over ``behind`` tokens that this step is charged,
+        where a drafter in step would read ``in_step`` (charged whole) and ``first`` of the others are first
+        reads; the other arguments are ``policy.decide``'s (``remaining``: tokens a row may still emit; None:
+        256 assumed). Call it (or :meth:`decide`) once per step: it also counts the step's best choice in
+        step."""
+        if not neural_k:
+            return 1.0
+        _, src = policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=in_step, count=False)
+        self._count(src)
         if behind <= in_step:
             return 1.0
         left = 256 if remaining is None else max(int(remaining), 1)
@@ -865,6 +870,19 @@ class CatchUpShare:
         part = (first / serves_first + (extra - first) / serves_gap) / extra
         whole, own = policy.cost.seconds(behind), policy.cost.seconds(in_step)
         return min(1.0, (own + part * max(whole - own, 0.0)) / whole)
+
+    def decide(self, policy: DraftPolicy, match_len: np.ndarray, offered: np.ndarray, neural_k: int,
+               neural_rows: Any, behind: int, in_step: int, remaining: int | None = None,
+               first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """``policy.decide`` for this step with the catch-up's share charged (arguments as :meth:`share`).
+        Where the drafter is in step (``behind <= in_step``) its choice in step is the step's choice: one
+        allocation, not two."""
+        if neural_k and behind <= in_step:
+            lengths, src = policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=behind)
+            self._count(src)
+            return lengths, src
+        share = self.share(policy, match_len, offered, neural_k, neural_rows, behind, in_step, remaining, first)
+        return policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=behind, catchup_share=share)
 
 
 class SequencePolicy:
@@ -930,9 +948,8 @@ class SequencePolicy:
         self._m[0] = match if sa_len > 0 else 0
         self._off[0] = min(max(int(sa_len), 0), self.k_max)
         k_nn = min(max(int(model_k), 0), self.k_max)
-        share = self.catch_up.share(self.policy, self._m, self._off, k_nn, None, model_behind, 1, remaining,
-                                    first=0 if self._drafted else model_behind)
-        lengths, src = self.policy.decide(self._m, self._off, k_nn, neural_behind=model_behind, catchup_share=share)
+        lengths, src = self.catch_up.decide(self.policy, self._m, self._off, k_nn, None, model_behind, 1, remaining,
+                                            first=0 if self._drafted else model_behind)
         d, s = int(lengths[0]), int(src[0])
         self._drafted |= s == NEURAL
         if s == AUTOMATON:

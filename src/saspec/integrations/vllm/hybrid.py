@@ -247,14 +247,13 @@ class HybridDrafter:
         m[lens == 0] = 0  # a row in prefill drafts nothing
         off = offered.astype(np.int64)
         live = lens > 0
-        behind, share = b, 1.0
         if ends is not None:
             behind = self.catch_up.behind(rids, ends)
             in_step = int(lens[live].sum()) + b  # a forward in step reads each row's new tokens and its extra slot
-            share = self._share.share(p, m, off, self.settings.k, live, behind, in_step,
-                                      first=self.catch_up.first_reads(rids, ends))
-        lengths, src = p.decide(m, off, neural_k=self.settings.k, neural_rows=live, neural_behind=behind,
-                                catchup_share=share)
+            lengths, src = self._share.decide(p, m, off, self.settings.k, live, behind, in_step,
+                                              first=self.catch_up.first_reads(rids, ends))
+        else:
+            lengths, src = p.decide(m, off, neural_k=self.settings.k, neural_rows=live, neural_behind=b)
         k = p.neural_k
         count = np.where(src == AUTOMATON, lengths, 0).astype(np.int32)
         self._nn_len = np.where(src == NEURAL, lengths, 0).astype(np.int32)

@@ -54,6 +54,18 @@ def test_targets_compare_each_saspec_method_with_the_best_ngram_row():
     assert "K = 8 (*-long: 32)" in report and "| 0.5b | code-edit | saspec-long | 1 | 100 | 16.67 |" in report
 
 
+def test_a_run_without_plain_shows_no_identity_count():
+    """Without plain in the run there is nothing to compare outputs with: the report says so ("-"), not 0."""
+    runs = [dict(run("saspec-long", "code-edit", 100, 6.0, 92, 8), same_as_plain=None),
+            dict(run("hybrid", "code-edit", 100, 6.5, 90, 9), same_as_plain=None),
+            run("saspec", "code-edit", 100, 8.0, 80, 20)]
+    summary = bv.summarize(runs)
+    assert summary[("0.5b", "code-edit", "saspec-long")]["identical"] is None
+    assert summary[("0.5b", "code-edit", "saspec")]["identical"] == 1
+    report = bv.format_report({"date": "d", "k": 8, "long_k": 32, "cpus": 2, "cpu": "x", "argv": []}, runs)
+    assert "| -/1 |" in report and "| 1/1 |" in report and "| None |" not in report
+
+
 def test_proposer_cost_cells_time_saspec_without_vllm():
     from saspec_bench.commands import proposer_cost as pc
 

@@ -282,7 +282,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str
             "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
             "tokens_per_forward": tokens / max(tokens - accepted, 1),
             "draft_tokens": sum(r["num_draft_tokens"] for r in rs), "accepted": accepted,
-            "identical": sum(bool(r["same_as_plain"]) for r in rs),
+            # None where plain was not run (nothing to compare with)
+            "identical": None if all(r["same_as_plain"] is None for r in rs) else sum(bool(r["same_as_plain"]) for r in rs),
             "max_contention": max((r["contention"] or 0.0) for r in rs),
         }
     return out
@@ -377,7 +378,7 @@ def format_report(info: dict[str, Any], runs: list[dict[str, Any]]) -> str:
         lines.append(f"| {size} | {kind} | {method} | {v['prompts']} | {v['tokens']} | {v['tok_per_s']:.2f} | "
                      f"{v['decode_tok_per_s']:.2f} | {v['mean_acceptance_length']:.2f} | "
                      f"{v['tokens_per_forward']:.2f} | {v['accepted']} / {v['draft_tokens']} | "
-                     f"{v['identical']}/{v['prompts']} | {v['max_contention']:.2f} |")
+                     f"{'-' if v['identical'] is None else v['identical']}/{v['prompts']} | {v['max_contention']:.2f} |")
     lines += ["", "## Targets", ""] + (target_checks(summary) or ["- (not enough methods run to check)"])
     lines += ["", "## Per prompt", "", "| model | prompt | method | tokens | wall s | prefill s | tok/s | AL | "
               "identical | contention |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -385,7 +386,7 @@ def format_report(info: dict[str, Any], runs: list[dict[str, Any]]) -> str:
         al = 1 + r["num_accepted_tokens"] / r["num_drafts"] if r["num_drafts"] else 1.0
         lines.append(f"| {r['size']} | {r['id']} | {r['method']} | {len(r['tokens'])} | {r['wall_s']:.1f} | "
                      f"{r['prefill_s']:.1f} | {len(r['tokens']) / r['wall_s']:.2f} | {al:.2f} | "
-                     f"{r['same_as_plain']} | {(r['contention'] or 0.0):.2f} |")
+                     f"{'-' if r['same_as_plain'] is None else r['same_as_plain']} | {(r['contention'] or 0.0):.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -923,7 +923,7 @@ class SequencePolicy:
         self._m = np.zeros(1, np.int64)
         self._off = np.zeros(1, np.int64)
         self.catch_up = CatchUpShare()
-        self._drafted = False  # the neural drafter has drafted in this sequence: what it is behind is a gap
+        self._drafted = False  # the neural drafter has drafted in this sequence (begin: a new one): a gap
         self._counts = {"steps": 0, "sa": 0, "draft": 0, "none": 0}
 
     @property
@@ -937,6 +937,12 @@ class SequencePolicy:
     def withdraw_offer(self) -> None:
         """Drop the pending offer unscored (its sequence ended or changed)."""
         self._offer = None
+
+    def begin(self) -> None:
+        """A new sequence starts (a policy may serve several in turn): what the neural drafter has not read of
+        it is a first read (its prompt), not a gap; a pending offer is dropped unscored."""
+        self._offer = None
+        self._drafted = False
 
     def choose(self, match: int, sa_len: int, model_k: int = 0, model_behind: int = 1,
                remaining: int | None = None) -> tuple[str, int]:

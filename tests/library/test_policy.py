@@ -211,6 +211,25 @@ def test_a_catch_up_share_charges_a_gap_over_the_runs_it_serves_and_a_prompt_ove
     assert share.share(policy, m, off, 0, None, behind=101, in_step=1) == 1.0  # no neural drafter this step
 
 
+def test_a_policy_serving_sequences_in_turn_charges_each_prompt_as_a_first_read(monkeypatch):
+    """Once the neural drafter has drafted, what it is behind is a gap; after ``begin`` (a new sequence, as
+    the llama.cpp loop and transformers' ``generate`` call it) it is the new prompt again."""
+    firsts = []
+    decide = CatchUpShare.decide
+
+    def spy(self, *args, **kw):
+        firsts.append(kw.get("first", 0))
+        return decide(self, *args, **kw)
+
+    monkeypatch.setattr(CatchUpShare, "decide", spy)
+    p = SequencePolicy(K)
+    assert p.choose(0, 0, K, 1)[0] == "draft"  # no automaton offer, the drafter in step: it drafts
+    p.choose(0, 0, K, 40)
+    p.begin()
+    p.choose(0, 0, K, 300)
+    assert firsts == [1, 0, 300]
+
+
 def test_a_step_timed_at_zero_or_nan_seconds_is_ignored():
     p = SequencePolicy(K)
     for s in (0.0, -1.0, math.nan, math.inf):

@@ -268,6 +268,8 @@ class SACandidateGenerator:
         self._rule, self.length_scale = rule, float(length_scale)
         self._last_sa = -1  # draft tokens accepted at the last automaton step; -1 when the last step was not one
         self.gate = gate
+        if isinstance(gate, SequencePolicy):
+            gate.begin()  # a given policy may have served an earlier generate call
         self._fallback_started = False
         self._step_end: float | None = None  # when the last step ended (gate clock); None before the prefill's
         self._assist_s = 0.0  # the draft model's time this step (counted as drafting, not as the step)

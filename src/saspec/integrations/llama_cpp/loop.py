@@ -405,7 +405,7 @@ class Speculator:
             res.draft_s += time.perf_counter() - t
         pol, clock = self.policy, self.clock
         if pol is not None:
-            pol.withdraw_offer()  # an offer left by a consumer that stopped early belongs to another sequence
+            pol.begin()  # a new sequence: its prompt is a first read; an offer left by an early stop is dropped
         recent: list[int] = []
         emitted = 0
         while True:

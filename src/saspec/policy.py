@@ -91,8 +91,8 @@ def _bucket_floor() -> np.ndarray:
 
 # -- the allocation kernel -----------------------------------------------------------------------------------
 
-# DraftPolicy's state, likewise in a few arrays (views of three buffers, in the order of DraftPolicy._grow,
-# which _step unpacks):
+# DraftPolicy's state, likewise in a few arrays (views of three buffers, in the order of _SLABS, by which _step
+# finds them):
 #   rowf   float64 [3, rows]: each row's odds factor, and the hits and misses behind it
 #   bk     float64 [5, N_BUCKETS]: each match bucket's hits, trials, prior, estimate, and its odds (q / (1 - q))
 #   probs  float64 [rows, k_max + 1]: the row's cumulative acceptance chances, and its expected tokens (scratch)
@@ -102,6 +102,9 @@ def _bucket_floor() -> np.ndarray:
 #   st     int64 [len(STATS)]: the counters (DraftPolicy.stats)
 #   prev   int32 [rows, k_max + 2]: for DraftPolicy.step, each row's last match, offer and offered draft
 #   last   int64 [2]: the rows and the tokens (rows plus draft tokens) of the last step
+#: The arrays' order in DraftPolicy's slab, by which _step finds them.
+_SLABS = ("rowf", "bk", "probs", "hist", "ri", "prev", "st", "last")
+_ROWF, _BK, _PROBS, _HIST, _RI, _PREV, _STC, _LAST = range(len(_SLABS))
 STATS = ("steps", "rows", "automaton_rows", "neural_rows", "none_rows", "automaton_tokens", "neural_tokens",
          "neural_steps", "plain_steps", "timed", "ignored_timings")
 _ST = {name: i for i, name in enumerate(STATS)}
@@ -376,8 +379,8 @@ def _step(match, offered, drafts, new, lens, seconds, same, k_max, pf, p32, p64,
     """DraftPolicy.step in one call: the last step's timing and scores where ``same``, then this step's
     choice (automaton only). The policy's state comes as its three buffers, the cost's as its two.
     Returns (rate, plain rate)."""
-    rowf, bk, probs, hist = view2(pf, p64, 0), view2(pf, p64, 1), view2(pf, p64, 2), view2(pf, p64, 3)
-    ri, prev, st, last = view2(p32, p64, 4), view2(p32, p64, 5), view1(p64, p64, 6), view1(p64, p64, 7)
+    rowf, bk, probs, hist = view2(pf, p64, _ROWF), view2(pf, p64, _BK), view2(pf, p64, _PROBS), view2(pf, p64, _HIST)
+    ri, prev, st, last = view2(p32, p64, _RI), view2(p32, p64, _PREV), view1(p64, p64, _STC), view1(p64, p64, _LAST)
     curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr = cost_arrays(cf, ci)
     b = match.shape[0]
     rowf, probs, ri = rowf[:, :b], probs[:b], ri[:, :b]
@@ -588,11 +591,11 @@ class DraftPolicy:
         if rows <= self._cap:
             return
         cap = max(rows, 2 * self._cap)
-        self._buffers, v = slab({
-            "rowf": (np.float64, (3, cap)), "bk": (np.float64, (5, N_BUCKETS)),
-            "probs": (np.float64, (cap, self.k_max + 1)), "hist": (np.float64, (5, N_BINS)),
-            "ri": (np.int32, (3, cap)), "prev": (np.int32, (cap, self.k_max + 2)),
-            "st": (np.int64, (len(STATS),)), "last": (np.int64, (2,))})
+        specs = {"rowf": (np.float64, (3, cap)), "bk": (np.float64, (5, N_BUCKETS)),
+                 "probs": (np.float64, (cap, self.k_max + 1)), "hist": (np.float64, (5, N_BINS)),
+                 "ri": (np.int32, (3, cap)), "prev": (np.int32, (cap, self.k_max + 2)),
+                 "st": (np.int64, (len(STATS),)), "last": (np.int64, (2,))}
+        self._buffers, v = slab({name: specs[name] for name in _SLABS})
         v["rowf"][0] = 1.0
         if self._cap:  # the evidence moves to the new buffers
             v["rowf"][:, : self._cap] = self._rowf

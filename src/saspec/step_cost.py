@@ -120,6 +120,9 @@ def _low_quantile(vals, n, q):
 #   scale_buf  float64 [SCALE_WINDOWS * window]: the latest ratios of all knots
 #   ctr     float64 [4]: steps counted, ratios written to scale_buf, timings taken, the global scale
 _STEP, _SEEN, _TIMED, _SCALE = 0, 1, 2, 3
+#: The arrays' order in StepCost's slab, by which cost_arrays finds them.
+_SLABS = ("curve", "index", "knot", "knot_i", "ratios", "steps", "scale_buf", "scratch", "ctr")
+_CURVE, _INDEX, _KNOT, _KNOT_I, _RATIOS, _STEPS, _SCALE_BUF, _SCRATCH, _CTR = range(len(_SLABS))
 
 
 @njit(cache=True)
@@ -140,8 +143,9 @@ def cost_of(n, curve, index, knot):
 @njit(cache=True)
 def cost_arrays(cf, ci):
     """StepCost.arrays() from StepCost.slabs(), inside a kernel."""
-    return (view2(cf, ci, 0), view2(ci, ci, 1), view2(cf, ci, 2), view2(ci, ci, 3), view2(cf, ci, 4),
-            view2(ci, ci, 5), view1(cf, ci, 6), view1(cf, ci, 7), view1(cf, ci, 8))
+    return (view2(cf, ci, _CURVE), view2(ci, ci, _INDEX), view2(cf, ci, _KNOT), view2(ci, ci, _KNOT_I),
+            view2(cf, ci, _RATIOS), view2(ci, ci, _STEPS), view1(cf, ci, _SCALE_BUF), view1(cf, ci, _SCRATCH),
+            view1(cf, ci, _CTR))
 
 
 @njit(cache=True)
@@ -291,12 +295,12 @@ class StepCost:
         pos = np.interp(np.log2(n), logk, np.arange(len(logk), dtype=np.float64))
         lo = np.minimum(pos.astype(np.int64), len(logk) - 2)
         n_knots, w = len(knots), self.window
-        self._buffers, v = slab({
-            "curve": (np.float64, (2, self.max_tokens + 1)), "index": (np.int64, (2, self.max_tokens + 1)),
-            "knot": (np.float64, (4, n_knots)), "knot_i": (np.int64, (2, n_knots)),
-            "ratios": (np.float64, (n_knots, w)), "steps": (np.int64, (n_knots, w)),
-            "scale_buf": (np.float64, (SCALE_WINDOWS * w,)),
-            "scratch": (np.float64, (SCALE_WINDOWS * w + max(w + 1, n_knots),)), "ctr": (np.float64, (4,))})
+        specs = {"curve": (np.float64, (2, self.max_tokens + 1)), "index": (np.int64, (2, self.max_tokens + 1)),
+                 "knot": (np.float64, (4, n_knots)), "knot_i": (np.int64, (2, n_knots)),
+                 "ratios": (np.float64, (n_knots, w)), "steps": (np.int64, (n_knots, w)),
+                 "scale_buf": (np.float64, (SCALE_WINDOWS * w,)),
+                 "scratch": (np.float64, (SCALE_WINDOWS * w + max(w + 1, n_knots),)), "ctr": (np.float64, (4,))}
+        self._buffers, v = slab({name: specs[name] for name in _SLABS})
         self._curve, self._index, self._knot, self._knot_i = v["curve"], v["index"], v["knot"], v["knot_i"]
         self._ratios, self._steps, self._scale_buf, self._scratch, self._ctr = (
             v["ratios"], v["steps"], v["scale_buf"], v["scratch"], v["ctr"])

@@ -184,38 +184,39 @@ def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, 
     hist[0:3, :] = 0.0
     if k_nn == 0:
         hist[0:2, :] = hist[3:5, :]
-    nn_bins = N_BINS if k_nn > 0 else 0  # the neural rows' candidates are alike: counted once, added per row
-    nn_cnt = np.zeros(nn_bins)
-    nn_tot = np.zeros(nn_bins)
-    p = 1.0
-    for i in range(k_nn):
-        p *= q_nn
-        j = min(int(p * N_BINS), N_BINS - 1)
-        nn_cnt[j] += 1.0
-        nn_tot[j] += p
-    for b in range(probs.shape[0]):
-        if src[b] == 2:
-            for j in range(nn_bins):
-                hist[0, j] += nn_cnt[j]
-                hist[1, j] += nn_tot[j]
-        elif src[b] == 1 and k_nn > 0:
-            # p falls along a row, so its bins do too: add each run of one bin at once
-            run_bin, cnt, tot = -1, 0.0, 0.0
-            for i in range(k_max):
-                p = probs[b, i]
-                if p <= 0.0:
-                    break
-                j = min(int(p * N_BINS), N_BINS - 1)
-                if j != run_bin:
-                    if cnt > 0.0:
-                        hist[0, run_bin] += cnt
-                        hist[1, run_bin] += tot
-                    run_bin, cnt, tot = j, 0.0, 0.0
-                cnt += 1.0
-                tot += p
-            if cnt > 0.0:
-                hist[0, run_bin] += cnt
-                hist[1, run_bin] += tot
+    else:
+        # the neural rows' candidates are alike: counted once, added per row
+        nn_cnt = np.zeros(N_BINS)
+        nn_tot = np.zeros(N_BINS)
+        p = 1.0
+        for i in range(k_nn):
+            p *= q_nn
+            j = min(int(p * N_BINS), N_BINS - 1)
+            nn_cnt[j] += 1.0
+            nn_tot[j] += p
+        for b in range(probs.shape[0]):
+            if src[b] == 2:
+                for j in range(N_BINS):
+                    hist[0, j] += nn_cnt[j]
+                    hist[1, j] += nn_tot[j]
+            elif src[b] == 1:
+                # p falls along a row, so its bins do too: add each run of one bin at once
+                run_bin, cnt, tot = -1, 0.0, 0.0
+                for i in range(k_max):
+                    p = probs[b, i]
+                    if p <= 0.0:
+                        break
+                    j = min(int(p * N_BINS), N_BINS - 1)
+                    if j != run_bin:
+                        if cnt > 0.0:
+                            hist[0, run_bin] += cnt
+                            hist[1, run_bin] += tot
+                        run_bin, cnt, tot = j, 0.0, 0.0
+                    cnt += 1.0
+                    tot += p
+                if cnt > 0.0:
+                    hist[0, run_bin] += cnt
+                    hist[1, run_bin] += tot
     plain = base / (cost_of(base, curve, index, knot) + fixed_s)
     best = plain
     best_bin = N_BINS

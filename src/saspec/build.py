@@ -191,6 +191,12 @@ def ingest(buf: np.ndarray, tokens: np.ndarray, policy: int, depth: int, alloc: 
         buf = grow(buf, tokens.shape[0] - i, alloc)
 
 
+def append_fitting(buf: np.ndarray, tokens: np.ndarray, policy: int, depth: int) -> int:
+    """Append validated int32 ``tokens`` to ``buf`` while they fit (never growing it);
+    return how many it took. Runs without the GIL."""
+    return _ingest(buf, tokens, 0, policy, depth)
+
+
 def worst_case_words(n_tokens: int) -> int:
     """An upper bound on the int32 words of any host blob holding ``n_tokens``
     tokens: every suffix automaton of n tokens has at most 2n states and 3n

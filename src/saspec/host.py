@@ -65,6 +65,7 @@ class BlobKind(Protocol):
 
     def build(self, tokens: np.ndarray, headroom: int | None, alloc: Allocator) -> np.ndarray: ...
     def grow(self, blob: np.ndarray, more_tokens: int, alloc: Allocator) -> np.ndarray: ...
+    def append_fitting(self, blob: np.ndarray, tokens: np.ndarray) -> int: ...  # kinds that grow ahead
     def tokens(self, blob: np.ndarray) -> int: ...
     def text(self, blob: np.ndarray) -> np.ndarray: ...
     def run(self, table: np.ndarray, rp: np.ndarray, acc, lens, mout, dout, parallel: bool, ctl) -> int: ...
@@ -93,9 +94,9 @@ class SABlobs:
     def grow(self, blob: np.ndarray, more_tokens: int, alloc: Allocator) -> np.ndarray:
         return build.grow(blob, more_tokens, alloc)
 
-    def append(self, blob: np.ndarray, tokens: np.ndarray, alloc: Allocator) -> np.ndarray:
-        """``blob`` (or a grown copy) with int32 ``tokens`` appended, as a step appends them."""
-        return build.ingest(blob, tokens, self.policy, self.depth, alloc)
+    def append_fitting(self, blob: np.ndarray, tokens: np.ndarray) -> int:
+        """Append int32 ``tokens`` to ``blob`` as a step would, while they fit; how many did."""
+        return build.append_fitting(blob, tokens, self.policy, self.depth)
 
     def tokens(self, blob: np.ndarray) -> int:
         return int(blob[core.H_N])
@@ -121,7 +122,9 @@ class HostSlots:
     also: its request's prompt length, its match in a cross-request pool
     (``pool_state``: state, length, epoch; see ``extend.pool_rows``), and
     ``ahead`` (marked for growth ahead of need, the tokens its request is
-    expected to reach; see ``extend.rows_past_mark``), which a new blob resets.
+    expected to reach; see ``extend.rows_past_mark``), which a new blob resets,
+    and ``parked``: for a slot whose full blob waits for the background thread
+    (see ``HostBackend``), the tokens it could not take yet, in order.
     """
 
     def __init__(self) -> None:
@@ -131,6 +134,7 @@ class HostSlots:
         self.prompt_len = np.zeros(16, dtype=np.int64)
         self.pool_state = np.full((3, 16), -1, dtype=np.int32)
         self.ahead = np.zeros((2, 16), dtype=np.int64)
+        self.parked: dict[int, np.ndarray] = {}
         self._free: list[int] = []
 
     def take(self, blob: np.ndarray, prompt_len: int, expected_tokens: int = 0) -> int:
@@ -165,6 +169,7 @@ class HostSlots:
         """Drop slot ``slot``'s blob and hand the slot out again."""
         self.put(slot, EMPTY_BLOB)
         self.ahead[1, slot] = 0
+        self.parked.pop(slot, None)
         self._free.append(slot)
 
 
@@ -189,6 +194,11 @@ def _grow_ahead(ref: weakref.ref, slots: list[int]) -> None:
         del backend
 
 
+# The most int32 words of blobs one step copies to grow full rows (1 MiB, a few
+# hundred microseconds of copying); other full rows are parked (see HostBackend).
+STEP_GROWTH_WORDS = 1 << 18
+
+
 def _grown(a: np.ndarray, slots: int, fill: int) -> np.ndarray:
     """``a`` (per slot along its last axis) widened to ``slots`` slots, the new ones ``fill``."""
     out = np.full((*a.shape[:-1], slots), fill, dtype=a.dtype)
@@ -205,10 +215,19 @@ class HostBackend:
     rows whose blobs passed their fill mark (``extend.rows_past_mark``) are
     handed to one process-wide background thread, which rebuilds each from its
     text into a larger blob without the engine's lock (and without the GIL), then
-    takes the lock only to append the few tokens the row gained meanwhile and
-    swap it in: a step waits at most for that catch-up. A row that fills up
-    before its turn still grows inside the step, as before. The automaton is the
-    same (the same tokens through the same ``core.extend``), so drafts are too.
+    takes the lock only to append the tokens the row gained meanwhile (no more
+    than the new blob has room for) and swap it in. The automaton is the same
+    (the same tokens through the same ``core.extend``), so drafts are too.
+
+    A row that fills up before its turn is grown inside the step while the
+    step's copies stay within ``step_growth_words`` (a small blob's copy costs
+    less than waiting for it). Past that budget the row is *parked*: its blob is
+    sealed (token capacity set to its count, so the kernels append nothing to it),
+    the tokens it cannot take wait in ``slots.parked``, it reports match 0 and no
+    draft, and the background thread appends them when it swaps the grown blob
+    in. So no step copies more than ``step_growth_words`` words, however many rows
+    fill up at once and however close the steps come; a parked row drafts again
+    from the step after its blob is in.
 
     Args:
         kind: the blobs' kind (``SABlobs`` or ``ngram.NgramBlobs``).
@@ -216,6 +235,7 @@ class HostBackend:
             control words carry (``extend.step``).
         parallel_from: batch size from which steps run ``prange`` kernels.
 
+    ``step_growth_words`` (default ``STEP_GROWTH_WORDS``) may be set per backend.
     ``lock`` is the engine's lock (set by the engine); growth ahead takes it.
     """
 
@@ -236,8 +256,10 @@ class HostBackend:
         self.lock: Any = None
         self._marked = np.zeros(0, dtype=np.int32)  # slots rows_past_mark marked this step
         self._growth: list[Future] = []  # growth ahead handed to the background thread, not yet seen done
+        self.step_growth_words = STEP_GROWTH_WORDS
         self.grown_ahead = 0  # blobs grown ahead of need
         self.grown_in_step = 0  # blobs grown inside a step (full before their turn)
+        self.parked_rows = 0  # rows parked (full before their turn, past the step's budget)
 
     # -- requests (the engine holds its lock, except in ``build``) ------------------
 
@@ -251,8 +273,10 @@ class HostBackend:
         return self.slots.take(blob, prompt_len, expected_tokens)
 
     def text(self, request_id: Hashable, slot: int) -> np.ndarray:
-        """A copy of a request's whole text."""
-        return self.kind.text(self.slots.blobs[slot])
+        """A copy of a request's whole text (parked tokens included)."""
+        text = self.kind.text(self.slots.blobs[slot])
+        parked = self.slots.parked.get(slot)
+        return text if parked is None else np.concatenate((text, parked))
 
     def prompt_len(self, slot: int) -> int:
         return int(self.slots.prompt_len[slot])
@@ -278,10 +302,12 @@ class HostBackend:
         src = None
         if request_pool is not None:  # before anything runs: a rejected call changes nothing
             src = self._check_source(source_out, rp.shape[1], (accepted, accepted_lens, match_len_out, draft_out))
+        parked = self.slots.parked
         code = None
         if (
             self.kind.fused
             and not parallel
+            and not parked  # a parked row's tokens count toward its limit: the checks below
             and type(accepted) is nd
             and type(accepted_lens) is nd
             and type(match_len_out) is nd
@@ -304,24 +330,87 @@ class HostBackend:
             mout = as_int32_array(match_len_out, "match_len_out", 1, writable=True)
             dout = as_int32_array(draft_out, "draft_out", 2, writable=True)
             code = kx.check_step(table, rp, acc, lens, mout, dout, self._ctl, self.kind.n_word)
+            if code == kx.OK and parked:
+                code = self._check_parked(lens)
             if code == kx.OK:
                 code = self._step(parallel, acc, lens, mout, dout)
         if code < 0:
             raise self._rejection(code, batch, acc, lens, dout, mout)
-        while code > 0:  # rows stopped for lack of room: grow their blobs and resume
-            rows, progress = rp[0], rp[1]
-            for r in np.flatnonzero(progress < lens).tolist():
-                slot = int(rows[r])
-                blob = self.slots.blobs[slot]
-                self.slots.put(slot, self.kind.grow(blob, int(lens[r] - progress[r]), self.slots.arena))
-                self.grown_in_step += 1
-            code = self._step(parallel, acc, lens, mout, dout)
+        if code > 0:
+            self._grow_full_rows(parallel, acc, lens, mout, dout)
         if self.kind.grows_ahead:
             n = kx.rows_past_mark(self.slots.table, rp, self.slots.ahead, self._marked)
             if n:
                 self._grow_later(self._marked[:n].tolist())
         if request_pool is not None:
             self._draft_from_pool(request_pool, rp, acc, lens, mout, dout, src)
+        if parked:
+            self._park(acc, lens, mout, dout, src)
+
+    # -- full rows: grown inside the step within its budget, else parked (see the class docstring) --
+
+    def _grow_full_rows(self, parallel: bool, acc, lens, mout, dout) -> None:
+        """Grow the blobs of the rows that stopped for lack of room and resume them,
+        while the step's copies fit ``step_growth_words``; park the others."""
+        s, rows, progress = self.slots, self._rp[0], self._rp[1]
+        budget = self.step_growth_words
+        while True:
+            grew = False
+            for r in np.flatnonzero(progress < lens).tolist():
+                slot = int(rows[r])
+                if slot in s.parked:
+                    continue
+                blob = s.blobs[slot]
+                if blob.shape[0] <= budget or not self.kind.grows_ahead:
+                    budget -= blob.shape[0]
+                    s.put(slot, self.kind.grow(blob, int(lens[r] - progress[r]), s.arena))
+                    self.grown_in_step += 1
+                    grew = True
+                else:
+                    self._seal(slot)
+                    self.parked_rows += 1
+            if not grew:
+                return
+            self._step(parallel, acc, lens, mout, dout)
+
+    def _seal(self, slot: int) -> None:
+        """Park slot ``slot``: its blob takes no more tokens (they wait in ``slots.parked``)
+        until the background thread swaps in a grown one."""
+        s = self.slots
+        blob = s.blobs[slot]
+        blob[core.H_CAP_TOK] = blob[core.H_N]  # core.extend finds no room, and writes nothing
+        s.parked[slot] = np.zeros(0, dtype=np.int32)
+        if not s.ahead[0, slot]:
+            s.ahead[0, slot] = 1
+            self._grow_later([slot])
+
+    def _parked_rows(self) -> np.ndarray:
+        """The batch rows whose slots are parked."""
+        parked = self.slots.parked
+        return np.flatnonzero(np.isin(self._rp[0], np.fromiter(parked, np.int32, len(parked))))
+
+    def _check_parked(self, lens: np.ndarray) -> int:
+        """``check_step``'s token limit for parked rows, counting their parked tokens."""
+        s, limit = self.slots, self._ctl[kx.C_LIMIT]
+        for r in self._parked_rows().tolist():
+            slot = int(self._rp[0, r])
+            total = self.kind.tokens(s.blobs[slot]) + s.parked[slot].shape[0] + int(lens[r])
+            if total > limit:
+                self._ctl[kx.C_ERR], self._ctl[kx.C_ERR + 1] = r, total
+                return kx.TOO_LONG
+        return kx.OK
+
+    def _park(self, acc, lens, mout, dout, src) -> None:
+        """After the step: parked rows keep the tokens their blobs did not take and draft nothing."""
+        s, rows, progress = self.slots, self._rp[0], self._rp[1]
+        for r in self._parked_rows().tolist():
+            slot = int(rows[r])
+            if progress[r] < lens[r]:
+                s.parked[slot] = np.concatenate((s.parked[slot], acc[r, progress[r]: lens[r]]))
+            mout[r] = 0
+            dout[r] = -1
+            if src is not None:
+                src[r] = 0
 
     # -- growth ahead of need (see the class docstring) --------------------------------
 
@@ -330,10 +419,10 @@ class HostBackend:
         self._growth.append(_grower().submit(_grow_ahead, weakref.ref(self), slots))
 
     def wait_growth(self) -> None:
-        """Wait until the growth handed to the background thread so far is done (for tests)."""
-        for f in self._growth:
-            f.result()
-        self._growth = []
+        """Wait until the growth handed to the background thread is done, including
+        what it hands on to itself (for tests)."""
+        while self._growth:
+            self._growth.pop(0).result()
 
     def grow_slot(self, slot: int) -> None:
         """Grow slot ``slot``'s blob if it is still marked: rebuilt from its text without
@@ -344,15 +433,24 @@ class HostBackend:
                 return  # freed or grown since it was marked
             blob = s.blobs[slot]
             text = self.kind.text(blob)
+            waiting = s.parked[slot].shape[0] if slot in s.parked else 0
         n = text.shape[0]
-        new = self.kind.build(text, max(1, int((build.GROWTH - 1) * n)), s.arena)
+        new = self.kind.build(text, max(1, int((build.GROWTH - 1) * n), 2 * waiting), s.arena)
         with self.lock:
             if s.blobs[slot] is not blob:
                 return  # grown inside a step, or freed, meanwhile
             o = int(blob[core.H_O_TEXT])
-            new = self.kind.append(new, blob[o + n: o + int(blob[core.H_N])], s.arena)
+            late = blob[o + n: o + int(blob[core.H_N])]  # appended since the copy
+            parked = s.parked.pop(slot, None)
+            if parked is not None:
+                late = np.concatenate((late, parked))
+                s.pool_state[2, slot] = -1  # its pool match may have been synced from the sealed text
+            took = self.kind.append_fitting(new, late)  # only what fits: no copy under the lock
             s.put(slot, new)
             self.grown_ahead += 1
+            if took < late.shape[0]:  # more came than the grown blob holds: park the rest, grow again
+                self._seal(slot)
+                s.parked[slot] = late[took:].copy()
 
     def _step(self, parallel: bool, acc, lens, mout, dout) -> int:
         s = self.slots
@@ -420,16 +518,18 @@ class HostBackend:
     # -- inspection ------------------------------------------------------------------
 
     def tokens(self, request_id: Hashable, slot: int) -> int:
-        return self.kind.tokens(self.slots.blobs[slot])
+        parked = self.slots.parked.get(slot)
+        return self.kind.tokens(self.slots.blobs[slot]) + (0 if parked is None else parked.shape[0])
 
     def overflowed(self, request_id: Hashable, slot: int) -> bool:
         return False  # host blobs grow
 
     def stats(self, slot_of: dict[Hashable, int]) -> dict[str, int]:
         blobs = [self.slots.blobs[s] for s in slot_of.values()]
-        return {"requests": len(blobs), "tokens": sum(self.kind.tokens(b) for b in blobs),
+        return {"requests": len(blobs), "tokens": sum(self.tokens(r, s) for r, s in slot_of.items()),
                 "bytes": sum(blob_bytes(b) for b in blobs), "overflowed": 0,
-                "grown_ahead": self.grown_ahead, "grown_in_step": self.grown_in_step}
+                "grown_ahead": self.grown_ahead, "grown_in_step": self.grown_in_step,
+                "parked": self.parked_rows}
 
     def blob_copies(self, slot_of: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
         return {r: self.slots.blobs[s].copy() for r, s in slot_of.items()}

@@ -3,6 +3,8 @@ step, and the automaton (so every match and draft) is the one a step's own growt
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -64,3 +66,143 @@ def test_ngram_blobs_still_grow_inside_the_step():
     for _ in range(100):
         eng.extend(acc, lens, mout, dout)
     assert eng.automaton_len("r") == 3 + 100 * (K + 1) and eng._backend.grown_in_step > 0
+
+
+class _HeldGrowth:
+    """Holds an engine's background growth until ``release``: ``where`` "start" holds it before
+    it reads a blob, "swap" after it built the grown blob and before it swaps it in."""
+
+    def __init__(self, eng, where):
+        self.gate = threading.Event()
+        backend, kind = eng._backend, eng._backend.kind
+        if where == "start":
+            real = backend.grow_slot
+            backend.grow_slot = lambda slot: self.gate.wait() and real(slot)
+        else:
+            real = kind.build
+            kind.build = lambda *a: self.wait_then(real(*a))
+
+    def wait_then(self, value):
+        self.gate.wait()
+        return value
+
+    def release(self):
+        self.gate.set()
+
+
+def _copying(eng):
+    """Wrap the engine's in-step growth: returns the list of words copied, one entry per grow."""
+    kind, copied = eng._backend.kind, []
+    real = kind.grow
+    kind.grow = lambda blob, *a: copied.append(blob.shape[0]) or real(blob, *a)
+    return copied
+
+
+def _check_rows(eng, refs, mout, dout, rows):
+    """Rows not parked match their reference automata; parked rows draft nothing. Returns the parked rows."""
+    parked = []
+    for i in rows:
+        assert eng.automaton_len(i) == len(refs[i])  # parked tokens count
+        if mout[i] == 0 and (dout[i] == -1).all() and refs[i].match()[0] > 0:
+            parked.append(i)
+            continue
+        assert mout[i] == refs[i].match()[0] and dout[i].tolist() == reference_draft(refs[i], K)
+    return parked
+
+
+@pytest.mark.parametrize("where", ["start", "swap"])
+def test_a_step_copies_at_most_its_budget_and_parks_the_other_full_rows(where):
+    """Back to back, with the background thread held: every step's in-step copies stay
+    within ``step_growth_words``, rows past it are parked (match 0, no draft, their tokens
+    kept), and once the thread runs every row is the reference automaton again."""
+    rng = np.random.default_rng(5)
+    b = 12
+    prompts = [rng.integers(0, 5, 600) for _ in range(b)]
+    refs = [SuffixAutomaton(p) for p in prompts]
+    eng = SpecEngine()
+    for i, p in enumerate(prompts):
+        eng.add_request(i, p)
+    eng.prepare(list(range(b)))
+    one_blob = eng._blob_copies()[0].shape[0]
+    eng._backend.step_growth_words = 2 * one_blob + 1  # two rows' copies a step
+    held, copied = _HeldGrowth(eng, where), _copying(eng)
+    acc, lens, mout, dout = step_arrays(b)
+    parked_seen = set()
+    for step in range(80):
+        if step == 60:
+            held.release()
+            eng._backend.wait_growth()
+        lens[:] = K + 1  # rows of one prompt length fill up in the same step
+        acc[:] = rng.integers(0, 5, acc.shape)
+        before = len(copied)
+        eng.extend(acc, lens, mout, dout)
+        assert sum(copied[before:]) <= eng._backend.step_growth_words
+        for i in range(b):
+            refs[i].extend(acc[i, : lens[i]])
+        parked = _check_rows(eng, refs, mout, dout, range(b))
+        parked_seen.update(parked)
+        if step > 60:
+            assert parked == []
+    assert len(parked_seen) >= b - 4 and eng.stats()["parked"] >= len(parked_seen)
+    eng._backend.wait_growth()
+    for i in range(b):  # the whole text, parked tokens included, reaches the pool
+        text = eng._backend.text(i, eng._slot[i])
+        assert text.tolist() == refs[i].tokens.tolist()
+
+
+def test_a_catch_up_larger_than_the_grown_blob_parks_the_rest_and_grows_again():
+    """Tokens parked while the grown blob was built may not fit it: the swap appends what
+    fits (no copy under the lock), parks the rest and grows again, and nothing is lost."""
+    rng = np.random.default_rng(6)
+    prompt = rng.integers(0, 4, 300)
+    ref = SuffixAutomaton(prompt)
+    eng = SpecEngine()
+    eng.add_request("r", prompt)
+    eng.prepare(["r"])
+    eng._backend.step_growth_words = 0  # every full row is parked
+    held = _HeldGrowth(eng, "swap")
+    acc, lens, mout, dout = step_arrays(1)
+    lens[0] = K + 1
+    for step in range(400):  # hundreds of tokens parked behind a blob built for the prompt's text
+        acc[0] = rng.integers(0, 4, K + 1)
+        eng.extend(acc, lens, mout, dout)
+        ref.extend(acc[0])
+        assert eng.automaton_len("r") == len(ref)
+    assert eng.stats()["parked"] >= 1
+    grown = eng._backend.grown_ahead
+    held.release()
+    eng._backend.wait_growth()
+    assert eng._backend.grown_ahead >= grown + 2  # the first swap could not take every parked token
+    assert "r" not in [r for r, s in eng._slot.items() if s in eng._backend.slots.parked]
+    lens[0] = 1
+    acc[0, 0] = 2
+    eng.extend(acc, lens, mout, dout)
+    ref.extend(acc[0, :1])
+    assert mout[0] == ref.match()[0] and dout[0].tolist() == reference_draft(ref, K)
+
+
+def test_a_parked_rows_tokens_count_toward_the_token_limit():
+    """The limit check counts a parked row's waiting tokens, and a rejected call changes nothing."""
+    from saspec import extend as kx
+
+    eng = SpecEngine()
+    eng.add_request("r", np.arange(300) % 7)
+    eng.prepare(["r"])
+    eng._backend.step_growth_words = 0
+    held = _HeldGrowth(eng, "start")
+    acc, lens, mout, dout = step_arrays(1)
+    lens[0] = K + 1
+    for _ in range(200):
+        if eng._backend.slots.parked:
+            break
+        eng.extend(acc, lens, mout, dout)
+    assert eng._backend.slots.parked, "the full row was not parked"
+    eng.extend(acc, lens, mout, dout)  # some tokens wait now
+    total = eng.automaton_len("r")
+    assert eng._backend.slots.parked[eng._slot["r"]].shape[0] > 0
+    eng._backend._ctl[kx.C_LIMIT] = total + K  # the blob's own count plus K + 1 would pass
+    before = eng._backend.text("r", eng._slot["r"])
+    with pytest.raises(ValueError, match="would hold"):
+        eng.extend(acc, lens, mout, dout)
+    assert eng._backend.text("r", eng._slot["r"]).tolist() == before.tolist()
+    held.release()

@@ -193,8 +193,9 @@ def bench_tail(batch: int = 64, context: int = 4096, steps: int = 1500, k: int =
     ``batch`` code-like prompts of ``context`` tokens, each accepting ``ACCEPTED``
     tokens a step (copying its prompt) for ``steps`` steps, no ``expected_new_tokens``
     hint. Reports the median, p99 and worst step in µs for the whole batch (the worst
-    is where a step pays blob growth), and how many blobs grew ahead of need or inside
-    a step (where the engine says). One row per gap in ``gaps_s``: the seconds between two
+    is where a step pays blob growth), how many blobs grew ahead of need or inside
+    a step and how many rows were parked (where the engine says), and the row-steps
+    that drafted nothing. One row per gap in ``gaps_s``: the seconds between two
     steps, untimed (0: back to back; a server steps once per model forward, and the
     background growth runs in between)."""
     return [_tail_row(batch, context, steps, k, clock, gap, sleep) for gap in gaps_s]
@@ -208,18 +209,21 @@ def _tail_row(batch: int, context: int, steps: int, k: int, clock: Callable[[], 
     lens, mout, dout = _prepared(eng, prompts, acc)
     eng.extend(acc[0], lens, mout, dout)  # compile / warm
     times = np.empty(steps - 1)
+    undrafted = 0  # row-steps with no match (on this copying stream: rows parked while their blobs grow)
     for s in range(1, steps):
         if gap:
             sleep(gap)
         t0 = clock()
         eng.extend(acc[s], lens, mout, dout)
         times[s - 1] = clock() - t0
+        undrafted += int(np.count_nonzero(mout == 0))
     grown = eng.stats()
     row = {"batch": batch, "context": context, "steps": steps - 1, "gap_ms": gap * 1e3,
            "tokens_per_row": context + ACCEPTED * steps,
            "median_us": float(np.median(times)) * 1e6, "p99_us": float(np.percentile(times, 99)) * 1e6,
            "worst_us": float(times.max()) * 1e6, "mean_us": float(times.mean()) * 1e6,
-           "grown_ahead": grown["grown_ahead"], "grown_in_step": grown["grown_in_step"]}
+           "grown_ahead": grown["grown_ahead"], "grown_in_step": grown["grown_in_step"],
+           "parked": grown.get("parked", -1), "undrafted_row_steps": undrafted}
     progress(f"tail B={batch} ctx {context:,}, {gap * 1e3:g} ms between steps: median {row['median_us']:.1f} us, "
              f"p99 {row['p99_us']:.1f} us, worst {row['worst_us']:.1f} us")
     eng.close()

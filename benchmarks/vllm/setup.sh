@@ -9,4 +9,4 @@ python -m venv "$VENV"
 # pip pulls CUDA-only torchvision/torchaudio/torchcodec, which break `import vllm` (text models need none).
 "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec
 "$VENV/bin/pip" install -e "$ROOT" --no-deps
-cd "$ROOT" && "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_integration_vllm.py tests/test_vllm_hybrid.py tests/test_integration_vllm_real.py
+cd "$ROOT" && PYTHONPATH=src:bench/src "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/integrations/test_vllm.py tests/integrations/test_vllm_hybrid.py tests/integrations/test_vllm_catch_up.py tests/integrations/test_vllm_real.py

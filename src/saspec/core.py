@@ -47,7 +47,11 @@ ends earlier is the state ``link[last]``, and its length is ``length[link[last]]
 (the suffix link of the whole text is, by construction, its longest suffix with
 another end position). ``extend`` records that length and the position where
 the chosen earlier occurrence's continuation starts in the header, so ``match``
-and ``draft`` are O(1) and O(k).
+and ``draft`` are O(1) and O(k). It also records whether the earlier
+occurrences of the matched suffix all went on with the same token (the match
+state has one outgoing edge) or with several (``branched``): a draft after a
+branching match is one guess among several seen, and is accepted far less
+often at the same match length, which the drafting policy uses.
 
 Following another text. ``follow`` matches a text that is not appended to the
 blob (a batch row's text against the shared pool of earlier requests, see
@@ -132,7 +136,8 @@ H_O_STATES = 11  # always HEADER
 H_O_SLOTS = 12
 H_ANCHOR = 13  # NEAR_* policies: where the copy source is expected to continue; -1 if none
 H_O_AUX = 14
-HEADER = 16  # word 15 is reserved
+H_BRANCHED = 15  # 1 where the matched suffix's earlier occurrences went on with more than one token
+HEADER = 16
 
 STATE_WORDS = 4  # hot record
 LEN = 0  # length of the state's longest string
@@ -591,6 +596,8 @@ def _update_match(buf, token, policy, depth, n, s, m):
             buf[H_ANCHOR] = -1
     buf[H_MATCH_LEN] = m
     buf[H_MATCH_POS] = start
+    # s's record was just read or written by extend: one cached read
+    buf[H_BRANCHED] = 1 if m > 0 and buf[_ix(state(buf, s) + DST)] < 0 else 0
     if policy == RECENT or policy == NEAR_RECENT:
         # The states on the suffix-link path of the text are exactly those that
         # gain end position n-1; their old POS was read above.
@@ -607,6 +614,23 @@ def match_len(buf):
     if buf[H_OVERFLOW] != 0:
         return 0
     return buf[H_MATCH_LEN]
+
+
+@register_jitable
+def branched(buf):
+    """1 if the earlier occurrences of the matched suffix went on with more than one
+    distinct token (the draft is one of several continuations seen), else 0 (one
+    continuation, or no match)."""
+    if buf[H_OVERFLOW] != 0 or buf[H_MATCH_LEN] == 0:
+        return 0
+    return buf[H_BRANCHED]
+
+
+@register_jitable
+def state_branches(buf, s):
+    """1 if state ``s`` (> 0) has more than one outgoing edge: the occurrences of its
+    strings went on with several tokens (``follow``'s matches, the pool's)."""
+    return 1 if s > 0 and buf[_ix(state(buf, s) + DST)] < 0 else 0
 
 
 @host_inline
@@ -713,7 +737,7 @@ def copy_into(src, dst):
     _copy_words(src, src[H_O_TEXT], dst, dst[H_O_TEXT], src[H_N])
     _copy_words(src, src[H_O_STATES], dst, dst[H_O_STATES], STATE_WORDS * ns)
     _copy_words(src, src[H_O_AUX], dst, dst[H_O_AUX], AUX_WORDS * ns)
-    for h in (H_N, H_NSTATES, H_LAST, H_MATCH_LEN, H_MATCH_POS, H_OVERFLOW, H_ANCHOR):
+    for h in (H_N, H_NSTATES, H_LAST, H_MATCH_LEN, H_MATCH_POS, H_OVERFLOW, H_ANCHOR, H_BRANCHED):
         dst[h] = src[h]
     size = src[H_HT_SIZE]
     slots = src[H_O_SLOTS]

@@ -256,7 +256,7 @@ class SpecEngine:
             self._batch = ids
 
     def extend(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any,
-               source_out: Any = None) -> None:
+               source_out: Any = None, branch_out: Any = None) -> None:
         """Append accepted tokens, then write match lengths and drafts.
 
         Args:
@@ -272,6 +272,11 @@ class SpecEngine:
                 where the row's match and draft are the pool's, 0 where they
                 are its own automaton's. Pool drafts end where the pooled text
                 did (-1 after).
+            branch_out: int32 [B], written (optional): 1 where the earlier
+                occurrences of the row's match went on with more than one
+                distinct token (its draft is one continuation of several seen,
+                and is accepted far less often at the same match length), 0
+                where they all went on alike or there is no match.
 
         Numpy arrays or CPU torch tensors; outputs are written in place. B must
         equal the batch given to ``prepare``. Raises ``TypeError`` or
@@ -302,7 +307,7 @@ class SpecEngine:
             if self._batch is None:
                 raise RuntimeError("no batch is prepared (or a request in it was removed): call prepare() first")
             self._backend.extend(accepted, accepted_lens, match_len_out, draft_out, source_out, self.request_pool,
-                                 self._batch)
+                                 self._batch, branch_out)
 
     # -- inspection ----------------------------------------------------------
 

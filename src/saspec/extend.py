@@ -139,7 +139,7 @@ def row_len(lens, accepted, b):
 
 
 @njit(inline="always")
-def _row(buf, accepted, lens, progress, match_out, draft_out, b, policy, depth):
+def _row(buf, accepted, lens, progress, match_out, draft_out, branch_out, b, policy, depth):
     n = row_len(lens, accepted, b)
     j = progress[b]
     while j < n:
@@ -151,6 +151,8 @@ def _row(buf, accepted, lens, progress, match_out, draft_out, b, policy, depth):
         return 1
     match_out[b] = core.match_len(buf)
     core.draft(buf, draft_out[b], draft_out.shape[1])
+    if branch_out.shape[0] > b:
+        branch_out[b] = core.branched(buf)
     return 0
 
 
@@ -218,9 +220,10 @@ def _look_ahead(table, slot, accepted, lens, progress, b, hops, first):
 
 
 @njit(nogil=True, cache=True, **core.NO_NRT)
-def extend_rows(table, rp, accepted, lens, match_out, draft_out, policy, depth, lookahead_bytes):
+def extend_rows(table, rp, accepted, lens, match_out, draft_out, branch_out, policy, depth, lookahead_bytes):
     """Serial batch extend, resuming each row at ``rp[1, b]``; returns how
-    many rows stopped for lack of room. When the batch's blobs hold at least
+    many rows stopped for lack of room. ``branch_out`` (int32 [B], or empty
+    for none): each row's ``core.branched``. When the batch's blobs hold at least
     ``lookahead_bytes`` bytes (``LOOKAHEAD_MIN_BYTES`` in the engine), rows
     ahead are prefetched (``_look_ahead``); that writes nothing, so the
     results are the same."""
@@ -237,12 +240,14 @@ def extend_rows(table, rp, accepted, lens, match_out, draft_out, policy, depth, 
             if b + j < nb:
                 _look_ahead(table, rows[b + j], accepted, lens, progress, b + j, LOOKAHEAD + 1 - j,
                             j == LOOKAHEAD or b == 0)
-        blocked += _row(blob_at(table, rows[b]), accepted, lens, progress, match_out, draft_out, b, policy, depth)
+        blocked += _row(blob_at(table, rows[b]), accepted, lens, progress, match_out, draft_out, branch_out, b,
+                        policy, depth)
     return blocked
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def extend_rows_parallel(table, rp, accepted, lens, match_out, draft_out, policy, depth, lookahead_bytes):
+def extend_rows_parallel(table, rp, accepted, lens, match_out, draft_out, branch_out, policy, depth,
+                         lookahead_bytes):
     """``extend_rows`` with the rows spread over threads (no look-ahead:
     ``lookahead_bytes`` is unused). Call it only while holding
     ``PARALLEL_LOCK`` (see there)."""
@@ -250,12 +255,13 @@ def extend_rows_parallel(table, rp, accepted, lens, match_out, draft_out, policy
     progress = rp[1]
     blocked = 0
     for b in prange(rows.shape[0]):
-        blocked += _row(blob_at(table, rows[b]), accepted, lens, progress, match_out, draft_out, b, policy, depth)
+        blocked += _row(blob_at(table, rows[b]), accepted, lens, progress, match_out, draft_out, branch_out, b,
+                        policy, depth)
     return blocked
 
 
 @njit(nogil=True, cache=True, **core.NO_NRT)
-def step(table, rp, accepted, lens, match_out, draft_out, ctl):
+def step(table, rp, accepted, lens, match_out, draft_out, branch_out, ctl):
     """``check_step`` then, if it passed, ``extend_rows``, in one call.
 
     Returns a negative ``check_step`` code (nothing written) or the number of
@@ -264,7 +270,8 @@ def step(table, rp, accepted, lens, match_out, draft_out, ctl):
     code = check_step(table, rp, accepted, lens, match_out, draft_out, ctl, core.H_N)
     if code != OK:
         return code
-    return extend_rows(table, rp, accepted, lens, match_out, draft_out, ctl[C_POLICY], ctl[C_DEPTH], ctl[C_LOOKAHEAD])
+    return extend_rows(table, rp, accepted, lens, match_out, draft_out, branch_out, ctl[C_POLICY], ctl[C_DEPTH],
+                       ctl[C_LOOKAHEAD])
 
 
 # -- growth ahead of need (``host.HostBackend`` grows marked blobs on a background thread) ----------
@@ -360,7 +367,8 @@ def _pool_look_ahead(pool, base, state, slot, accepted, lens, b, hops, epoch):
 
 
 @njit(nogil=True, cache=True, **core.NO_NRT)
-def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, pool, base, state, epoch, sync_tokens):
+def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, branch_out, pool, base, state, epoch,
+              sync_tokens):
     """After a step's own extend: follow each row's accepted tokens in the pool and
     draft from it where its match is strictly longer than the row's own.
 
@@ -368,7 +376,8 @@ def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, pool,
     its pool state, match length and the pool epoch they belong to (another epoch:
     re-match from the row's last ``sync_tokens`` tokens, which include this
     step's). Writes ``source_out[b]`` (1: row b's draft and match are the pool's,
-    0: its own) and, for pool rows, ``match_out[b]`` and ``draft_out[b]``.
+    0: its own) and, for pool rows, ``match_out[b]``, ``draft_out[b]`` and (where
+    ``branch_out`` has the row) whether the pool state branches.
     """
     rows = rp[0]
     nb = rows.shape[0]
@@ -418,6 +427,8 @@ def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, pool,
                 core.draft_from(pool, start, draft_out[b], k, core.SEPARATOR)
                 match_out[b] = state[1, rows[b]]
                 source_out[b] = 1
+                if branch_out.shape[0] > b:
+                    branch_out[b] = core.state_branches(pool, state[0, rows[b]])
 
 
 # Parallel kernels run one at a time in the process. numba's workqueue

@@ -28,7 +28,7 @@ from numba import int32, int64, njit
 from . import build, core
 from . import extend as kx
 from .arena import Allocator, BlobArena, address, blob_bytes
-from .validate import SOURCE_PAIRS, as_int32_array, check_no_overlap, overlap_message
+from .validate import BRANCH_PAIRS, SOURCE_PAIRS, as_int32_array, check_no_overlap, overlap_message
 
 EMPTY_BLOB = build.new_blob(0)  # what a free slot holds
 _I32 = np.dtype(np.int32)  # native byte order
@@ -47,13 +47,13 @@ def _exact_step():
     global _STEP_EXACT
     if _STEP_EXACT is None:
         a1, a2 = int32[::1], int32[:, ::1]
-        sig = int64(int64[:, ::1], a2, a2, a1, a1, a2, int64[::1])
+        sig = int64(int64[:, ::1], a2, a2, a1, a1, a2, a1, int64[::1])
         _STEP_EXACT = njit(sig, nogil=True, cache=True, **core.NO_NRT)(_step_exact_impl)
     return _STEP_EXACT
 
 
-def _step_exact_impl(table, rp, accepted, lens, match_out, draft_out, ctl):
-    return kx.step(table, rp, accepted, lens, match_out, draft_out, ctl)
+def _step_exact_impl(table, rp, accepted, lens, match_out, draft_out, branch_out, ctl):
+    return kx.step(table, rp, accepted, lens, match_out, draft_out, branch_out, ctl)
 
 
 class BlobKind(Protocol):
@@ -68,7 +68,7 @@ class BlobKind(Protocol):
     def append_fitting(self, blob: np.ndarray, tokens: np.ndarray) -> int: ...  # kinds that grow ahead
     def tokens(self, blob: np.ndarray) -> int: ...
     def text(self, blob: np.ndarray) -> np.ndarray: ...
-    def run(self, table: np.ndarray, rp: np.ndarray, acc, lens, mout, dout, parallel: bool, ctl) -> int: ...
+    def run(self, table: np.ndarray, rp: np.ndarray, acc, lens, mout, dout, bout, parallel: bool, ctl) -> int: ...
 
 
 class SABlobs:
@@ -106,11 +106,12 @@ class SABlobs:
         o = int(blob[core.H_O_TEXT])
         return blob[o: o + int(blob[core.H_N])].copy()
 
-    def run(self, table, rp, acc, lens, mout, dout, parallel: bool, ctl) -> int:
+    def run(self, table, rp, acc, lens, mout, dout, bout, parallel: bool, ctl) -> int:
         """One step over the address table; how many rows stopped for lack of room.
-        ``parallel``: the caller holds ``extend.PARALLEL_LOCK``."""
+        ``bout``: int32 [B] for each row's ``core.branched``, or empty. ``parallel``: the
+        caller holds ``extend.PARALLEL_LOCK``."""
         run = kx.extend_rows_parallel if parallel else kx.extend_rows
-        return run(table, rp, acc, lens, mout, dout, self.policy, self.depth, ctl[kx.C_LOOKAHEAD])
+        return run(table, rp, acc, lens, mout, dout, bout, self.policy, self.depth, ctl[kx.C_LOOKAHEAD])
 
 
 class HostSlots:
@@ -253,6 +254,7 @@ class HostBackend:
         self._ctl[kx.C_DEPTH] = depth
         self._ctl[kx.C_LOOKAHEAD] = kx.LOOKAHEAD_MIN_BYTES
         self._source = np.zeros(0, dtype=np.int32)  # source_out when the caller gives none
+        self._no_branch = np.zeros(0, dtype=np.int32)  # branch_out when the caller gives none (never written)
         self.lock: Any = None
         self._marked = np.zeros(0, dtype=np.int32)  # slots rows_past_mark marked this step
         self._growth: list[Future] = []  # growth ahead handed to the background thread, not yet seen done
@@ -295,13 +297,18 @@ class HostBackend:
     # -- the step --------------------------------------------------------------------
 
     def extend(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any, source_out: Any,
-               request_pool: Any, batch: tuple[Hashable, ...]) -> None:
+               request_pool: Any, batch: tuple[Hashable, ...], branch_out: Any = None) -> None:
         """``SpecEngine.extend`` on the host (under the engine's lock; the batch is prepared)."""
         nd = np.ndarray
         rp, parallel, table = self._rp, self._parallel, self.slots.table
+        b = rp.shape[1]
         src = None
+        outs = (accepted, accepted_lens, match_len_out, draft_out)
         if request_pool is not None:  # before anything runs: a rejected call changes nothing
-            src = self._check_source(source_out, rp.shape[1], (accepted, accepted_lens, match_len_out, draft_out))
+            src = self._check_row_out(source_out, "source_out", b, outs, SOURCE_PAIRS)
+        bout = self._no_branch
+        if branch_out is not None:
+            bout = self._check_row_out(branch_out, "branch_out", b, (*outs, source_out), BRANCH_PAIRS)
         parked = self.slots.parked
         code = None
         if (
@@ -320,7 +327,7 @@ class HostBackend:
             # The fast path: one jitted call checks and runs the step.
             try:
                 code = (_STEP_EXACT or _exact_step())(table, rp, accepted, accepted_lens, match_len_out, draft_out,
-                                                      self._ctl)
+                                                      bout, self._ctl)
             except (TypeError, ValueError, NotImplementedError):
                 code = None  # numba rejected an argument's type: the checks below name it
             acc, lens, mout, dout = accepted, accepted_lens, match_len_out, draft_out
@@ -333,23 +340,23 @@ class HostBackend:
             if code == kx.OK and parked:
                 code = self._check_parked(lens)
             if code == kx.OK:
-                code = self._step(parallel, acc, lens, mout, dout)
+                code = self._step(parallel, acc, lens, mout, dout, bout)
         if code < 0:
             raise self._rejection(code, batch, acc, lens, dout, mout)
         if code > 0:
-            self._grow_full_rows(parallel, acc, lens, mout, dout)
+            self._grow_full_rows(parallel, acc, lens, mout, dout, bout)
         if self.kind.grows_ahead:
             n = kx.rows_past_mark(self.slots.table, rp, self.slots.ahead, self._marked)
             if n:
                 self._grow_later(self._marked[:n].tolist())
         if request_pool is not None:
-            self._draft_from_pool(request_pool, rp, acc, lens, mout, dout, src)
+            self._draft_from_pool(request_pool, rp, acc, lens, mout, dout, src, bout)
         if parked:
-            self._park(acc, lens, mout, dout, src)
+            self._park(acc, lens, mout, dout, src, bout)
 
     # -- full rows: grown inside the step within its budget, else parked (see the class docstring) --
 
-    def _grow_full_rows(self, parallel: bool, acc, lens, mout, dout) -> None:
+    def _grow_full_rows(self, parallel: bool, acc, lens, mout, dout, bout) -> None:
         """Grow the blobs of the rows that stopped for lack of room and resume them,
         while the step's copies fit ``step_growth_words``; park the others."""
         s, rows, progress = self.slots, self._rp[0], self._rp[1]
@@ -371,7 +378,7 @@ class HostBackend:
                     self.parked_rows += 1
             if not grew:
                 return
-            self._step(parallel, acc, lens, mout, dout)
+            self._step(parallel, acc, lens, mout, dout, bout)
 
     def _seal(self, slot: int) -> None:
         """Park slot ``slot``: its blob takes no more tokens (they wait in ``slots.parked``)
@@ -400,7 +407,7 @@ class HostBackend:
                 return kx.TOO_LONG
         return kx.OK
 
-    def _park(self, acc, lens, mout, dout, src) -> None:
+    def _park(self, acc, lens, mout, dout, src, bout) -> None:
         """After the step: parked rows keep the tokens their blobs did not take and draft nothing."""
         s, rows, progress = self.slots, self._rp[0], self._rp[1]
         for r in self._parked_rows().tolist():
@@ -411,6 +418,8 @@ class HostBackend:
             dout[r] = -1
             if src is not None:
                 src[r] = 0
+            if bout.shape[0] > r:
+                bout[r] = 0
 
     # -- growth ahead of need (see the class docstring) --------------------------------
 
@@ -452,40 +461,43 @@ class HostBackend:
                 self._seal(slot)
                 s.parked[slot] = late[took:].copy()
 
-    def _step(self, parallel: bool, acc, lens, mout, dout) -> int:
+    def _step(self, parallel: bool, acc, lens, mout, dout, bout) -> int:
         s = self.slots
         if not parallel:
-            return self.kind.run(s.table, self._rp, acc, lens, mout, dout, False, self._ctl)
+            return self.kind.run(s.table, self._rp, acc, lens, mout, dout, bout, False, self._ctl)
         with kx.PARALLEL_LOCK:
-            return self.kind.run(s.table, self._rp, acc, lens, mout, dout, True, self._ctl)
+            return self.kind.run(s.table, self._rp, acc, lens, mout, dout, bout, True, self._ctl)
 
-    def _draft_from_pool(self, request_pool, rp, acc, lens, mout, dout, src) -> None:
+    def _draft_from_pool(self, request_pool, rp, acc, lens, mout, dout, src, bout) -> None:
         """The pool's side of a step: see ``extend.pool_rows``."""
         blob, epoch, base = request_pool.current  # one read: the builder swaps it whole
         if blob[core.H_N] == 0:  # nothing pooled yet: every row keeps its own draft (and its pool state)
             src[:] = 0
             return
-        kx.pool_rows(self.slots.table, rp, acc, lens, mout, dout, src, blob, base, self.slots.pool_state, epoch,
-                     request_pool.sync_tokens)
+        kx.pool_rows(self.slots.table, rp, acc, lens, mout, dout, src, bout, blob, base, self.slots.pool_state,
+                     epoch, request_pool.sync_tokens)
 
-    def _check_source(self, source_out: Any, b: int, others: tuple) -> np.ndarray:
-        """``source_out`` as int32 [B] (a scratch array if None), checked before the step."""
-        if source_out is None:
+    def _check_row_out(self, out: Any, name: str, b: int, others: tuple, pairs: tuple) -> np.ndarray:
+        """An optional per-row output (``source_out``, ``branch_out``) as int32 [B], checked before the
+        step against ``others`` (the step's arrays before it in ``extend``'s order, None where not
+        given); a scratch array where it is None."""
+        if out is None:
             if self._source.shape[0] != b:
                 self._source = np.zeros(b, dtype=np.int32)
             return self._source
         nd = np.ndarray
-        if (type(source_out) is nd and source_out.dtype is _I32 and source_out.ndim == 1
-                and source_out.flags.c_contiguous and source_out.flags.writeable
-                and all(type(x) is nd and x.flags.c_contiguous for x in others)):
-            code = kx.check_source(source_out, b, *others)  # the fast path: one jitted check
+        firsts = others[:4]
+        if (all(x is None for x in others[4:]) and type(out) is nd and out.dtype is _I32 and out.ndim == 1
+                and out.flags.c_contiguous and out.flags.writeable
+                and all(type(x) is nd and x.flags.c_contiguous for x in firsts)):
+            code = kx.check_source(out, b, *firsts)  # the fast path: one jitted check
             if code == -1:
-                return source_out
-        src = as_int32_array(source_out, "source_out", 1, writable=True)
-        if src.shape != (b,):
-            raise ValueError(f"source_out must have shape {(b,)} for batch {b}, got {src.shape}")
-        check_no_overlap((*others, src), SOURCE_PAIRS)
-        return src
+                return out
+        arr = as_int32_array(out, name, 1, writable=True)
+        if arr.shape != (b,):
+            raise ValueError(f"{name} must have shape {(b,)} for batch {b}, got {arr.shape}")
+        check_no_overlap((*others, arr), pairs)
+        return arr
 
     def _rejection(self, code: int, batch: tuple[Hashable, ...], acc, lens, dout, mout) -> Exception:
         """The exception for a negative ``check_step`` code."""

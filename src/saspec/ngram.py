@@ -121,7 +121,8 @@ class NgramBlobs:
     def text(self, blob: np.ndarray) -> np.ndarray:
         return blob[1: 1 + int(blob[0])].copy()
 
-    def run(self, table, rp, acc, lens, mout, dout, parallel: bool, ctl) -> int:
+    def run(self, table, rp, acc, lens, mout, dout, bout, parallel: bool, ctl) -> int:
+        bout[:] = 0  # an n-gram match says nothing of how its earlier occurrences went on
         run = _step_parallel if parallel else _step
         return run(table, rp, acc, lens, mout, dout, self.min_n, self.max_n)
 

@@ -43,7 +43,9 @@ class SingleSequence:
         self._match = np.zeros(1, np.int32)
         self._draft = np.full((1, self.k), -1, np.int32)
         self._src = np.zeros(1, np.int32) if engine.request_pool is not None else None
+        self._branch = np.zeros(1, np.int32)
         self.from_pool = False  # the last extend's match and draft came from the engine's pool
+        self.branched = False  # the last extend's match went on with several tokens earlier (see SpecEngine.extend)
 
     def extend(self, tokens: Sequence[int]) -> tuple[int, list[int]]:
         """Append ``tokens`` (any number, possibly none); return the match
@@ -57,10 +59,11 @@ class SingleSequence:
             chunk, tokens = tokens[: self.k + 1], tokens[self.k + 1:]
             self._acc[0, : len(chunk)] = chunk
             self._lens[0] = len(chunk)
-            self.engine.extend(self._acc, self._lens, self._match, self._draft, self._src)
+            self.engine.extend(self._acc, self._lens, self._match, self._draft, self._src, self._branch)
             if not tokens:
                 break
         self.from_pool = self._src is not None and bool(self._src[0])
+        self.branched = bool(self._branch[0])
         d = self._draft[0]
         n = int(np.argmax(d < 0)) if (d < 0).any() else self.k
         return int(self._match[0]), d[:n].tolist()

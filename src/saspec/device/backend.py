@@ -18,7 +18,7 @@ import numpy as np
 
 from ..arena import blob_bytes
 from ..host import EMPTY_BLOB, HostSlots, SABlobs
-from ..validate import SOURCE_PAIRS, check_no_overlap
+from ..validate import BRANCH_PAIRS, SOURCE_PAIRS, check_no_overlap
 from .prepare import DeviceSlots
 
 
@@ -85,11 +85,14 @@ class DeviceBackend:
                 dev.set_request_pool(blob, epoch, request_pool.sync_tokens)
 
     def extend(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any, source_out: Any,
-               request_pool: Any, batch: tuple[Hashable, ...]) -> None:
-        check_no_overlap((accepted, accepted_lens, match_len_out, draft_out))
+               request_pool: Any, batch: tuple[Hashable, ...], branch_out: Any = None) -> None:
+        arrays = (accepted, accepted_lens, match_len_out, draft_out, source_out, branch_out)
+        check_no_overlap(arrays)
         if source_out is not None:
-            check_no_overlap((accepted, accepted_lens, match_len_out, draft_out, source_out), SOURCE_PAIRS)
-        self.slots.extend(accepted, accepted_lens, match_len_out, draft_out, len(batch), source_out)
+            check_no_overlap(arrays, SOURCE_PAIRS)
+        if branch_out is not None:
+            check_no_overlap(arrays, BRANCH_PAIRS)
+        self.slots.extend(accepted, accepted_lens, match_len_out, draft_out, len(batch), source_out, branch_out)
 
     # -- inspection (these synchronize) --------------------------------------------------
 

@@ -71,23 +71,25 @@ EDGE_WORDS = 3  # payload edge records: (SRC, TOK, DST)
 _ARR1 = int32[::1]
 _ARR2 = int32[:, ::1]
 SIGNATURES: dict[str, tuple] = {
-    "extend_kernel": (_ARR2, _ARR1, _ARR2, _ARR1, _ARR1, _ARR2, int32, int32, _ARR1, _ARR2, _ARR1, _ARR1),
+    "extend_kernel": (_ARR2, _ARR1, _ARR2, _ARR1, _ARR1, _ARR2, int32, int32, _ARR1, _ARR2, _ARR1, _ARR1, _ARR1),
     "unpack_kernel": (_ARR2, _ARR1, int32, int32, int32, int32, int32, int32, _ARR2),
     "link_kernel": (_ARR2, _ARR1, int32, int32, int32, int32, int32, int32),
 }
 
 
 @cuda.jit(device=True)
-def _no_draft(match_out, out, b, k, source_out):
+def _no_draft(match_out, out, b, k, source_out, branch_out):
     match_out[b] = 0
     for j in range(k):
         out[j] = -1
     if b < source_out.shape[0]:
         source_out[b] = 0
+    if b < branch_out.shape[0]:
+        branch_out[b] = 0
 
 
 @cuda.jit(device=True)
-def _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, pool_automaton, pstate, pctl):
+def _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, branch_out, pool_automaton, pstate, pctl):
     """The cross-request pool's side of row ``b`` (``extend.pool_rows`` on the host):
     follow its new tokens in the pool (re-matching its last ``pctl[2]`` tokens when
     its state belongs to another pool epoch than ``pctl[1]``), and draft from the pool
@@ -116,13 +118,15 @@ def _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, pool_aut
             core.draft_from(pool_automaton, start, out, k, core.SEPARATOR)
             match_out[b] = m
             src = 1
+            if b < branch_out.shape[0]:
+                branch_out[b] = core.state_branches(pool_automaton, s)
     if b < source_out.shape[0]:
         source_out[b] = src
 
 
 @cuda.jit(cache=True)
 def extend_kernel(slots, rows, accepted, lens, match_out, draft_out, policy, depth, pool_automaton, pstate, pctl,
-                  source_out):
+                  source_out, branch_out):
     """One decode step; thread ``b`` handles batch row ``b``.
 
     slots: int32 [max_slots, words], one automaton per slot. rows: int32
@@ -132,7 +136,8 @@ def extend_kernel(slots, rows, accepted, lens, match_out, draft_out, policy, dep
     1): pool_automaton, its automaton; pstate: int32 [3, max_slots], each slot's
     state, match length and epoch there; pctl: int32 [3], (in use, epoch, sync tokens);
     source_out: int32 [>= 1], 1 where row b drafted from the pool (written for
-    the rows it has room for).
+    the rows it has room for); branch_out: int32 [>= 1], likewise, 1 where row
+    b's match went on with several tokens earlier (``core.branched``).
     """
     b = cuda.grid(1)
     nb = min(accepted.shape[0], lens.shape[0], match_out.shape[0], draft_out.shape[0])
@@ -144,22 +149,25 @@ def extend_kernel(slots, rows, accepted, lens, match_out, draft_out, policy, dep
     if b < rows[0] and b + 1 < rows.shape[0]:
         slot = rows[1 + b]
     if slot < 0 or slot >= slots.shape[0]:
-        _no_draft(match_out, out, b, k, source_out)
+        _no_draft(match_out, out, b, k, source_out, branch_out)
         return
     buf = slots[slot]
     n = min(max(lens[b], 0), accepted.shape[1])
     for j in range(n):
         token = accepted[b, j]
         if token < 0:
-            _no_draft(match_out, out, b, k, source_out)
+            _no_draft(match_out, out, b, k, source_out, branch_out)
             return
         # int64: the simulator runs the core on numpy scalars, where an int32
         # token would overflow the hash (compiled code widens anyway).
         core.extend_fixed(buf, int64(token), policy, depth)
     match_out[b] = core.match_len(buf)
     core.draft(buf, out, k)
+    if b < branch_out.shape[0]:
+        branch_out[b] = core.branched(buf)
     if pctl[0] != 0 and slot < pstate.shape[1]:
-        _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, pool_automaton, pstate, pctl)
+        _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, branch_out, pool_automaton, pstate,
+                  pctl)
 
 
 @cuda.jit(cache=True)

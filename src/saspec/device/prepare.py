@@ -174,6 +174,7 @@ class DeviceSlots:
         self.pstate = self._dev.full((3, self.max_slots), -1)
         self.pctl = self._dev.full((3,), 0)
         self._no_source = self._dev.full((1,), 0)
+        self._no_branch = self._dev.full((1,), 0)
         self.uploaded_pool: Any = None  # the host pool blob last uploaded
         self._free = list(range(self.max_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self._used = [False] * self.max_slots  # slot held a request before: clear it on reuse
@@ -293,7 +294,7 @@ class DeviceSlots:
         self.uploaded_pool = blob
 
     def extend(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any, batch_len: int,
-               source_out: Any = None) -> None:
+               source_out: Any = None, branch_out: Any = None) -> None:
         """Validate the step's arrays (metadata only) and launch ``extend_kernel``.
 
         B = ``draft_out.shape[0]`` may exceed the prepared batch (``batch_len``):
@@ -305,9 +306,12 @@ class DeviceSlots:
         mout = dev.check(match_len_out, "match_len_out", 1, writable=True)
         dout = dev.check(draft_out, "draft_out", 2, writable=True)
         src = self._no_source if source_out is None else dev.check(source_out, "source_out", 1, writable=True)
+        bout = self._no_branch if branch_out is None else dev.check(branch_out, "branch_out", 1, writable=True)
         b, k = dout.shape
         if source_out is not None and tuple(src.shape) != (b,):
             raise ValueError(f"source_out must have shape {(b,)} for batch {b}, got {tuple(src.shape)}")
+        if branch_out is not None and tuple(bout.shape) != (b,):
+            raise ValueError(f"branch_out must have shape {(b,)} for batch {b}, got {tuple(bout.shape)}")
         if b < batch_len:
             raise ValueError(f"draft_out must have at least {batch_len} rows for the prepared batch, got {b}")
         for name, arr, shape in (
@@ -336,6 +340,7 @@ class DeviceSlots:
             dev.view(self.pstate),
             dev.view(self.pctl),
             dev.view(src),
+            dev.view(bout),
         )
 
     # -- inspection (these synchronize) ---------------------------------------

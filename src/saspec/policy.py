@@ -30,7 +30,12 @@ continues a copy matched over ``m + i`` tokens; its probability comes from
 per-match-bucket counts (``match_bucket(m + i)``) with ``prior_weight``
 pseudo-tokens of prior at odds ``m`` to 1, times the row's own odds factor (a
 Mantel-Haenszel ratio of its recent hits and misses against what was
-predicted). Every offered automaton draft is scored against the tokens the row
+predicted). Where the matched suffix's earlier occurrences went on with
+several tokens (``branched``, from ``SpecEngine.extend``'s ``branch_out``), the
+first draft token is one guess among the continuations seen: it has buckets of
+its own, at prior odds ``m / 4`` to 1 (on recorded code edits and chat, a
+branched match's first token was accepted a third to half as often as an
+unbranched one of the same length; the tokens after it then match as usual). Every offered automaton draft is scored against the tokens the row
 emitted that step, verified or not (:meth:`DraftPolicy.observe`), so the
 automaton needs no exploration. The neural drafter's per-token acceptance is
 learnt from its verified drafts, with ``neural_prior`` as prior; its evidence
@@ -63,8 +68,11 @@ from .validate import check_count
 #: Row sources, as :meth:`DraftPolicy.decide` returns them.
 NONE, AUTOMATON, NEURAL = 0, 1, 2
 SOURCE_NAMES = ("none", "automaton", "neural")
-#: Match-length buckets: 0..7 exactly, then one per doubling.
+#: Match-length buckets: 0..7 exactly, then one per doubling. The bucket table holds them twice: the
+#: second half is the first draft token of a branched match.
 N_BUCKETS = 16
+#: The prior odds of a branched match's first token, as a share of an unbranched one's (m to 1).
+BRANCHED_PRIOR_ODDS = 0.25
 #: Bins of the per-token acceptance histogram the allocation ranks by.
 N_BINS = 64
 
@@ -94,13 +102,14 @@ def _bucket_floor() -> np.ndarray:
 # DraftPolicy's state, likewise in a few arrays (views of three buffers, in the order of _SLABS, by which _step
 # finds them):
 #   rowf   float64 [3, rows]: each row's odds factor, and the hits and misses behind it
-#   bk     float64 [5, N_BUCKETS]: each match bucket's hits, trials, prior, estimate, and its odds (q / (1 - q))
+#   bk     float64 [5, 2 * N_BUCKETS]: each match bucket's hits, trials, prior, estimate, and its odds (q / (1 - q));
+#          the second half: a branched match's first token
 #   probs  float64 [rows, k_max + 1]: the row's cumulative acceptance chances, and its expected tokens (scratch)
 #   ri     int32 [3, rows]: each row's source, a trial source (scratch) and draft length (at first: its candidates)
 #   hist   float64 [5, N_BINS]: the histogram's counts and sums, the rate down to each bin, and the automaton's
 #          own counts and sums (all scratch)
 #   st     int64 [len(STATS)]: the counters (DraftPolicy.stats)
-#   prev   int32 [rows, k_max + 2]: for DraftPolicy.step, each row's last match, offer and offered draft
+#   prev   int32 [rows, k_max + 3]: for DraftPolicy.step, each row's last match, offer, branched and offered draft
 #   last   int64 [2]: the rows and the tokens (rows plus draft tokens) of the last step
 #: The arrays' order in DraftPolicy's slab, by which _step finds them.
 _SLABS = ("rowf", "bk", "probs", "hist", "ri", "prev", "st", "last")
@@ -120,8 +129,18 @@ def _bucket_end(j):
     return 1 << (j - 4)
 
 
+@njit(inline="always")
+def _token_run(match, i, branched, d):
+    """The bucket of a row's draft token ``i`` and where the run of tokens sharing it ends (before ``d``):
+    a branched match's first token has a bucket of its own."""
+    j = match_bucket(match + i)
+    if i == 0 and branched != 0:
+        return N_BUCKETS + j, 1
+    return j, min(d, _bucket_end(j) - match)
+
+
 @njit(cache=True)
-def _row_probs(match, offered, rowf, odds_bucket, k_max, probs, ends, hist):
+def _row_probs(match, offered, branched, rowf, odds_bucket, k_max, probs, ends, hist):
     """probs[b, i]: the chance that the automaton's draft tokens 0..i of row b are all accepted (0 at
     ``ends[b]``, where each row's candidates end, when that is below ``k_max``); the expected accepted
     tokens of each row's whole draft into probs[:, k_max]; every row's candidates counted into the
@@ -137,10 +156,9 @@ def _row_probs(match, offered, rowf, odds_bucket, k_max, probs, ends, hist):
         run_bin, cnt, tot = N_BINS - 1, 0.0, 0.0
         i = 0
         while i < d:
-            j = match_bucket(match[b] + i)
+            j, stop = _token_run(match[b], i, branched[b], d)
             odds = odds_bucket[j] * rowf[0, b]
             a = odds / (1.0 + odds)
-            stop = min(d, _bucket_end(j) - match[b])
             a2 = a * a
             a3, a4 = a2 * a, a2 * a2
             while i < stop:
@@ -245,13 +263,13 @@ def _best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, 
 
 
 @njit(cache=True)
-def _allocate(match, offered, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, bk, probs, ri, hist, st, count,
-              curve, index, knot, tol):
+def _allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, bk, probs, ri, hist, st,
+              count, curve, index, knot, tol):
     """Each row's draft length (ri[2]) and source (ri[0]); see the module doc. Counts the step into ``st``
     where ``count``. Returns (rate, plain rate, neural k, draft tokens)."""
     rows = match.shape[0]
     src, alt, lengths = ri[0], ri[1], ri[2]
-    _row_probs(match, offered, rowf, bk[4], k_max, probs, lengths, hist)  # lengths: each row's candidates
+    _row_probs(match, offered, branched, rowf, bk[4], k_max, probs, lengths, hist)  # lengths: each row's candidates
     for b in range(rows):
         src[b] = 1 if lengths[b] > 0 else 0
     plain = rows / cost_of(rows, curve, index, knot)
@@ -330,7 +348,7 @@ def _allocate(match, offered, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, 
 
 
 @njit(cache=True)
-def _score(match, offered, drafts, new, lens, rowf, bk, decay, w):
+def _score(match, offered, branched, drafts, new, lens, rowf, bk, decay, w):
     """Score each row's offered automaton draft against the tokens it emitted (see DraftPolicy.observe),
     then re-estimate every bucket from its counts with ``w`` pseudo-tokens of prior. The tokens of one
     match bucket share its chance: each run of one bucket is counted at once."""
@@ -343,10 +361,9 @@ def _score(match, offered, drafts, new, lens, rowf, bk, decay, w):
         miss = rowf[2, b] * decay
         i = 0
         while i < n:  # one match bucket per pass: its chance is shared by the tokens up to its end
-            j = match_bucket(match[b] + i)
+            j, stop = _token_run(match[b], i, branched[b], n)
             odds = bk[4, j] * rowf[0, b]
             p = odds / (1.0 + odds)
-            stop = min(n, _bucket_end(j) - match[b])
             start = i
             while i < stop and drafts[b, i] == new[b, i]:
                 i += 1
@@ -375,8 +392,8 @@ def _estimate(bk, w):
 
 
 @njit(cache=True)
-def _step(match, offered, drafts, new, lens, seconds, same, k_max, pf, p32, p64, decay, w, tol, cf, ci, max_age,
-          q):
+def _step(match, offered, branched, drafts, new, lens, seconds, same, k_max, pf, p32, p64, decay, w, tol, cf, ci,
+          max_age, q):
     """DraftPolicy.step in one call: the last step's timing and scores where ``same``, then this step's
     choice (automaton only). The policy's state comes as its three buffers, the cost's as its two.
     Returns (rate, plain rate)."""
@@ -385,24 +402,25 @@ def _step(match, offered, drafts, new, lens, seconds, same, k_max, pf, p32, p64,
     curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr = cost_arrays(cf, ci)
     b = match.shape[0]
     rowf, probs, ri = rowf[:, :b], probs[:b], ri[:, :b]
-    k = prev.shape[1] - 2
+    k = prev.shape[1] - 3
     if same and last[0] == b:
         if observe_cost(last[1], seconds, curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
                          max_age, q):
             st[9] += 1
         else:
             st[10] += 1
-        _score(prev[:b, 0], prev[:b, 1], prev[:b, 2:], new, lens, rowf, bk, decay, w)
+        _score(prev[:b, 0], prev[:b, 1], prev[:b, 2], prev[:b, 3:], new, lens, rowf, bk, decay, w)
     nn_ok = np.zeros(0, np.bool_)
-    rate, plain, _, tokens = _allocate(match, offered, nn_ok, 0.0, 0, 0.0, 0.0, k_max, rowf, bk, probs, ri, hist,
-                                       st, True, curve, index, knot, tol)
+    rate, plain, _, tokens = _allocate(match, offered, branched, nn_ok, 0.0, 0, 0.0, 0.0, k_max, rowf, bk, probs, ri,
+                                       hist, st, True, curve, index, knot, tol)
     width = min(drafts.shape[1], k)
     for r in range(b):  # _score reads no further than the offer
         n = min(offered[r], width)
         prev[r, 0] = match[r]
         prev[r, 1] = n
+        prev[r, 2] = branched[r]
         for i in range(n):
-            prev[r, 2 + i] = drafts[r, i]
+            prev[r, 3 + i] = drafts[r, i]
     last[0] = b
     last[1] = b + tokens
     return rate, plain
@@ -575,8 +593,8 @@ class DraftPolicy:
         self._cap = 0
         self._step_tail: tuple | None = None
         self._grow(1)
-        floor = _bucket_floor()
-        self._bk[2] = floor / (floor + 1.0)
+        odds = np.concatenate((_bucket_floor(), BRANCHED_PRIOR_ODDS * _bucket_floor()))
+        self._bk[2] = odds / (odds + 1.0)
         _estimate(self._bk, self.prior_weight)
 
     @property
@@ -592,9 +610,9 @@ class DraftPolicy:
         if rows <= self._cap:
             return
         cap = max(rows, 2 * self._cap)
-        specs = {"rowf": (np.float64, (3, cap)), "bk": (np.float64, (5, N_BUCKETS)),
+        specs = {"rowf": (np.float64, (3, cap)), "bk": (np.float64, (5, 2 * N_BUCKETS)),
                  "probs": (np.float64, (cap, self.k_max + 1)), "hist": (np.float64, (5, N_BINS)),
-                 "ri": (np.int32, (3, cap)), "prev": (np.int32, (cap, self.k_max + 2)),
+                 "ri": (np.int32, (3, cap)), "prev": (np.int32, (cap, self.k_max + 3)),
                  "st": (np.int64, (len(STATS),)), "last": (np.int64, (2,))}
         self._buffers, v = slab({name: specs[name] for name in _SLABS})
         v["rowf"][0] = 1.0
@@ -606,6 +624,7 @@ class DraftPolicy:
         self._ri, self._prev, self._st, self._last = v["ri"], v["prev"], v["st"], v["last"]
         self.p_bucket = self._bk[3]
         self._nn_ok = np.zeros(cap, np.bool_)
+        self._unbranched = np.zeros(cap, np.int32)  # ``branched`` where the caller gives none
         self._last[0] = -1  # no last step to score: the rows moved
         self._cap = cap
         self._views: tuple | None = None
@@ -670,12 +689,15 @@ class DraftPolicy:
         return v
 
     def decide(self, match_len: np.ndarray, offered: np.ndarray, neural_k: int = 0, neural_rows: Any = None,
-               neural_behind: int = 0, catchup_share: float = 1.0, count: bool = True) -> tuple[np.ndarray, np.ndarray]:
+               neural_behind: int = 0, catchup_share: float = 1.0, count: bool = True,
+               branched: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Each row's draft length and source for this step.
 
         Args:
             match_len: int [B]: each row's match length (tokens; <= 0: no automaton draft).
             offered: int [B]: the automaton draft tokens on offer per row (cut to ``k_max``).
+            branched: int32 [B] or None: 1 where the row's match went on with several tokens
+                earlier (``SpecEngine.extend``'s ``branch_out``); None: none did.
             neural_k: the most tokens the neural drafter makes per row this step (0: none).
             neural_rows: bool [B]: rows the neural drafter may draft for (default all, where
                 ``neural_k > 0``).
@@ -695,6 +717,7 @@ class DraftPolicy:
         b = match_len.shape[0]
         if offered.shape != (b,):
             raise ValueError(f"offered must have shape ({b},), got {offered.shape}")
+        branched = self._branched(branched, b)
         if neural_k < 0:
             raise ValueError(f"neural_k must be >= 0, got {neural_k}")
         if self._rows is not None and len(self._rows) != b:
@@ -707,8 +730,8 @@ class DraftPolicy:
             if not self.catchup_sunk:
                 catch = self.cost.seconds(max(int(neural_behind), 1)) * min(max(float(catchup_share), 0.0), 1.0)
         c = self.cost
-        rate, plain, nk, tokens = _allocate(match_len, offered, nn_ok, q_nn, int(neural_k), ratio, catch, self.k_max,
-                                            rowf, self._bk, probs, ri, self._hist, self._st, bool(count),
+        rate, plain, nk, tokens = _allocate(match_len, offered, branched, nn_ok, q_nn, int(neural_k), ratio, catch,
+                                            self.k_max, rowf, self._bk, probs, ri, self._hist, self._st, bool(count),
                                             *c.arrays()[:3], self.step_tolerance)
         if count:
             self._last[:] = (b, b + tokens)
@@ -718,7 +741,7 @@ class DraftPolicy:
         return lengths, src
 
     def step(self, match_len: np.ndarray, offered: np.ndarray, drafts: np.ndarray, new: np.ndarray,
-             new_lens: np.ndarray, seconds: float, same_rows: bool) -> np.ndarray:
+             new_lens: np.ndarray, seconds: float, same_rows: bool, branched: np.ndarray | None = None) -> np.ndarray:
         """One step of an engine without a neural drafter, in one jitted call: where ``same_rows``,
         first the last step's forward (``seconds``; it verified the rows and the draft tokens the last
         call chose) and what followed each row's last offer, then this step's choice.
@@ -732,6 +755,7 @@ class DraftPolicy:
             seconds: the last step's forward; not finite or not > 0: ignored (counted).
             same_rows: the rows are the last call's requests, in the same order (else nothing is scored
                 or timed: a row's evidence moves with :meth:`rows`).
+            branched: int32 [B] or None: as in :meth:`decide`.
 
         Returns:
             int32 [B]: each row's draft length (a view the next call overwrites).
@@ -751,7 +775,8 @@ class DraftPolicy:
             tail = self._step_tail = (f, c, (self.k_max, f[np.float64], f[np.int32], f[np.int64],
                                              self.settings.row_memory, self.prior_weight, self.step_tolerance,
                                              *c.slabs(), c.max_age, c.quantile))
-        rate, plain = _step(match_len, offered, drafts, new, new_lens, seconds, same_rows, *tail[2])
+        rate, plain = _step(match_len, offered, self._branched(branched, b), drafts, new, new_lens, seconds,
+                            same_rows, *tail[2])
         lengths, src = v[5], v[6]
         self.neural_k = 0
         if self.log is not None:
@@ -784,11 +809,12 @@ class DraftPolicy:
         self._nn_trials += accepted + (1 if accepted < drafted else 0)
 
     def observe(self, match_len: np.ndarray, offered: np.ndarray, drafts: np.ndarray, new: np.ndarray,
-                new_lens: np.ndarray) -> None:
+                new_lens: np.ndarray, branched: np.ndarray | None = None) -> None:
         """Score each row's automaton offer of the last :meth:`decide` against what followed.
 
         Args:
             match_len: int [B]: the match lengths given to :meth:`decide`.
+            branched: int32 [B] or None: as given to :meth:`decide`.
             offered: int [B]: the automaton's offered draft lengths (verified or not).
             drafts: int [B, >= max(offered)]: the offered drafts.
             new: int [B, >= max(new_lens)]: the tokens each row emitted this step.
@@ -797,13 +823,23 @@ class DraftPolicy:
         b = int(match_len.shape[0])
         if not (offered.shape == new_lens.shape == (b,) and drafts.shape[0] == b and new.shape[0] == b):
             raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
-        _score(match_len, offered, drafts, new, new_lens, self._batch(b)[1], self._bk, self.settings.row_memory,
-               self.prior_weight)
+        _score(match_len, offered, self._branched(branched, b), drafts, new, new_lens, self._batch(b)[1], self._bk,
+               self.settings.row_memory, self.prior_weight)
 
-    def q_automaton(self, match: int, row: int = 0) -> float:
+    def _branched(self, branched: Any, b: int) -> np.ndarray:
+        """``branched`` as int32 [b] (zeros where None); raises ``ValueError`` naming a wrong shape."""
+        if branched is None:
+            self._grow(b)
+            return self._unbranched[:b]
+        out = np.asarray(branched)
+        if out.shape != (b,):
+            raise ValueError(f"branched must have shape ({b},), got {out.shape}")
+        return out if out.dtype == np.int32 else out.astype(np.int32)
+
+    def q_automaton(self, match: int, row: int = 0, branched: bool = False) -> float:
         """The estimated chance the automaton's next draft token at a match of ``match`` is accepted
-        (for row ``row`` of the last batch)."""
-        q = self.p_bucket[match_bucket(max(int(match), 0))]
+        (for row ``row`` of the last batch; ``branched``: the match went on with several tokens earlier)."""
+        q = self.p_bucket[match_bucket(max(int(match), 0)) + (N_BUCKETS if branched else 0)]
         odds = q / (1 - q) * self._rowf[0, row]
         return float(odds / (1 + odds))
 
@@ -854,7 +890,8 @@ class CatchUpShare:
             self._run = 0
 
     def share(self, policy: DraftPolicy, match_len: np.ndarray, offered: np.ndarray, neural_k: int, neural_rows: Any,
-              behind: int, in_step: int, remaining: int | None = None, first: int = 0) -> float:
+              behind: int, in_step: int, remaining: int | None = None, first: int = 0,
+              branched: np.ndarray | None = None) -> float:
         """The share, in (0, 1], of the cost of a catch-up over ``behind`` tokens that this step is charged,
         where a drafter in step would read ``in_step`` (charged whole) and ``first`` of the others are first
         reads; the other arguments are ``policy.decide``'s (``remaining``: tokens a row may still emit; None:
@@ -862,7 +899,8 @@ class CatchUpShare:
         step."""
         if not neural_k:
             return 1.0
-        _, src = policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=in_step, count=False)
+        _, src = policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=in_step, count=False,
+                               branched=branched)
         self._count(src)
         if behind <= in_step:
             return 1.0
@@ -877,16 +915,19 @@ class CatchUpShare:
 
     def decide(self, policy: DraftPolicy, match_len: np.ndarray, offered: np.ndarray, neural_k: int,
                neural_rows: Any, behind: int, in_step: int, remaining: int | None = None,
-               first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+               first: int = 0, branched: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``policy.decide`` for this step with the catch-up's share charged (arguments as :meth:`share`).
         Where the drafter is in step (``behind <= in_step``) its choice in step is the step's choice: one
         allocation, not two."""
         if neural_k and behind <= in_step:
-            lengths, src = policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=behind)
+            lengths, src = policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=behind,
+                                         branched=branched)
             self._count(src)
             return lengths, src
-        share = self.share(policy, match_len, offered, neural_k, neural_rows, behind, in_step, remaining, first)
-        return policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=behind, catchup_share=share)
+        share = self.share(policy, match_len, offered, neural_k, neural_rows, behind, in_step, remaining, first,
+                           branched)
+        return policy.decide(match_len, offered, neural_k, neural_rows, neural_behind=behind, catchup_share=share,
+                             branched=branched)
 
 
 class SequencePolicy:
@@ -923,9 +964,10 @@ class SequencePolicy:
         self.policy = DraftPolicy(k_max, cost=cost, settings=settings, log=log, clock=clock)
         self.k_max = self.policy.k_max
         self.clock = clock
-        self._offer: tuple[int, list[int]] | None = None
+        self._offer: tuple[int, list[int], int] | None = None
         self._m = np.zeros(1, np.int64)
         self._off = np.zeros(1, np.int64)
+        self._br = np.zeros(1, np.int32)
         self.catch_up = CatchUpShare()
         self._drafted = False  # the neural drafter has drafted in this sequence (begin: a new one): a gap
         self._counts = {"steps": 0, "sa": 0, "draft": 0, "none": 0}
@@ -934,9 +976,12 @@ class SequencePolicy:
     def stats(self) -> dict[str, int]:
         return {**self.policy.stats, **self._counts}
 
-    def offer(self, match: int, draft: Sequence[int]) -> None:
-        """The automaton's draft this step (before :meth:`choose` cuts it), made at a match of ``match``."""
-        self._offer = (int(match), [int(t) for t in draft][: self.k_max]) if len(draft) and match > 0 else None
+    def offer(self, match: int, draft: Sequence[int], branched: bool = False) -> None:
+        """The automaton's draft this step (before :meth:`choose` cuts it), made at a match of ``match``
+        (``branched``: whose earlier occurrences went on with several tokens, ``SingleSequence.branched``)."""
+        has = len(draft) and match > 0
+        self._offer = (int(match), [int(t) for t in draft][: self.k_max], int(bool(branched))) if has else None
+        self._br[0] = int(bool(branched)) if has else 0
 
     def withdraw_offer(self) -> None:
         """Drop the pending offer unscored (its sequence ended or changed)."""
@@ -959,7 +1004,7 @@ class SequencePolicy:
         self._off[0] = min(max(int(sa_len), 0), self.k_max)
         k_nn = min(max(int(model_k), 0), self.k_max)
         lengths, src = self.catch_up.decide(self.policy, self._m, self._off, k_nn, None, model_behind, 1, remaining,
-                                            first=0 if self._drafted else model_behind)
+                                            first=0 if self._drafted else model_behind, branched=self._br)
         d, s = int(lengths[0]), int(src[0])
         self._drafted |= s == NEURAL
         if s == AUTOMATON:
@@ -1000,9 +1045,10 @@ class SequencePolicy:
         if self._offer is None or not tokens:
             self._offer = None
             return
-        match, draft = self._offer
+        match, draft, branched = self._offer
         self._offer = None
         n = min(len(draft), len(tokens))
         d = np.asarray(draft[:n], np.int64).reshape(1, n)
         t = np.asarray(tokens[:n], np.int64).reshape(1, n)
-        self.policy.observe(np.array([match], np.int64), np.array([n], np.int64), d, t, np.array([n], np.int64))
+        self.policy.observe(np.array([match], np.int64), np.array([n], np.int64), d, t, np.array([n], np.int64),
+                            np.array([branched], np.int32))

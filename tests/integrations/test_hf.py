@@ -503,9 +503,9 @@ def test_policy_times_every_step_but_the_prefill_and_is_offered_every_draft(mode
             timed.append((n_tokens, seconds))
             super().observe_forward(n_tokens, seconds)
 
-        def offer(self, match, draft):
+        def offer(self, match, draft, branched=False):
             offers.append(len(draft))
-            super().offer(match, draft)
+            super().offer(match, draft, branched)
 
     target = models["qwen2", "cycle"]
     prompt = PROMPTS["loop"][1]

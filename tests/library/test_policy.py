@@ -344,17 +344,18 @@ def test_step_in_one_call_equals_observe_step_observe_and_decide():
         drafts = rng.integers(0, 5, (b, K)).astype(np.int32)
         new = rng.integers(0, 5, (b, K + 1)).astype(np.int32)
         lens = rng.integers(0, K + 2, b).astype(np.int32)
+        branched = (rng.random(b) < 0.4).astype(np.int32)
         seconds = float(rng.choice([0.0, math.nan, 0.01 * (1 + rng.random())]))
         same = prev is not None
         if same:
             three.observe_step(b + three.last_tokens, seconds)
-            three.observe(*prev, new, lens)
-        want, _ = three.decide(match, offered)
-        got = one.step(match, offered, drafts, new, lens, seconds, same)
+            three.observe(*prev[:3], new, lens, prev[3])
+        want, _ = three.decide(match, offered, branched=branched)
+        got = one.step(match, offered, drafts, new, lens, seconds, same, branched)
         assert np.array_equal(got, want), step
         assert one.stats == three.stats
         assert np.array_equal(one.p_bucket, three.p_bucket)
-        prev = (match.copy(), np.minimum(offered, K), drafts.copy())
+        prev = (match.copy(), np.minimum(offered, K), drafts.copy(), branched.copy())
     assert one.stats["timed"] > 20 and one.stats["ignored_timings"] > 20
 
 
@@ -376,14 +377,15 @@ def test_each_row_takes_the_prefix_of_its_chances_above_one_threshold(k_max):
         new = drafts.copy()
         new[rng.random((b, k_max)) < rng.choice([0.0, 0.03, 0.3])] += 1
         lens = rng.integers(0, k_max + 1, b).astype(np.int32)
-        lengths = policy.step(match, offered, drafts, new, lens, 0.01, True).copy()
+        branched = (rng.random(b) < 0.3).astype(np.int32)
+        lengths = policy.step(match, offered, drafts, new, lens, 0.01, True, branched).copy()
         bins = []  # per row, the bin of each candidate token: the cumulative chance times N_BINS, floored
         expected = float(b)  # the tokens the step emits on average: every row's own, and its draft's chances
         for r in range(b):
             d = min(offered[r], k_max) if match[r] > 0 else 0
             p, row = 1.0, []
             for i in range(d):
-                p *= policy.q_automaton(match[r] + i, r)
+                p *= policy.q_automaton(match[r] + i, r, branched=bool(branched[r]) and i == 0)
                 row.append(min(int(p * 64), 63))
                 expected += p if i < lengths[r] else 0.0
             bins.append(row)
@@ -432,3 +434,37 @@ def test_step_rejects_arrays_of_other_rows():
     with pytest.raises(ValueError, match="same rows"):
         p.step(m, m, np.zeros((2, K), np.int32), np.zeros((3, 2), np.int32), m, 0.1, False)
     assert p.stats["steps"] == 0
+
+
+def test_a_branched_match_drafts_less_and_its_first_token_is_learnt_apart():
+    """At the same match length, a row whose match went on with several tokens earlier drafts less
+    (its first token's prior odds are a quarter); scoring teaches the branched first token apart from
+    the unbranched buckets, so a text where branched guesses miss and copies hit leaves copies alone."""
+    policy = DraftPolicy(K, cost=StepCost(cpu_like, max_tokens=64 * (K + 1)))
+    b = 8
+    match = np.full(b, 3, np.int32)
+    offered = np.full(b, K, np.int32)
+    branched = np.array([0, 1] * (b // 2), np.int32)
+    lengths, _ = policy.decide(match, offered, branched=branched)
+    assert lengths[branched == 1].sum() < lengths[branched == 0].sum()
+    assert policy.q_automaton(3, branched=True) < 0.6 * policy.q_automaton(3)
+    plain_q = policy.q_automaton(3)
+    drafts = np.tile(np.arange(K, dtype=np.int32), (b, 1))
+    new = drafts.copy()[:, : K]
+    new[branched == 1, 0] = 99  # every branched guess misses at once, every copy runs whole
+    for step in range(40):
+        policy.step(match, offered, drafts, new, np.full(b, K, np.int32), 0.01, step > 0, branched)
+    assert policy.q_automaton(3, branched=True) < 0.05
+    assert policy.q_automaton(3) >= plain_q  # the copies' own bucket is not pulled down by the branched misses
+
+
+def test_sequence_policy_scores_a_branched_offer_in_its_own_bucket():
+    seq = SequencePolicy(K, cost=StepCost(cpu_like, max_tokens=64 * (K + 1)))
+    before = (seq.policy.p_bucket[4], seq.policy.q_automaton(4, branched=True))
+    for _ in range(30):
+        seq.offer(4, list(range(K)), branched=True)
+        seq.choose(4, K)
+        seq.observe_forward(1 + K, 0.01)
+        seq.observe_tokens([50])  # the branched guess misses
+    assert seq.policy.q_automaton(4, branched=True) < before[1] / 2
+    assert seq.policy.p_bucket[4] == before[0]  # the unbranched bucket saw no trial (the row's own factor did)

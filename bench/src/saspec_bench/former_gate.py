@@ -531,9 +531,10 @@ class CostGate:
             self._nn_hits += accepted
             self._nn_misses += miss
 
-    def offer(self, match: int, draft: Sequence[int]) -> None:
+    def offer(self, match: int, draft: Sequence[int], branched: bool = False) -> None:
         """The SA's draft on offer this step (before :meth:`choose` cuts it),
-        made at a match of ``match`` tokens. It is scored against the tokens
+        made at a match of ``match`` tokens (``branched`` is ignored: the gate
+        predates that evidence). It is scored against the tokens
         that follow (:meth:`observe_tokens`), whether it is verified or not;
         one offer is scored at a time, later ones wait for it."""
         if self._offer is None and len(draft) and match > 0:

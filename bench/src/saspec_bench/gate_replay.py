@@ -85,8 +85,9 @@ def bursts(machine: Callable[[int], float], seed: int, share: float = 0.2, lo: f
     return cost
 
 
-def replay(gate: Any, trace: dict[str, Any], cost: Cost, k: int = 8) -> dict[str, Any]:
-    """Greedy decoding of ``trace``'s fixed output with SA drafts chosen by ``gate``.
+def replay(gate: Any, trace: dict[str, Any], cost: Cost, k: int = 8, branched: bool = True) -> dict[str, Any]:
+    """Greedy decoding of ``trace``'s fixed output with SA drafts chosen by ``gate``, each offer saying
+    whether its match branched (``SpecEngine.extend``'s ``branch_out``; never, without ``branched``).
 
     Returns ``choices`` (per step: match length, the gate's source, tokens verified), ``steps`` (per step:
     seconds, tokens emitted), the total ``time`` and the output's ``tokens``."""
@@ -95,14 +96,14 @@ def replay(gate: Any, trace: dict[str, Any], cost: Cost, k: int = 8) -> dict[str
     engine.add_request(0, trace["prompt_ids"])
     engine.prepare([0])
     acc, lens = np.zeros((1, k + 1), np.int32), np.zeros(1, np.int32)
-    match_out, draft_out = np.zeros(1, np.int32), np.zeros((1, k), np.int32)
+    match_out, draft_out, branch = np.zeros(1, np.int32), np.zeros((1, k), np.int32), np.zeros(1, np.int32)
     pos, total, choices, steps, new = 0, 0.0, [], [], []
     while pos < len(output):
         acc[0, : len(new)], lens[0] = new, len(new)
-        engine.extend(acc, lens, match_out, draft_out)
+        engine.extend(acc, lens, match_out, draft_out, None, branch)
         draft = [int(t) for t in draft_out[0] if t >= 0]
         match = int(match_out[0])
-        gate.offer(match, draft)
+        gate.offer(match, draft, branched and bool(branch[0]))
         source, n = gate.choose(match, len(draft))
         if source == "probe":  # one token: the automaton's, else a guess (the last token again)
             verify = draft[:1] or [output[pos - 1] if pos else 0]
@@ -151,7 +152,7 @@ class _Fixed:
     def __init__(self, d: int) -> None:
         self.d = d
 
-    def offer(self, match: int, draft: Any) -> None:
+    def offer(self, match: int, draft: Any, branched: bool = False) -> None:
         pass
 
     def choose(self, match: int, sa_len: int) -> tuple[str, int]:
@@ -181,7 +182,8 @@ PROFILE_SIZES = (1, 2, 3, 5, 9)
 def make(name: str, cost: Cost | None = None) -> Any:
     """A fresh policy: ``policy-cpu`` / ``policy-gpu`` (the prior shape of a CPU / a GPU), ``policy-profiled``
     (the shape profiled up front on ``cost``, under its load, with ``StepCost.profile``; the profile's own
-    time is not counted), or ``gate``."""
+    time is not counted), or ``gate``. A name may end in ``-unbranched`` (see :func:`rule`)."""
+    name = rule(name)[0]
     if name == "gate":
         import warnings
 
@@ -203,11 +205,18 @@ def make(name: str, cost: Cost | None = None) -> Any:
     return SequencePolicy(8, cost=StepCost(cpu_like if name == "policy-cpu" else gpu_like))
 
 
+def rule(name: str) -> tuple[str, bool]:
+    """(the rule, whether its offers say when their match branched): ``NAME-unbranched`` is ``NAME`` never told."""
+    base = name.removesuffix("-unbranched")
+    return base, base == name
+
+
 def main() -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description="the drafting policy replayed over real outputs")
-    ap.add_argument("--rules", nargs="+", default=["policy-cpu", "policy-gpu", "policy-profiled", "gate"])
+    ap.add_argument("--rules", nargs="+", default=["policy-cpu", "policy-gpu", "policy-profiled",
+                                                   "policy-profiled-unbranched", "gate"])
     ap.add_argument("--loads", nargs="+", default=list(LOADS))
     args = ap.parse_args()
     traces = load_traces()
@@ -222,8 +231,9 @@ def main() -> None:
                 plain = [plain_time(t, loaded(machine, load, i)) for i, t in chosen]
                 oracle = sum(plain) / sum(best_fixed(t, loaded(machine, load, i)) for i, t in chosen)
                 cells = []
-                for rule in args.rules:
-                    runs = [replay(make(rule, loaded(machine, load, i)), t, loaded(machine, load, i)) for i, t in chosen]
+                for r in args.rules:
+                    runs = [replay(make(r, loaded(machine, load, i)), t, loaded(machine, load, i), branched=rule(r)[1])
+                            for i, t in chosen]
                     s = summary(runs, plain)
                     cells.append(f"{s['x_plain']:.2f}x / {s['drafted_long']:.0%} / {s['drafted']:.0%}")
                 print(f"| {name} | {load} | {kind} | {oracle:.2f}x | " + " | ".join(cells) + " |", flush=True)

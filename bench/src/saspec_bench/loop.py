@@ -339,6 +339,7 @@ class SADrafter:
         self._seq: SingleSequence | None = None
         self._pending: list[int] = []
         self.match = 0
+        self.branched = False  # the last lookup's match went on with several tokens earlier
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.end()
@@ -349,6 +350,7 @@ class SADrafter:
         """Feed pending tokens; return (match length, draft tokens), the
         draft cut by :meth:`draft_length` unless ``capped`` is False."""
         self.match, draft = self._seq.extend(self._pending)
+        self.branched = self._seq.branched
         self._pending = []
         if capped:
             draft = draft[: self.draft_length(self.match)]
@@ -365,7 +367,7 @@ class SADrafter:
     def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
         if self.gate is not None:
             match, draft = self.lookup(capped=False)
-            self.gate.offer(match, draft)
+            self.gate.offer(match, draft, self.branched)
             if limit == 0:
                 return [], "none"
             draft = draft[: _limited(len(draft), limit)]
@@ -440,7 +442,7 @@ class SAModelDrafter:
         model_k = _limited(self.model.k, limit)
         if self.gate is not None:
             match, draft = self.sa.lookup(capped=False)
-            self.gate.offer(match, draft)
+            self.gate.offer(match, draft, self.sa.branched)
             if limit == 0:
                 self._last = ("none", match, [])
                 return [], "none"

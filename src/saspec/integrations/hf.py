@@ -306,7 +306,7 @@ class SACandidateGenerator:
                 break
         self._step_len, self._assist_s = int(input_ids.shape[1]), 0.0
         if self.gate is not None:
-            self.gate.offer(match, draft)  # scored against what follows, verified or not
+            self.gate.offer(match, draft, self._seq.branched)  # scored against what follows, verified or not
         draft = draft[: max(room, 0)]
         use_sa, use_fallback = bool(draft) and match >= self.threshold, self.fallback is not None and room > 0
         if use_fallback and not self._fallback_started and self.gate is None:

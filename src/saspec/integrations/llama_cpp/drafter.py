@@ -116,6 +116,7 @@ class SADraftModel:
         self._hist = np.zeros(1024, np.int32)  # the history the automaton holds, first _n entries
         self._n = 0
         self.match_len = 0  # the last call's match length in tokens
+        self.branched = False  # the last call's match went on with several tokens earlier (SingleSequence.branched)
         self.source = "none"  # "sa", "pool" or "none" (no draft)
         self.rebuilds = 0
         _register_llama_draft_model(type(self))
@@ -153,7 +154,7 @@ class SADraftModel:
         new = as_history(np.asarray(list(new_tokens), dtype=np.int64))
         self._append(new)
         m, d = self._seq.extend(new.tolist())
-        self.match_len = m
+        self.match_len, self.branched = m, self._seq.branched
         self.source = ("pool" if self._seq.from_pool else "sa") if d else "none"
         return m, d
 

@@ -348,7 +348,7 @@ class Speculator:
         t = time.perf_counter()
         if sa is not None:
             match, offer = sa.lookup(new)
-        pol.offer(match, offer)  # scored against the tokens this step emits, drafted or not
+        pol.offer(match, offer, sa is not None and sa.branched)  # scored against what this step emits, drafted or not
         offer = offer[:cap]
         model_k = min(model.k, cap) if model is not None else 0
         behind = model.behind(new) if model_k else 1

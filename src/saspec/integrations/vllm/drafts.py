@@ -135,6 +135,7 @@ class RequestDrafts:
         self._rows: list[Hashable] = []  # the batch of the last step, in row order
         self._grow(0)  # _ends / _drafted: each of those rows' text length after that step, and its draft tokens
         self.stats = {"built": 0, "built_ahead": 0, "rebuilt": 0, "waited": 0, "finished": 0, "pool_rows": 0}
+        self.branched = np.zeros(0, np.int32)  # the last step's branch flags (see step)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -212,7 +213,8 @@ class RequestDrafts:
             ``(match, draft, count)``: int32 [B] match lengths, int32 [B, k]
             drafts and int32 [B] how many of ``draft[b]`` the row proposes (0
             for skipped rows and matches below ``min_match``). Views into
-            buffers the next call overwrites.
+            buffers the next call overwrites, as is ``self.branched`` (int32 [B]:
+            ``SpecEngine.extend``'s ``branch_out``, 0 for skipped rows).
         """
         b_all = len(rids)
         self._grow(b_all)
@@ -234,16 +236,20 @@ class RequestDrafts:
             self._steps += 1
         if n:
             src = self._src[:n] if self.pool is not None else None
-            self.engine.extend(self._acc[:n], lens, match, draft, src)
+            self.engine.extend(self._acc[:n], lens, match, draft, src, self._branch[:n])
             if src is not None:
                 self.stats["pool_rows"] += int(np.count_nonzero(src))
         _draft_counts(match, draft, self.min_match, self._rule, self.length_scale, lens, before, width, drafted,
                       count, self._ends)
         if n == b_all:
+            self.branched = self._branch[:n]
             return match, draft, count
         m_out, d_out, c_out = self._out_match[:b_all], self._out_draft[:b_all], self._out_count[:b_all]
         m_out[:], c_out[:], d_out[:] = 0, 0, -1
         m_out[rows], d_out[rows], c_out[rows] = match, draft, count
+        self.branched = self._out_branch[:b_all]
+        self.branched[:] = 0
+        self.branched[rows] = self._branch[:n]
         return m_out, d_out, c_out
 
     def _flush(self) -> None:
@@ -306,6 +312,8 @@ class RequestDrafts:
         self._draft = np.zeros((cap, k), np.int32)
         self._count = np.zeros(cap, np.int32)
         self._src = np.zeros(cap, np.int32)
+        self._branch = np.zeros(cap, np.int32)
+        self._out_branch = np.zeros(cap, np.int32)
         self._out_match = np.zeros(cap, np.int32)
         self._out_draft = np.zeros((cap, k), np.int32)
         self._out_count = np.zeros(cap, np.int32)

@@ -142,6 +142,7 @@ class HybridDrafter:
         self._prev = np.zeros((0, settings.sa_tokens), np.int32)  # the last step's automaton offers
         self._prev_match = np.zeros(0, np.int64)
         self._prev_offered = np.zeros(0, np.int64)
+        self._prev_branched = np.zeros(0, np.int32)
         self._prev_rids: list[Hashable] | None = None
         fix_sampled_verification()  # SA drafts are point proposals: they need exact sampled verification
         # The automaton's and the pool's kernels compile now, not inside the first requests' steps.
@@ -240,20 +241,22 @@ class HybridDrafter:
         now = self._clock()
         if same and self._t_merge is not None:
             p.observe_step(self._step_tokens, now - self._t_merge if self._timed else math.nan)
-            p.observe(self._prev_match[:b], self._prev_offered[:b], self._prev[:b], new, lens)
+            p.observe(self._prev_match[:b], self._prev_offered[:b], self._prev[:b], new, lens, self._prev_branched[:b])
         if not same:
             p.rows(rids)
         m = match.astype(np.int64)
         m[lens == 0] = 0  # a row in prefill drafts nothing
         off = offered.astype(np.int64)
         live = lens > 0
+        branched = self.drafts.branched
         if ends is not None:
             behind = self.catch_up.behind(rids, ends)
             in_step = int(lens[live].sum()) + b  # a forward in step reads each row's new tokens and its extra slot
             lengths, src = self._share.decide(p, m, off, self.settings.k, live, behind, in_step,
-                                              first=self.catch_up.first_reads(rids, ends))
+                                              first=self.catch_up.first_reads(rids, ends), branched=branched)
         else:
-            lengths, src = p.decide(m, off, neural_k=self.settings.k, neural_rows=live, neural_behind=b)
+            lengths, src = p.decide(m, off, neural_k=self.settings.k, neural_rows=live, neural_behind=b,
+                                    branched=branched)
         k = p.neural_k
         count = np.where(src == AUTOMATON, lengths, 0).astype(np.int32)
         self._nn_len = np.where(src == NEURAL, lengths, 0).astype(np.int32)
@@ -261,8 +264,9 @@ class HybridDrafter:
             self._prev = np.zeros((max(b, 2 * self._prev.shape[0]), self.settings.sa_tokens), np.int32)
             self._prev_match = np.zeros(self._prev.shape[0], np.int64)
             self._prev_offered = np.zeros(self._prev.shape[0], np.int64)
+            self._prev_branched = np.zeros(self._prev.shape[0], np.int32)
         self._prev[:b] = draft
-        self._prev_match[:b], self._prev_offered[:b] = m, off
+        self._prev_match[:b], self._prev_offered[:b], self._prev_branched[:b] = m, off, branched
         self._prev_rids = rids
         self._step_tokens = int(np.count_nonzero(lens)) + int(lengths.sum())
         return count, k

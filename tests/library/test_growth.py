@@ -98,6 +98,18 @@ def _copying(eng):
     return copied
 
 
+def _filling_batch(rng, b, where):
+    """``b`` rows of one 600-token prompt length (they fill up in the same step), a budget of two rows'
+    copies a step, the growth thread held at ``where``: (engine, reference automata, hold, copies)."""
+    prompts = [rng.integers(0, 5, 600) for _ in range(b)]
+    eng = SpecEngine()
+    for i, p in enumerate(prompts):
+        eng.add_request(i, p)
+    eng.prepare(list(range(b)))
+    eng._backend.step_growth_words = 2 * eng._blob_copies()[0].shape[0] + 1
+    return eng, [SuffixAutomaton(p) for p in prompts], _HeldGrowth(eng, where), _copying(eng)
+
+
 def _check_rows(eng, refs, mout, dout, rows):
     """Rows not parked match their reference automata; parked rows draft nothing. Returns the parked rows."""
     parked = []
@@ -117,15 +129,7 @@ def test_a_step_copies_at_most_its_budget_and_parks_the_other_full_rows(where):
     kept), and once the thread runs every row is the reference automaton again."""
     rng = np.random.default_rng(5)
     b = 12
-    prompts = [rng.integers(0, 5, 600) for _ in range(b)]
-    refs = [SuffixAutomaton(p) for p in prompts]
-    eng = SpecEngine()
-    for i, p in enumerate(prompts):
-        eng.add_request(i, p)
-    eng.prepare(list(range(b)))
-    one_blob = eng._blob_copies()[0].shape[0]
-    eng._backend.step_growth_words = 2 * one_blob + 1  # two rows' copies a step
-    held, copied = _HeldGrowth(eng, where), _copying(eng)
+    eng, refs, held, copied = _filling_batch(rng, b, where)
     acc, lens, mout, dout = step_arrays(b)
     parked_seen = set()
     for step in range(80):
@@ -213,14 +217,7 @@ def test_steps_drain_parked_rows_within_their_budget_while_the_thread_is_busy():
     earliest first, a budget's worth a step: every row drafts again within a few steps."""
     rng = np.random.default_rng(7)
     b = 12
-    prompts = [rng.integers(0, 5, 600) for _ in range(b)]
-    refs = [SuffixAutomaton(p) for p in prompts]
-    eng = SpecEngine()
-    for i, p in enumerate(prompts):
-        eng.add_request(i, p)
-    eng.prepare(list(range(b)))
-    eng._backend.step_growth_words = 2 * eng._blob_copies()[0].shape[0] + 1
-    held, copied = _HeldGrowth(eng, "start"), _copying(eng)
+    eng, refs, held, copied = _filling_batch(rng, b, "start")
     acc, lens, mout, dout = step_arrays(b)
     lens[:] = K + 1
     parked_per_step = []

@@ -2,8 +2,7 @@
 # Create the llama-cpp-python environment that tests/integrations/test_llama_cpp.py and
 # `saspec bench-llama-cpp` use (default /work/venvs/llama, or $1): llama-cpp-python 0.3.36 built from
 # source (CPU, the vendored llama.cpp), plus what the tests and the server need. The build time is printed at
-# the end: 11 min 6 s here on 2 cores shared with another
-# helper's source build that ran at the same time.
+# the end: 6 min 47 s here on 2 cores beside light test runs, 11 min 6 s beside another source build.
 # Run it under the CPU lock on a shared machine:  flock /tmp/saspec-cpu.lock bash benchmarks/llama_cpp/setup.sh
 set -euo pipefail
 VENV="${1:-/work/venvs/llama}"

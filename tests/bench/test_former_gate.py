@@ -327,3 +327,4 @@ def test_a_draft_call_times_its_draft_tokens_in_step_and_its_reading_in_a_catch_
     assert g._draft_seconds() == pytest.approx(0.1)  # the catch-up does not move the draft-token cost
     with pytest.raises(ValueError, match="drafted"):
         g.observe_draft_call(0.1, read=1, drafted=0)
+

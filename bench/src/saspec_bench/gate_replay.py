@@ -132,12 +132,16 @@ def plain_time(trace: dict[str, Any], cost: Cost) -> float:
 
 def summary(runs: list[dict[str, Any]], plain: list[float], long: int = 16) -> dict[str, float]:
     """Speed-up over plain decoding (``plain``: its time per run, under the same load), the share of steps
-    with a match of at least ``long`` tokens that drafted, and the share of steps that drafted at all."""
+    with a match of at least ``long`` tokens that drafted, the share of steps that drafted at all, and the
+    draft tokens verified in vain (``wasted``) and accepted."""
     steps = [c for r in runs for c in r["choices"]]
     longs = [c for c in steps if c[0] >= long]
+    verified = sum(c[2] for c in steps)
+    accepted = sum(n - 1 for r in runs for _, n in r["steps"])
     return {"x_plain": sum(plain) / sum(r["time"] for r in runs),
             "drafted_long": sum(c[2] > 0 for c in longs) / max(len(longs), 1),
-            "drafted": sum(c[2] > 0 for c in steps) / max(len(steps), 1)}
+            "drafted": sum(c[2] > 0 for c in steps) / max(len(steps), 1),
+            "wasted": verified - accepted, "accepted": accepted}
 
 
 def best_fixed(trace: dict[str, Any], cost: Cost, k: int = 8) -> float:
@@ -222,7 +226,7 @@ def main() -> None:
     traces = load_traces()
     kinds = sorted({t["meta"]["workload"] for t in traces})
     print("| machine | load | workload | best fixed length (oracle), x plain | "
-          + " | ".join(f"{r}: x plain / long drafted / drafted" for r in args.rules) + " |")
+          + " | ".join(f"{r}: x plain / long drafted / drafted / in vain" for r in args.rules) + " |")
     print("|---|---|---|---:|" + "---:|" * len(args.rules))
     for name, machine in MACHINES.items():
         for load in args.loads:
@@ -235,7 +239,7 @@ def main() -> None:
                     runs = [replay(make(r, loaded(machine, load, i)), t, loaded(machine, load, i), branched=rule(r)[1])
                             for i, t in chosen]
                     s = summary(runs, plain)
-                    cells.append(f"{s['x_plain']:.2f}x / {s['drafted_long']:.0%} / {s['drafted']:.0%}")
+                    cells.append(f"{s['x_plain']:.2f}x / {s['drafted_long']:.0%} / {s['drafted']:.0%} / {s['wasted']}")
                 print(f"| {name} | {load} | {kind} | {oracle:.2f}x | " + " | ".join(cells) + " |", flush=True)
 
 

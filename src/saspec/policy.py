@@ -392,11 +392,11 @@ def _estimate(bk, w):
 
 
 @njit(cache=True)
-def _step(match, offered, branched, drafts, new, lens, seconds, same, k_max, pf, p32, p64, decay, w, tol, cf, ci,
-          max_age, q):
-    """DraftPolicy.step in one call: the last step's timing and scores where ``same``, then this step's
-    choice (automaton only). The policy's state comes as its three buffers, the cost's as its two.
-    Returns (rate, plain rate)."""
+def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, same, k_max, pf, p32, p64, decay, w,
+          tol, cf, ci, max_age, q):
+    """DraftPolicy.step in one call: the last step's timing (at ``step_tokens`` where > 0, else the rows
+    and drafts it chose) and scores where ``same``, then this step's choice (automaton only). The policy's
+    state comes as its three buffers, the cost's as its two. Returns (rate, plain rate)."""
     rowf, bk, probs, hist = view2(pf, p64, _ROWF), view2(pf, p64, _BK), view2(pf, p64, _PROBS), view2(pf, p64, _HIST)
     ri, prev, st, last = view2(p32, p64, _RI), view2(p32, p64, _PREV), view1(p64, p64, _STC), view1(p64, p64, _LAST)
     curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr = cost_arrays(cf, ci)
@@ -404,7 +404,8 @@ def _step(match, offered, branched, drafts, new, lens, seconds, same, k_max, pf,
     rowf, probs, ri = rowf[:, :b], probs[:b], ri[:, :b]
     k = prev.shape[1] - 3
     if same and last[0] == b:
-        if observe_cost(last[1], seconds, curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
+        timed = step_tokens if step_tokens > 0 else last[1]
+        if observe_cost(timed, seconds, curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
                          max_age, q):
             st[9] += 1
         else:
@@ -741,7 +742,8 @@ class DraftPolicy:
         return lengths, src
 
     def step(self, match_len: np.ndarray, offered: np.ndarray, drafts: np.ndarray, new: np.ndarray,
-             new_lens: np.ndarray, seconds: float, same_rows: bool, branched: np.ndarray | None = None) -> np.ndarray:
+             new_lens: np.ndarray, seconds: float, same_rows: bool, branched: np.ndarray | None = None,
+             step_tokens: int = 0) -> np.ndarray:
         """One step of an engine without a neural drafter, in one jitted call: where ``same_rows``,
         first the last step's forward (``seconds``; it verified the rows and the draft tokens the last
         call chose) and what followed each row's last offer, then this step's choice.
@@ -756,6 +758,9 @@ class DraftPolicy:
             same_rows: the rows are the last call's requests, in the same order (else nothing is scored
                 or timed: a row's evidence moves with :meth:`rows`).
             branched: int32 [B] or None: as in :meth:`decide`.
+            step_tokens: the tokens the timed forward processed, where the engine knows them (vLLM's
+                scheduled tokens: a step that also prefills other requests costs what it processed);
+                0: the rows and draft tokens the last call chose.
 
         Returns:
             int32 [B]: each row's draft length (a view the next call overwrites).
@@ -776,7 +781,7 @@ class DraftPolicy:
                                              self.settings.row_memory, self.prior_weight, self.step_tolerance,
                                              *c.slabs(), c.max_age, c.quantile))
         rate, plain = _step(match_len, offered, self._branched(branched, b), drafts, new, new_lens, seconds,
-                            same_rows, *tail[2])
+                            int(step_tokens), same_rows, *tail[2])
         lengths, src = v[5], v[6]
         self.neural_k = 0
         if self.log is not None:

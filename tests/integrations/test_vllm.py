@@ -759,3 +759,26 @@ def test_a_failing_warm_up_is_logged_and_the_proposer_still_serves(monkeypatch, 
     ids[0, : len(text)] = text
     out = p.propose([[7]], np.array([len(text)], np.int32), ids)
     assert len(out) == 1 and out[0] and out[0] == [8, 5, 6, 7, 8, 5, 6, 7][: len(out[0])] and p.stats["steps"] == 1
+
+
+def test_the_plugin_tells_the_proposer_what_the_timed_forward_processed():
+    """The forward before a ``propose`` processed the scheduler's tokens, prefill chunks included; the
+    plugin hands that count to the proposer with the rows' ids, and the proposer's policy times the
+    forward at it."""
+    from saspec.integrations.vllm import plugin, proposer_config
+
+    proposer = SAProposer(vllm_config(k=8), warm=False)
+    seen = []
+    real_step = proposer.policy.step
+    proposer.policy.step = lambda *a: seen.append(a[-1]) or real_step(*a)
+    runner = SimpleNamespace(speculative_config=SimpleNamespace(**proposer_config()), drafter=proposer,
+                             input_batch=SimpleNamespace(req_ids=["a"]))
+    runner.drafter.schedule([("a", [5, 6, 7, 5, 6], None)], [])
+
+    def vllm_propose(self, scheduler_output, sampled, *a, **k):  # vLLM's own: calls the drafter
+        return self.drafter.propose(sampled, np.array([6], np.int32), np.array([[5, 6, 7, 5, 6, 7]], np.int32))
+
+    wrapped = plugin._wrap_propose(vllm_propose)
+    wrapped(runner, SimpleNamespace(total_num_scheduled_tokens=517), [[7]])
+    wrapped(runner, SimpleNamespace(total_num_scheduled_tokens=3), [[]])
+    assert seen == [517, 3]

@@ -468,3 +468,35 @@ def test_sequence_policy_scores_a_branched_offer_in_its_own_bucket():
         seq.observe_tokens([50])  # the branched guess misses
     assert seq.policy.q_automaton(4, branched=True) < before[1] / 2
     assert seq.policy.p_bucket[4] == before[0]  # the unbranched bucket saw no trial (the row's own factor did)
+
+
+def test_a_step_timed_at_what_it_processed_keeps_prefills_out_of_the_decode_sizes():
+    """A served engine's forwards also carry other requests' prefill chunks (100-400 tokens, every other
+    step here): told what each forward processed (``step_tokens``), the policy learns the engine's curve
+    there and at the sizes it has not timed lately; timed at its own rows and drafts, the prefills' seconds
+    land on its decode sizes and raise the global scale that the sizes it has not timed follow."""
+    cost = linear(40.0, 1.0)  # the engine, in ms: a fixed part and a token's worth per token
+    prefills = np.random.default_rng(4).integers(100, 400, 90)
+
+    def run(told: bool) -> DraftPolicy:
+        p = DraftPolicy(K, cost=StepCost(cpu_like, max_tokens=2048))
+        b = 8
+        match, offered = np.full(b, 6, np.int32), np.full(b, K, np.int32)
+        drafts = np.zeros((b, K), np.int32)
+        new = np.zeros((b, K + 1), np.int32)
+        new[:, 2] = 1  # each row's first two draft tokens are accepted
+        lens = np.full(b, 3, np.int32)
+        chosen = 0
+        for step in range(90):
+            n = b + chosen + (int(prefills[step]) if step % 2 == 0 else 0)
+            got = p.step(match, offered, drafts, new, lens, float(cost(n)) / 1000, step > 0, None, n if told else 0)
+            chosen = int(got.sum())
+        return p
+
+    told, blind = run(True), run(False)
+    assert told.cost.seconds(24) == pytest.approx(float(cost(24)) / 1000, rel=0.05)  # the size it drafts at
+    for n in (72, 408):  # a size not timed lately; a prefill's
+        truth = float(cost(n)) / 1000
+        assert abs(told.cost.seconds(n) - truth) < abs(blind.cost.seconds(n) - truth), n
+    assert told.cost.seconds(408) == pytest.approx(float(cost(408)) / 1000, rel=0.05)
+    assert blind.cost.seconds(408) > 2 * float(cost(408)) / 1000

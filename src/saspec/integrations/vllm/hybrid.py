@@ -177,7 +177,8 @@ class HybridDrafter:
                 self.catch_up.start(rid)
 
     def sa_step(self, req_ids: Sequence[Hashable], sampled: np.ndarray, discard: np.ndarray, text_len: np.ndarray,
-                token_ids: np.ndarray, prefill_end: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+                token_ids: np.ndarray, prefill_end: np.ndarray | None = None,
+                step_tokens: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
         """Append this step's accepted tokens and draft; with :attr:`catch_up`, set :attr:`plan`.
 
         Args:
@@ -188,6 +189,8 @@ class HybridDrafter:
             token_ids: int32 [>= B, width]: each row's text in ``[:text_len[b]]``.
             prefill_end: int [B]: where each discarded row's prefill chunk ends (tokens computed after
                 this step); needed with :attr:`catch_up`.
+            step_tokens: the tokens the forward just run processed (vLLM's scheduled tokens, prefill
+                chunks included), at which the policy times it; 0: the rows and drafts it chose.
 
         Returns:
             ``(count, draft, k)``: int32 [B] SA draft tokens per row (0: not an
@@ -209,7 +212,7 @@ class HybridDrafter:
             if prefill_end is not None:
                 ends = np.where(discard[:b], np.asarray(prefill_end[:b], np.int64), ends)
         if self.policy is not None:
-            count, k = self._choose(req_ids, match, draft, count, new, lens, ends)
+            count, k = self._choose(req_ids, match, draft, count, new, lens, ends, step_tokens)
         else:
             neural = (count == 0) & (lens > 0)
             k = self.settings.k if neural.any() else 0
@@ -230,7 +233,8 @@ class HybridDrafter:
         return count, draft, k
 
     def _choose(self, req_ids: Sequence[Hashable], match: np.ndarray, draft: np.ndarray, offered: np.ndarray,
-                new: np.ndarray, lens: np.ndarray, ends: np.ndarray | None) -> tuple[np.ndarray, int]:
+                new: np.ndarray, lens: np.ndarray, ends: np.ndarray | None, step_tokens: int = 0
+                ) -> tuple[np.ndarray, int]:
         """The policy's step: what the last forward cost and what followed each row's offer, then each
         row's source and length (a draft model that skipped steps charged its catch-up to ``ends``);
         returns the SA counts and the neural drafter's K."""
@@ -240,7 +244,7 @@ class HybridDrafter:
         same = self._prev_rids is not None and rids == self._prev_rids
         now = self._clock()
         if same and self._t_merge is not None:
-            p.observe_step(self._step_tokens, now - self._t_merge if self._timed else math.nan)
+            p.observe_step(step_tokens or self._step_tokens, now - self._t_merge if self._timed else math.nan)
             p.observe(self._prev_match[:b], self._prev_offered[:b], self._prev[:b], new, lens, self._prev_branched[:b])
         if not same:
             p.rows(rids)

@@ -190,7 +190,8 @@ def _wrap_propose(propose: Any) -> Any:
         if drafter is None:
             return propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
         if drafter is self.drafter:  # custom_class: name the rows, vLLM calls the drafter as usual
-            drafter.name_rows(self.input_batch.req_ids)
+            # the forward just run processed these tokens, prefill chunks included: the policy times it at that
+            drafter.name_rows(self.input_batch.req_ids, getattr(scheduler_output, "total_num_scheduled_tokens", 0))
             return propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
         return _propose_hybrid(self, drafter, propose, scheduler_output, sampled_token_ids, args, kwargs)
 
@@ -211,7 +212,8 @@ def _propose_hybrid(runner: Any, hybrid: Any, propose: Any, scheduler_output: An
         prefill_end = batch.num_computed_tokens_cpu[:b] + np.fromiter(
             (scheduled_tokens.get(r, 0) for r in batch.req_ids[:b]), np.int64, b)
     count, draft, k = hybrid.sa_step(batch.req_ids[:b], sampled, discard, batch.num_tokens_no_spec[:b],
-                                     batch.token_ids_cpu, prefill_end)
+                                     batch.token_ids_cpu, prefill_end,
+                                     getattr(scheduler_output, "total_num_scheduled_tokens", 0))
     scheduled = scheduler_output.num_spec_tokens_to_schedule
     scheduler_output.num_spec_tokens_to_schedule = min(scheduled, k)  # the neural drafter's K, or 0
     t0 = time.perf_counter()

@@ -179,6 +179,7 @@ class SAProposer:
                                     ranks=tensor_parallel_ranks(vllm_config))
         self._rows = FingerprintRows(self.max_detached, self.drafts.finish)
         self._ids: list[Hashable] | None = None  # the next step's request ids, from the plugin
+        self._step_tokens = 0  # the tokens the forward before the next propose processed, from the plugin
         self._new = np.zeros((0, self.k + 1), np.int32)  # this step's new tokens per row
         self._text_len = np.zeros(0, np.int32)  # and each row's text length before them
         self._stats = {"steps": 0, "drafted": 0, "draft_tokens": 0, "by_id": 0}
@@ -200,9 +201,11 @@ class SAProposer:
         for rid, prompt, max_new in new_requests:
             self.drafts.start(rid, prompt, max_new)
 
-    def name_rows(self, req_ids: Sequence[Hashable]) -> None:
-        """The request id of each row for the next ``propose`` (from the plugin)."""
+    def name_rows(self, req_ids: Sequence[Hashable], step_tokens: int = 0) -> None:
+        """The request id of each row for the next ``propose``, and the tokens the forward before it
+        processed (prefill chunks included; 0: unknown), from the plugin."""
         self._ids = list(req_ids)
+        self._step_tokens = int(step_tokens)
 
     # -- what vLLM calls --------------------------------------------------------
 
@@ -295,7 +298,8 @@ class SAProposer:
             p.rows(rids)
             self._last_rids = list(rids)
         seconds = now - self._t_return if self._t_return is not None else math.nan
-        return p.step(match, offered, draft, new, lens, seconds, same, self.drafts.branched)
+        step_tokens, self._step_tokens = self._step_tokens, 0
+        return p.step(match, offered, draft, new, lens, seconds, same, self.drafts.branched, step_tokens)
 
     # -- inspection -----------------------------------------------------------------
 

@@ -234,3 +234,59 @@ def test_steps_drain_parked_rows_within_their_budget_while_the_thread_is_busy():
     assert parked_per_step[first + b // 2 + 2:] == [0] * len(parked_per_step[first + b // 2 + 2:])  # ...2 drained a step
     assert eng._backend.grown_ahead == 0  # the thread did none of it
     held.release()
+
+
+@pytest.mark.parametrize("budget", [0, 20_000])
+def test_requests_come_and_go_while_rows_are_parked(budget):
+    """Random arrivals, removals (to a pool) and steps with a small copy budget, the growth thread let run
+    only at random steps (so that rows fill up and park whatever this machine's speed): a row that drafts
+    drafts what a fresh automaton of its text drafts, a parked row drafts nothing, and every removed
+    request's whole text, parked tokens included, reaches the pool."""
+    from saspec import RequestPool
+
+    rng = np.random.default_rng(budget)
+    pool = RequestPool(1 << 20, prompts=True, manual=True)  # whole texts, prompts included
+    eng = SpecEngine(pool=pool)
+    eng._backend.step_growth_words = budget
+    held = _HeldGrowth(eng, "start")
+    texts, next_id, pooled = {}, 0, []
+    for step in range(300):
+        if len(texts) < 6 and rng.random() < 0.3:
+            texts[next_id] = rng.integers(0, 4, int(rng.integers(1, 300))).tolist()
+            eng.add_request(next_id, texts[next_id])
+            next_id += 1
+        if texts and rng.random() < 0.05:
+            rid = list(texts)[int(rng.integers(len(texts)))]
+            eng.remove_request(rid)
+            pooled.append(texts.pop(rid))
+        if not texts:
+            continue
+        ids = list(texts)
+        eng.prepare(ids)
+        b = len(ids)
+        acc, lens, mout, dout = step_arrays(b)
+        lens[:] = rng.integers(0, K + 2, b)
+        acc[:] = rng.integers(0, 4, acc.shape)
+        eng.extend(acc, lens, mout, dout, np.zeros(b, np.int32))
+        for i, rid in enumerate(ids):
+            texts[rid] += acc[i, : lens[i]].tolist()
+            assert eng.automaton_len(rid) == len(texts[rid])
+            if eng._slot[rid] in eng._backend.slots.parked:
+                assert mout[i] == 0 and (dout[i] == -1).all()
+            else:  # the pool is published only at the end: every draft is the row's own
+                ref = SuffixAutomaton(texts[rid])
+                assert mout[i] == ref.match()[0] and dout[i].tolist() == reference_draft(ref, K), (step, rid)
+        if rng.random() < 0.1:  # the thread's turn: every growth handed to it so far
+            held.release()
+            eng._backend.wait_growth()
+            held.gate.clear()
+    held.release()
+    for rid in list(texts):
+        eng.remove_request(rid)
+        pooled.append(texts.pop(rid))
+    pool.publish()
+    pool.flush()
+    pool.publish()
+    assert sorted(t.tolist() for t in pool.texts()) == sorted(pooled)
+    assert budget or eng.stats()["parked"] > 0
+    pool.close()

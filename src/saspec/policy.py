@@ -35,7 +35,8 @@ several tokens (``branched``, from ``SpecEngine.extend``'s ``branch_out``), the
 first draft token is one guess among the continuations seen: it has buckets of
 its own, at prior odds ``m / 4`` to 1 (on recorded code edits and chat, a
 branched match's first token was accepted a third to half as often as an
-unbranched one of the same length; the tokens after it then match as usual). Every offered automaton draft is scored against the tokens the row
+unbranched one of the same length; the tokens after it then match as usual).
+Every offered automaton draft is scored against the tokens the row
 emitted that step, verified or not (:meth:`DraftPolicy.observe`), so the
 automaton needs no exploration. The neural drafter's per-token acceptance is
 learnt from its verified drafts, with ``neural_prior`` as prior; its evidence

@@ -126,7 +126,8 @@ def array_span(x: Any) -> tuple[int, int] | None:
     return (lo, lo + n) if n else None
 
 
-STEP_ARG_NAMES = ("accepted", "accepted_lens", "match_len_out", "draft_out", "source_out", "branch_out")  # extend's order
+# extend's arguments, in its order
+STEP_ARG_NAMES = ("accepted", "accepted_lens", "match_len_out", "draft_out", "source_out", "branch_out")
 OUTPUT_PAIRS = ((0, 2), (0, 3), (1, 2), (1, 3), (2, 3))  # an output and an input, or both outputs
 SOURCE_PAIRS = ((4, 0), (4, 1), (4, 2), (4, 3))  # source_out and each of the others
 BRANCH_PAIRS = ((5, 0), (5, 1), (5, 2), (5, 3), (5, 4))  # branch_out and each of the others

@@ -24,3 +24,9 @@ def test_replay_tells_the_policy_where_a_match_branched():
     blind = [replay(make("policy-cpu"), t, cost, branched=False) for t in chat]
     plain = [plain_time(t, cost) for t in chat]
     assert summary(told, plain)["wasted"] < summary(blind, plain)["wasted"]
+
+
+def test_the_match_capped_rule_drafts_no_more_than_the_match_is_long():
+    rule = make("match-capped")
+    assert rule.choose(1, 8) == ("none", 0) and rule.choose(3, 8) == ("sa", 3) and rule.choose(20, 8) == ("sa", 8)
+    assert rule.choose(5, 0) == ("none", 0)

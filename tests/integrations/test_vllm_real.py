@@ -247,9 +247,9 @@ def test_the_hybrid_is_exact_and_both_sources_are_accepted(tiny):
 def test_the_draft_model_skips_sa_steps_and_reads_them_later_as_well_as_running_every_step(tiny):
     # The target is its own draft model, so a neural draft is accepted whole where the draft model's KV
     # cache holds the text: a hole left by a skipped step would show as rejected neural drafts (a build
-    # with a deliberate hole accepted 10 of 272). A model with peaked logits, so that the rounding of a
-    # catch-up forward over many tokens against one-token forwards does not flip near-tied argmaxes,
-    # which the nearly flat default model does in a run-dependent share of its drafts.
+    # with a deliberate hole accepted 10 of 272). A model with less flat logits than the default, so that
+    # the rounding of a catch-up forward over many tokens against one-token forwards flips fewer near-tied
+    # argmaxes (the default model's rates swapped between sessions: 0.79 against 0.92, then the reverse).
     tmp = tiny[0] / "sharp"
     tmp.mkdir(exist_ok=True)
     model = tmp / "tiny-qwen2-sharp"
@@ -266,7 +266,9 @@ def test_the_draft_model_skips_sa_steps_and_reads_them_later_as_well_as_running_
     assert skip["late_rows"] > 0 and skip["neural_skipped"] > 0, skip  # it skipped, then read what it skipped
     assert skip["neural_calls"] + skip["catch_up_calls"] < skip["steps"] - skip["neural_skipped"] + 1, skip
     assert every["late_rows"] == 0 and every["catch_up_calls"] > 0, every
-    assert rates["hybrid-rule"] >= 0.97 * rates["hybrid-every-step"] and rates["hybrid-rule"] > 0.8, rates
+    # Between these two correct configurations the rates moved by up to 14% from run to run (rounding at near
+    # ties); a hole in the draft model's cache costs about 96% of them.
+    assert rates["hybrid-rule"] >= 0.8 * rates["hybrid-every-step"] and rates["hybrid-rule"] > 0.6, rates
 
 
 def test_the_hybrid_with_a_pool_on_two_tensor_parallel_ranks_drafts_the_same_on_each(tiny):

@@ -57,9 +57,16 @@ def compute_bound(n: int) -> float:
     return (4.0 + n) / 5.0
 
 
+def batched(n: int) -> float:
+    """One row's share of a compute-bound step at concurrency: a fixed part worth half a token, then a token's worth
+    per token (a CPU serving 8 rows)."""
+    return (0.5 + n) / 1.5
+
+
 MACHINES: dict[str, Callable[[int], float]] = {
     "cheap verify (a GPU at small batch)": cheap,
     "compute-bound (a CPU: 4 + n)": compute_bound,
+    "compute-bound at concurrency (a CPU serving 8 rows: 0.5 + n)": batched,
     "a forward per token (bf16, no native bf16 matmuls)": dear,
     "flattening (fp32 F.linear on an x86 CPU)": flattening,
     "fixed overhead (a tiny model)": fixed_overhead,
@@ -150,6 +157,23 @@ def best_fixed(trace: dict[str, Any], cost: Cost, k: int = 8) -> float:
     return min(replay(_Fixed(d), trace, cost, k)["time"] for d in range(k + 1))
 
 
+class MatchCapped:
+    """No more draft tokens than the match is long (``max_spec_factor`` 1, as vLLM's suffix drafter defaults),
+    from a match of 2."""
+
+    def offer(self, match: int, draft: Any, branched: bool = False) -> None:
+        pass
+
+    def choose(self, match: int, sa_len: int) -> tuple[str, int]:
+        return ("sa", min(match, sa_len)) if match >= 2 and sa_len else ("none", 0)
+
+    def observe_forward(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def observe_tokens(self, tokens: Any) -> None:
+        pass
+
+
 class _Fixed:
     """The SA's draft cut to ``d`` tokens, every step."""
 
@@ -186,8 +210,11 @@ PROFILE_SIZES = (1, 2, 3, 5, 9)
 def make(name: str, cost: Cost | None = None) -> Any:
     """A fresh policy: ``policy-cpu`` / ``policy-gpu`` (the prior shape of a CPU / a GPU), ``policy-profiled``
     (the shape profiled up front on ``cost``, under its load, with ``StepCost.profile``; the profile's own
-    time is not counted), or ``gate``. A name may end in ``-unbranched`` (see :func:`rule`)."""
+    time is not counted), ``gate``, or ``match-capped`` (:class:`MatchCapped`). A name may end in
+    ``-unbranched`` (see :func:`rule`)."""
     name = rule(name)[0]
+    if name == "match-capped":
+        return MatchCapped()
     if name == "gate":
         import warnings
 
@@ -220,7 +247,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description="the drafting policy replayed over real outputs")
     ap.add_argument("--rules", nargs="+", default=["policy-cpu", "policy-gpu", "policy-profiled",
-                                                   "policy-profiled-unbranched", "gate"])
+                                                   "policy-profiled-unbranched", "gate", "match-capped"])
     ap.add_argument("--loads", nargs="+", default=list(LOADS))
     args = ap.parse_args()
     traces = load_traces()

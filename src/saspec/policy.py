@@ -36,7 +36,12 @@ first draft token is one guess among the continuations seen: it has buckets of
 its own, at prior odds ``m / 4`` to 1 (on recorded code edits and chat, a
 branched match's first token was accepted a third to half as often as an
 unbranched one of the same length; the tokens after it then match as usual).
-Every offered automaton draft is scored against the tokens the row
+A draft token further from the draft's start than the match is long
+(``i >= m``) continues the copy past what the matched suffix showed: it has
+buckets of its own too, with the same prior, learnt apart (served free-form
+answers accept such tokens about half as often as the ``m + i`` bucket
+predicts, where recorded code edits accept them more often; each engine learns
+its own). Every offered automaton draft is scored against the tokens the row
 emitted that step, verified or not (:meth:`DraftPolicy.observe`), so the
 automaton needs no exploration. The neural drafter's per-token acceptance is
 learnt from its verified drafts, with ``neural_prior`` as prior; its evidence
@@ -69,8 +74,9 @@ from .validate import check_count
 #: Row sources, as :meth:`DraftPolicy.decide` returns them.
 NONE, AUTOMATON, NEURAL = 0, 1, 2
 SOURCE_NAMES = ("none", "automaton", "neural")
-#: Match-length buckets: 0..7 exactly, then one per doubling. The bucket table holds them twice: the
-#: second half is the first draft token of a branched match.
+#: Match-length buckets: 0..7 exactly, then one per doubling. The bucket table holds them three times: a
+#: draft token within the match's length of the draft's start, the first draft token of a branched match, and a
+#: token further than the match is long.
 N_BUCKETS = 16
 #: The prior odds of a branched match's first token, as a share of an unbranched one's (m to 1).
 BRANCHED_PRIOR_ODDS = 0.25
@@ -103,8 +109,8 @@ def _bucket_floor() -> np.ndarray:
 # DraftPolicy's state, likewise in a few arrays (views of three buffers, in the order of _SLABS, by which _step
 # finds them):
 #   rowf   float64 [3, rows]: each row's odds factor, and the hits and misses behind it
-#   bk     float64 [5, 2 * N_BUCKETS]: each match bucket's hits, trials, prior, estimate, and its odds (q / (1 - q));
-#          the second half: a branched match's first token
+#   bk     float64 [5, 3 * N_BUCKETS]: each match bucket's hits, trials, prior, estimate, and its odds (q / (1 - q));
+#          the second third: a branched match's first token; the last: tokens beyond the match's length
 #   probs  float64 [rows, k_max + 1]: the row's cumulative acceptance chances, and its expected tokens (scratch)
 #   ri     int32 [3, rows]: each row's source, a trial source (scratch) and draft length (at first: its candidates)
 #   hist   float64 [5, N_BINS]: the histogram's counts and sums, the rate down to each bin, and the automaton's
@@ -133,11 +139,14 @@ def _bucket_end(j):
 @njit(inline="always")
 def _token_run(match, i, branched, d):
     """The bucket of a row's draft token ``i`` and where the run of tokens sharing it ends (before ``d``):
-    a branched match's first token has a bucket of its own."""
+    a branched match's first token has a bucket of its own, and so do the tokens further from the draft's
+    start than the match is long."""
     j = match_bucket(match + i)
     if i == 0 and branched != 0:
         return N_BUCKETS + j, 1
-    return j, min(d, _bucket_end(j) - match)
+    if i < match:
+        return j, min(d, _bucket_end(j) - match, match)
+    return 2 * N_BUCKETS + j, min(d, _bucket_end(j) - match)
 
 
 @njit(cache=True)
@@ -595,7 +604,7 @@ class DraftPolicy:
         self._cap = 0
         self._step_tail: tuple | None = None
         self._grow(1)
-        odds = np.concatenate((_bucket_floor(), BRANCHED_PRIOR_ODDS * _bucket_floor()))
+        odds = np.concatenate((_bucket_floor(), BRANCHED_PRIOR_ODDS * _bucket_floor(), _bucket_floor()))
         self._bk[2] = odds / (odds + 1.0)
         _estimate(self._bk, self.prior_weight)
 
@@ -612,7 +621,7 @@ class DraftPolicy:
         if rows <= self._cap:
             return
         cap = max(rows, 2 * self._cap)
-        specs = {"rowf": (np.float64, (3, cap)), "bk": (np.float64, (5, 2 * N_BUCKETS)),
+        specs = {"rowf": (np.float64, (3, cap)), "bk": (np.float64, (5, 3 * N_BUCKETS)),
                  "probs": (np.float64, (cap, self.k_max + 1)), "hist": (np.float64, (5, N_BINS)),
                  "ri": (np.int32, (3, cap)), "prev": (np.int32, (cap, self.k_max + 3)),
                  "st": (np.int64, (len(STATS),)), "last": (np.int64, (2,))}

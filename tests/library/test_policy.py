@@ -458,6 +458,26 @@ def test_a_branched_match_drafts_less_and_its_first_token_is_learnt_apart():
     assert policy.q_automaton(3) >= plain_q  # the copies' own bucket is not pulled down by the branched misses
 
 
+def test_tokens_beyond_the_match_length_are_learnt_apart():
+    """Rows whose copies end where their match length runs out (a 3-token match, the fourth token always
+    wrong: a short phrase said again) teach the policy to stop at the match's length there, even where
+    verifying is nearly free, and leave the buckets of rows that match longer alone: a 6-token match's own
+    first tokens keep their estimate."""
+    policy = DraftPolicy(K, cost=StepCost(gpu_like, max_tokens=64 * (K + 1)))
+    b = 8
+    match, offered = np.full(b, 3, np.int32), np.full(b, K, np.int32)
+    drafts = np.tile(np.arange(K, dtype=np.int32), (b, 1))
+    new = drafts.copy()
+    new[:, 3] = 99  # the copy holds for the match's 3 tokens, then the text goes its own way
+    before = policy.p_bucket[6], policy.p_bucket[7]  # the first tokens of a 6- and a 7-token match
+    first = policy.decide(match, offered)[0].copy()
+    assert first.max() > 3  # before any evidence the m + i buckets say the copy runs on
+    for step in range(40):
+        lengths = policy.step(match, offered, drafts, new, np.full(b, K, np.int32), 0.01, step > 0)
+    assert lengths.max() <= 3
+    assert (policy.p_bucket[6], policy.p_bucket[7]) == before  # within a longer match: untouched
+
+
 def test_sequence_policy_scores_a_branched_offer_in_its_own_bucket():
     seq = SequencePolicy(K, cost=StepCost(cpu_like, max_tokens=64 * (K + 1)))
     before = (seq.policy.p_bucket[4], seq.policy.q_automaton(4, branched=True))

@@ -57,7 +57,7 @@ import logging
 import math
 import time
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -117,6 +117,8 @@ class SAProposer:
         log: called with each step's ``saspec.policy.Decision`` (None: logged to the ``saspec.policy``
             logger where ``$SASPEC_POLICY_LOG`` is set, else not).
         warm: run :func:`warm_up` with these settings (once per process) before serving.
+        clock: the time source (seconds) the policy's step timings come from; a test or a
+            simulation injects its own.
         max_detached: without the plugin: how many requests that left their
             rows (finished, preempted or moved) are kept for a possible resume
             before the oldest is freed. Default: ``$SASPEC_VLLM_MAX_DETACHED``,
@@ -156,6 +158,7 @@ class SAProposer:
         policy_settings: PolicySettings | None = None,
         log: Any = None,
         warm: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         cfg = resolve_proposer_settings(vllm_config, min_match=min_match, max_detached=max_detached,
                                         length_rule=length_rule, length_scale=length_scale, pool_tokens=pool_tokens)
@@ -168,8 +171,9 @@ class SAProposer:
             ps = policy_settings if policy_settings is not None else PolicySettings()
             cost = StepCost(ps.cost_shape or shape, max_tokens=cfg.max_rows * (cfg.k + 1), window=ps.window,
                             max_age=ps.max_age, quantile=ps.quantile)
-            self.policy = DraftPolicy(cfg.k, cost=cost, settings=ps, log=log if log is not None else env_log())
-        self._clock = time.perf_counter
+            self.policy = DraftPolicy(cfg.k, cost=cost, settings=ps, log=log if log is not None else env_log(),
+                                      clock=clock)
+        self._clock = clock
         self._t_return: float | None = None  # when the last propose returned
         self._last_rids: list[Hashable] | None = None  # the rows of the last step the policy chose for
         # The policy sizes drafts itself: the automaton offers all it has ("fixed"), the policy cuts.

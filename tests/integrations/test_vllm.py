@@ -192,11 +192,10 @@ def run_traffic(seed: int, *, steps: int, rows: int, max_detached: int, max_mode
                 p_arrive: float = 0.5, p_preempt: float = 0.08, p_swap: float = 0.1, duplicates: bool = True,
                 length_rule: str | None = None, by_id: bool = False):
     rng = np.random.default_rng(seed)
-    proposer = SAProposer(vllm_config(max_model_len=max_model_len, max_num_seqs=rows), max_detached=max_detached,
-                          length_rule=length_rule)
     # A clock that does not move: the policy's timings are ignored, so its choices, and with them which requests
     # finish when, depend on the seed alone (the machine's real timings made the traffic differ run to run).
-    proposer._clock = lambda: 0.0
+    proposer = SAProposer(vllm_config(max_model_len=max_model_len, max_num_seqs=rows), max_detached=max_detached,
+                          length_rule=length_rule, clock=lambda: 0.0)
     worker = FakeWorker(proposer, rows, max_model_len, rng)
     worker.by_id = by_id
     waiting: list[Req] = []  # preempted requests waiting to resume, oldest first
@@ -451,8 +450,8 @@ def test_load_model_accepts_the_target_model():
     for load in (False, True):
         rng = np.random.default_rng(1)
         prompt, target = copy_heavy(rng)
-        proposer = SAProposer(vllm_config())
-        proposer._clock = lambda: 0.0  # no timing moves the policy: both runs choose alike whatever the machine does
+        # no timing moves the policy: both runs choose alike whatever the machine does
+        proposer = SAProposer(vllm_config(), clock=lambda: 0.0)
         model = Model()
         if load:
             assert proposer.load_model(model) is None
@@ -477,9 +476,8 @@ def policy_run(cost_per_draft_token: float, *, k: int = 8, seed: int = 0, reques
     ``step_s`` + ``cost_per_draft_token`` per draft token verified. Every draft must be a prefix of a fresh
     automaton's draft."""
     rng = np.random.default_rng(seed)
-    proposer = SAProposer(vllm_config(k=k, max_model_len=1024), min_match=2)
     clock = [0.0]
-    proposer._clock = lambda: clock[0]
+    proposer = SAProposer(vllm_config(k=k, max_model_len=1024), min_match=2, clock=lambda: clock[0])
     lengths, tokens = [], [0]
     for _ in range(requests):
         prompt, _ = copy_heavy(rng)

@@ -43,6 +43,7 @@ def test_a_copy_is_drafted_and_every_output_token_is_emitted_once(rule):
     assert 0 <= res["wasted"] == res["drafted"] - res["accepted"]
     batched = simulate(requests, 4, **rule)
     assert batched["steps"] < res["steps"] and batched["seconds"] < res["seconds"]
+    assert simulate(requests, 4, **rule) == batched  # finished texts join the pool before the next step
 
 
 def test_a_run_folder_is_read_as_chat_prompts_and_plain_outputs(tmp_path):

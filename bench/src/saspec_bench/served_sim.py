@@ -7,8 +7,8 @@ at temperature 0) go through :class:`saspec.integrations.vllm.SAProposer` as vLL
 up to ``concurrency`` requests at once, each admitted in one prefill step when a row frees, every row's
 drafts verified against its output (the accepted prefix plus the target's own token). The proposer's clock
 is the simulation's, so its policy times the modeled steps. A step over ``n`` tokens (prefills, rows and
-draft tokens) costs ``fixed + per_token * n`` seconds: on this project's 2-core CPU the 0.5B target in fp32
-measured about 0.2 s + 10 ms per token (the policy's own timings of served steps).
+draft tokens) costs ``fixed + per_token * n`` seconds; the defaults are the 0.5B target's served steps on this
+project's CPU as the policy timed them (BENCHMARKS.md, "Drafting policy").
 
 What it leaves out: vLLM's own overheads, the request that warms the server, chunked prefills, and the
 cross-request pool's effect across rounds. Compare policies here, confirm in a served run.
@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from saspec.integrations.vllm import SAProposer
+from .pool_sim import accepted_prefix
 
 Request = tuple[list[int], list[int]]  # (prompt ids, output ids)
 #: The rules compared by default: the policy, and a draft as long as the match (vLLM suffix's length rule).
@@ -68,6 +69,7 @@ def simulate(requests: Sequence[Request], concurrency: int, *, k: int = 32, fixe
         ``seconds`` (modeled), ``tok_s`` (output tokens per second), ``steps``, ``drafted``, ``accepted``
         and ``wasted`` (draft tokens verified in vain).
     """
+    requests = [(np.asarray(p, np.int32), np.asarray(o, np.int32)) for p, o in requests]
     max_len = max(len(p) + len(o) for p, o in requests) + k + 1
     now = [0.0]
     prop = SAProposer(_config(k, concurrency, max_len), warm=False, clock=lambda: now[0], **proposer_args)
@@ -88,31 +90,31 @@ def simulate(requests: Sequence[Request], concurrency: int, *, k: int = 32, fixe
             if row[2] is None:  # the prefill step: the prompt, and the output's first token
                 tokens += len(prompt)
                 row[1], row[2] = 1, []
-                sampled.append(out[:1])
+                sampled.append(out[:1].tolist())
                 continue
-            draft = row[2][: len(out) - row[1] - 1]
-            a = 0
-            while a < len(draft) and draft[a] == out[row[1] + a]:
-                a += 1
+            a = accepted_prefix(row[2], out, row[1])
             tokens += 1 + len(row[2])
             drafted += len(row[2])
             accepted += a
-            sampled.append(out[row[1]: row[1] + a + 1])
+            sampled.append(out[row[1]: row[1] + a + 1].tolist())
             row[1] += a + 1
         now[0] += fixed + per_token * tokens
         steps += 1
-        done = [row[0] for row in rows if row[1] >= len(requests[row[0]][1])]
-        sampled = [s for row, s in zip(rows, sampled) if row[1] < len(requests[row[0]][1])]
-        rows = [row for row in rows if row[1] < len(requests[row[0]][1])]
+        alive = [row[1] < len(requests[row[0]][1]) for row in rows]
+        done = [row[0] for row, live in zip(rows, alive) if not live]
+        sampled = [s for s, live in zip(sampled, alive) if live]
+        rows = [row for row, live in zip(rows, alive) if live]
         if done:
             prop.schedule([], done)
+            if prop.drafts.pool is not None:  # the finished texts built in before the next step: deterministic
+                prop.drafts.pool.flush()
         if not rows:
             continue
         for b, row in enumerate(rows):
             prompt, out = requests[row[0]]
-            n = len(prompt) + row[1]
-            ids[b, :n] = prompt + out[: row[1]]
-            n_ids[b] = n
+            ids[b, : len(prompt)] = prompt
+            ids[b, len(prompt): len(prompt) + row[1]] = out[: row[1]]
+            n_ids[b] = len(prompt) + row[1]
         prop.name_rows([row[0] for row in rows], tokens)
         for row, draft in zip(rows, prop.propose(sampled, n_ids[: len(rows)], ids[: len(rows)])):
             row[2] = list(draft)

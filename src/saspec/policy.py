@@ -39,9 +39,8 @@ unbranched one of the same length; the tokens after it then match as usual).
 A draft token further from the draft's start than the match is long
 (``i >= m``) continues the copy past what the matched suffix showed: it has
 buckets of its own too, with the same prior, learnt apart (served free-form
-answers accept such tokens about half as often as the ``m + i`` bucket
-predicts, where recorded code edits accept them more often; each engine learns
-its own). Every offered automaton draft is scored against the tokens the row
+answers accept such tokens less often than the ``m + i`` bucket predicts,
+recorded code edits more often: each engine learns which). Every offered automaton draft is scored against the tokens the row
 emitted that step, verified or not (:meth:`DraftPolicy.observe`), so the
 automaton needs no exploration. The neural drafter's per-token acceptance is
 learnt from its verified drafts, with ``neural_prior`` as prior; its evidence

@@ -83,7 +83,9 @@ class SpecEngine:
     Threads: every method may be called from any thread; one engine
     serialises its calls with a lock, except that ``add_request`` builds
     without holding it (and without the GIL), so a build overlaps ``extend``
-    on another thread. Several engines may be used from several threads at
+    on another thread. ``prepare`` and ``extend`` are separate calls: threads
+    sharing an engine, each with its own requests, use ``step`` (both under one
+    hold of the lock). Several engines may be used from several threads at
     once: their serial steps run concurrently, and parallel steps (any
     engine's, any numba threading layer) take one process-wide lock
     (``extend.PARALLEL_LOCK``) because numba's workqueue layer aborts the
@@ -246,14 +248,18 @@ class SpecEngine:
         """
         ids = tuple(request_ids)
         with self._lock:
-            if len(set(ids)) != len(ids):
-                dup = next(r for i, r in enumerate(ids) if r in ids[:i])
-                raise ValueError(f"request {dup!r} appears twice in the batch")
-            missing = [r for r in ids if r not in self._slot]
-            if missing:
-                raise KeyError(f"unknown request {missing[0]!r}")
-            self._backend.prepare(ids, [self._slot[r] for r in ids], self.request_pool)
-            self._batch = ids
+            self._prepare(ids)
+
+    def _prepare(self, ids: tuple[Hashable, ...]) -> None:
+        """``prepare``'s work, under the lock."""
+        if len(set(ids)) != len(ids):
+            dup = next(r for i, r in enumerate(ids) if r in ids[:i])
+            raise ValueError(f"request {dup!r} appears twice in the batch")
+        missing = [r for r in ids if r not in self._slot]
+        if missing:
+            raise KeyError(f"unknown request {missing[0]!r}")
+        self._backend.prepare(ids, [self._slot[r] for r in ids], self.request_pool)
+        self._batch = ids
 
     def extend(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any,
                source_out: Any = None, branch_out: Any = None) -> None:
@@ -306,6 +312,27 @@ class SpecEngine:
         with self._lock:
             if self._batch is None:
                 raise RuntimeError("no batch is prepared (or a request in it was removed): call prepare() first")
+            self._backend.extend(accepted, accepted_lens, match_len_out, draft_out, source_out, self.request_pool,
+                                 self._batch, branch_out)
+
+    def step(self, request_ids: Sequence[Hashable], accepted: Any, accepted_lens: Any, match_len_out: Any,
+             draft_out: Any, source_out: Any = None, branch_out: Any = None) -> None:
+        """``prepare(request_ids)`` then ``extend(...)`` as one call, under the
+        engine's lock: no other thread's ``prepare`` can come between them, so
+        the tokens go to ``request_ids``' rows whoever else uses the engine.
+        Callers that share an engine across threads, each stepping its own
+        requests, use this (``single.SingleSequence`` does). The batch stays
+        prepared afterwards, as after ``prepare``; it is set again only when it
+        differs. Arguments and errors: those of ``prepare`` and ``extend``; a
+        rejected ``prepare`` changes nothing, a rejected ``extend`` leaves the
+        new batch prepared.
+        """
+        if source_out is not None and self.request_pool is None:
+            raise ValueError("source_out needs a pool (SpecEngine(pool_tokens=...) or pool=...)")
+        ids = tuple(request_ids)
+        with self._lock:
+            if self._batch != ids:
+                self._prepare(ids)
             self._backend.extend(accepted, accepted_lens, match_len_out, draft_out, source_out, self.request_pool,
                                  self._batch, branch_out)
 

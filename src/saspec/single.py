@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from . import build
 from .engine import SpecEngine
-from .validate import check_count
+from .validate import as_tokens, check_count, is_torch
 
 
 class SingleSequence:
@@ -49,18 +50,39 @@ class SingleSequence:
 
     def extend(self, tokens: Sequence[int]) -> tuple[int, list[int]]:
         """Append ``tokens`` (any number, possibly none); return the match
-        length in tokens and the draft, up to ``k`` tokens (empty without a match)."""
+        length in tokens and the draft, up to ``k`` tokens (empty without a match).
+
+        ``tokens``: a sequence of ints, or a 1-D numpy array or CPU tensor of an
+        integer dtype, with values in [0, 2**31) (``validate.as_tokens``: floats,
+        strings and bools are rejected, not converted). All of them are checked
+        before any is appended, and so is the request's length limit
+        (``build.MAX_REQUEST_TOKENS``).
+
+        Threads: one thread at a time per sequence (its output buffers are its
+        own); sequences sharing an engine may be driven from different threads,
+        each step taking the engine's lock once per ``k + 1`` tokens
+        (``SpecEngine.step``).
+
+        Raises:
+            RuntimeError: the sequence is closed.
+            TypeError, ValueError: ``tokens`` are not token ids, or would take the
+                request past ``build.MAX_REQUEST_TOKENS``; nothing is appended.
+        """
         if self.request_id is None:
             raise RuntimeError("the sequence is closed")
-        if self.engine.batch != (self.request_id,):
-            self.engine.prepare([self.request_id])
-        tokens = list(tokens)
+        arr = as_tokens(tokens if isinstance(tokens, np.ndarray) or is_torch(tokens) else list(tokens), "tokens")
+        k1 = self.k + 1
+        if arr.size > k1:  # one chunk is checked whole by the engine; several must not stop half way
+            build.check_request_tokens(self.engine.automaton_len(self.request_id) + arr.size, "the sequence")
+        rows = [self.request_id]
+        start = 0
         while True:
-            chunk, tokens = tokens[: self.k + 1], tokens[self.k + 1:]
-            self._acc[0, : len(chunk)] = chunk
-            self._lens[0] = len(chunk)
-            self.engine.extend(self._acc, self._lens, self._match, self._draft, self._src, self._branch)
-            if not tokens:
+            chunk = arr[start: start + k1]
+            start += k1
+            self._acc[0, : chunk.size] = chunk
+            self._lens[0] = chunk.size
+            self.engine.step(rows, self._acc, self._lens, self._match, self._draft, self._src, self._branch)
+            if start >= arr.size:
                 break
         self.from_pool = self._src is not None and bool(self._src[0])
         self.branched = bool(self._branch[0])

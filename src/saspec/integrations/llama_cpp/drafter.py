@@ -33,7 +33,7 @@ from ...engine import SpecEngine
 from ...pool import RequestPool
 from ...rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, HYBRID_THRESHOLD, check_length_rule, draft_length
 from ...single import SingleSequence
-from ...validate import check_count, check_int
+from ...validate import as_tokens, check_count, check_int, is_torch
 
 #: Draft tokens per step the automaton may propose (the length rule cuts each draft to its match), and the
 #: shortest match it drafts after. On a CPU a llama.cpp step costs nearly its token count (each verified
@@ -148,10 +148,15 @@ class SADraftModel:
 
     def lookup(self, new_tokens: Sequence[int]) -> tuple[int, list[int]]:
         """Append ``new_tokens``; return ``(match, draft)`` before the length rule and ``min_match``
-        cut it: the match length in tokens and up to ``k`` draft tokens (for a policy to cut)."""
+        cut it: the match length in tokens and up to ``k`` draft tokens (for a policy to cut).
+
+        ``new_tokens``: ints (or a 1-D integer array) in [0, 2**31), all checked before any is
+        appended (``saspec.validate.as_tokens``); floats, strings and bools raise ``TypeError``,
+        out-of-range ids ``ValueError``, and the history is unchanged."""
         if self._seq is None:
             raise RuntimeError("call begin(prompt) first")
-        new = as_history(np.asarray(list(new_tokens), dtype=np.int64))
+        new = as_tokens(new_tokens if isinstance(new_tokens, np.ndarray) or is_torch(new_tokens)
+                        else list(new_tokens), "new_tokens")
         self._append(new)
         m, d = self._seq.extend(new.tolist())
         self.match_len, self.branched = m, self._seq.branched

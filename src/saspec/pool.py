@@ -78,7 +78,8 @@ class RequestPool:
             output only; BENCHMARKS.md, "Cross-request pool", has both).
         sync_tokens: how many of a row's last tokens it re-matches after a
             rebuild or when it first meets the pool; pool matches found that
-            way are at most this long until they grow. An int >= 1.
+            way are at most this long until they grow. An int in
+            [1, ``build.MAX_REQUEST_TOKENS``] (no row holds more tokens).
         manual: texts are built, and the engines see them, only at
             ``publish()`` calls (see there) instead of as soon as they are
             built: for callers whose drafts must not depend on a background
@@ -91,7 +92,8 @@ class RequestPool:
     def __init__(self, max_tokens: int, *, prompts: bool = False, sync_tokens: int = DEFAULT_SYNC_TOKENS,
                  manual: bool = False) -> None:
         self.max_tokens = check_int(max_tokens, "max_tokens", 2, build.MAX_REQUEST_TOKENS)
-        self.sync_tokens = check_int(sync_tokens, "sync_tokens", 1)
+        # a row never holds more tokens, and the device backend keeps it in an int32 word
+        self.sync_tokens = check_int(sync_tokens, "sync_tokens", 1, build.MAX_REQUEST_TOKENS)
         self.prompts = bool(prompts)
         self.manual = bool(manual)
         self._waiting: list[np.ndarray] = []  # manual: added since the last publish()

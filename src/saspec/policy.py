@@ -531,6 +531,15 @@ class PolicySettings:
     quantile: float = 0.25
 
 
+def engine_cost(settings: PolicySettings, device: str = "cpu", max_tokens: int | None = None) -> StepCost:
+    """The :class:`StepCost` of an engine on ``device`` (``"cpu"``: the :func:`cpu_like` prior shape, else
+    :func:`gpu_like`) unless ``settings.cost_shape`` is set, with ``settings``' refresh rule and
+    ``max_tokens`` where given (see :meth:`DraftPolicy.for_engine`)."""
+    shape = settings.cost_shape or (cpu_like if device == "cpu" else gpu_like)
+    extra = {} if max_tokens is None else {"max_tokens": max(int(max_tokens), 1)}
+    return StepCost(shape, window=settings.window, max_age=settings.max_age, quantile=settings.quantile, **extra)
+
+
 class DraftPolicy:
     """Each step's draft length and source per row (see the module doc).
 
@@ -606,6 +615,32 @@ class DraftPolicy:
         odds = np.concatenate((_bucket_floor(), BRANCHED_PRIOR_ODDS * _bucket_floor(), _bucket_floor()))
         self._bk[2] = odds / (odds + 1.0)
         _estimate(self._bk, self.prior_weight)
+
+    @classmethod
+    def for_engine(cls, k_max: int, *, device: str = "cpu", settings: PolicySettings | None = None,
+                   max_tokens: int | None = None, neural_catchup_sunk: bool = False,
+                   log: Callable[[Decision], Any] | None = None,
+                   clock: Callable[[], float] = time.perf_counter) -> DraftPolicy:
+        """The policy an engine uses, with its cost model: the prior cost shape follows ``device``
+        (``"cpu"``: :func:`cpu_like`, compute-bound; anything else: :func:`gpu_like`, memory-bound) unless
+        ``settings.cost_shape`` is set; the :class:`StepCost` takes ``settings``' ``window``, ``max_age``
+        and ``quantile``, and ``max_tokens`` (the most tokens a step verifies) where given.
+
+        Args:
+            k_max: the most automaton draft tokens per row (>= 1).
+            device: the engine's device type (``"cpu"``, ``"cuda"``, ...).
+            settings: :class:`PolicySettings`; default all defaults.
+            max_tokens: the most tokens a step verifies (rows x (K + 1)); None: StepCost's default.
+            neural_catchup_sunk, clock: as :class:`DraftPolicy`.
+            log: called with each step's :class:`Decision`; None: :func:`env_log` (the logger where
+                ``$SASPEC_POLICY_LOG`` is set).
+
+        Raises:
+            ValueError: a setting out of range (named in the message).
+        """
+        ps = settings if settings is not None else PolicySettings()
+        return cls(k_max, cost=engine_cost(ps, device, max_tokens), settings=ps,
+                   neural_catchup_sunk=neural_catchup_sunk, log=log if log is not None else env_log(), clock=clock)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -964,7 +999,7 @@ class SequencePolicy:
 
     Args:
         k_max: the most draft tokens of any source (>= 1).
-        cost, settings, log, clock: as :class:`DraftPolicy`.
+        cost, settings, neural_catchup_sunk, log, clock: as :class:`DraftPolicy`.
 
     Attributes:
         policy: the :class:`DraftPolicy`.
@@ -974,8 +1009,10 @@ class SequencePolicy:
     SOURCES = ("sa", "draft")
 
     def __init__(self, k_max: int, *, cost: StepCost | None = None, settings: PolicySettings | None = None,
-                 log: Callable[[Decision], Any] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.policy = DraftPolicy(k_max, cost=cost, settings=settings, log=log, clock=clock)
+                 neural_catchup_sunk: bool = False, log: Callable[[Decision], Any] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.policy = DraftPolicy(k_max, cost=cost, settings=settings, neural_catchup_sunk=neural_catchup_sunk,
+                                  log=log, clock=clock)
         self.k_max = self.policy.k_max
         self.clock = clock
         self._offer: tuple[int, list[int], int] | None = None
@@ -985,6 +1022,17 @@ class SequencePolicy:
         self.catch_up = CatchUpShare()
         self._drafted = False  # the neural drafter has drafted in this sequence (begin: a new one): a gap
         self._counts = {"steps": 0, "sa": 0, "draft": 0, "none": 0}
+
+    @classmethod
+    def for_engine(cls, k_max: int, *, device: str = "cpu", settings: PolicySettings | None = None,
+                   max_tokens: int | None = None, neural_catchup_sunk: bool = False,
+                   log: Callable[[Decision], Any] | None = None,
+                   clock: Callable[[], float] = time.perf_counter) -> SequencePolicy:
+        """The sequence policy an engine uses, with its cost model, as :meth:`DraftPolicy.for_engine`
+        (same arguments and errors)."""
+        ps = settings if settings is not None else PolicySettings()
+        return cls(k_max, cost=engine_cost(ps, device, max_tokens), settings=ps,
+                   neural_catchup_sunk=neural_catchup_sunk, log=log if log is not None else env_log(), clock=clock)
 
     @property
     def stats(self) -> dict[str, int]:

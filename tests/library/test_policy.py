@@ -520,3 +520,28 @@ def test_a_step_timed_at_what_it_processed_keeps_prefills_out_of_the_decode_size
         assert abs(told.cost.seconds(n) - truth) < abs(blind.cost.seconds(n) - truth), n
     assert told.cost.seconds(408) == pytest.approx(float(cost(408)) / 1000, rel=0.05)
     assert blind.cost.seconds(408) > 2 * float(cost(408)) / 1000
+
+
+@pytest.mark.parametrize("cls", [DraftPolicy, SequencePolicy])
+def test_for_engine_builds_the_cost_model_from_the_device_and_the_settings(cls, monkeypatch):
+    """One constructor for every engine: the prior shape follows the device unless the settings name one, the
+    cost model takes the settings' refresh rule and ``max_tokens``, and the log defaults to the environment's."""
+    from saspec.policy import LOG_ENV, log_decision
+
+    def policy(p):
+        return p if cls is DraftPolicy else p.policy
+
+    monkeypatch.delenv(LOG_ENV, raising=False)
+    cpu, gpu = policy(cls.for_engine(4)), policy(cls.for_engine(4, device="cuda", max_tokens=40))
+    assert np.array_equal(cpu.cost.shape, cpu_like(np.maximum(np.arange(4097), 1)))
+    assert gpu.cost.max_tokens == 40 and np.array_equal(gpu.cost.shape, gpu_like(np.maximum(np.arange(41), 1)))
+    assert cpu.log is None and not cpu.catchup_sunk
+    ps = PolicySettings(cost_shape=linear(2.0, 3.0), window=5, max_age=7, quantile=0.5, prior_weight=3.0)
+    clock = lambda: 0.0  # noqa: E731
+    own = policy(cls.for_engine(4, device="cuda", settings=ps, neural_catchup_sunk=True, clock=clock))
+    assert own.cost.shape[10] == 32.0 and (own.cost.window, own.cost.max_age, own.cost.quantile) == (5, 7, 0.5)
+    assert own.settings is ps and own.prior_weight == 3.0 and own.catchup_sunk and own.clock is clock
+    monkeypatch.setenv(LOG_ENV, "1")
+    assert policy(cls.for_engine(4)).log is log_decision
+    with pytest.raises(ValueError, match="k_max"):
+        cls.for_engine(0)

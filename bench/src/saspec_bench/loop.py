@@ -499,7 +499,7 @@ def make_drafter(kind: str, *, draft_model: torch.nn.Module | None = None, k: in
         raise ValueError(f"drafter {kind!r} needs a draft model")
     if draft_k is not None and draft_k < 1:
         raise ValueError(f"draft_k must be None or >= 1, got {draft_k}")
-    cost_gate = SequencePolicy(max(k, draft_k or k)) if gate else None
+    cost_gate = SequencePolicy.for_engine(max(k, draft_k or k)) if gate else None
     if kind == "none":
         return NoDrafter()
     engine = SpecEngine(pool=pool) if pool is not None else None

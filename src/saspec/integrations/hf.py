@@ -107,7 +107,7 @@ import numpy as np
 
 from ..engine import SpecEngine
 from ..pool import RequestPool
-from ..policy import PolicySettings, SequencePolicy, cpu_like, env_log, gpu_like
+from ..policy import PolicySettings, SequencePolicy
 from ..rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, HYBRID_THRESHOLD, check_length_rule, draft_length
 from ..single import SingleSequence
 
@@ -579,13 +579,9 @@ def _policy_for(setting: Any, k: int, model: Any) -> Any:
         return None
     if setting is not True and not isinstance(setting, PolicySettings):
         return setting
-    from ..policy import StepCost
-
-    ps = setting if isinstance(setting, PolicySettings) else PolicySettings()
     device = getattr(getattr(model, "device", None), "type", "cpu")
-    shape = ps.cost_shape or (cpu_like if device == "cpu" else gpu_like)
-    cost = StepCost(shape, window=ps.window, max_age=ps.max_age, quantile=ps.quantile)
-    return SequencePolicy(max(int(k), 1), cost=cost, settings=ps, log=env_log())
+    return SequencePolicy.for_engine(max(int(k), 1), device=device,
+                                     settings=setting if isinstance(setting, PolicySettings) else None)
 
 
 def _cut(out: Any, stop_at: int | None, prompt_len: int) -> Any:

@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ...policy import PolicySettings, SequencePolicy, StepCost, cpu_like, env_log
+from ...policy import PolicySettings, SequencePolicy, StepCost
 from ...validate import check_int
 from .drafter import LlamaCppHybridDrafter, ModelDrafter, SADraftModel, as_history
 from .lowlevel import Context
@@ -267,10 +267,9 @@ def make_policy(setting: Any, k_max: int, clock: Callable[[], float] | None = No
             raise ValueError(f"the policy's k_max ({setting.k_max}) must be >= the drafters' k ({k_max})")
         return setting
     if setting is True or isinstance(setting, PolicySettings):
-        ps = setting if isinstance(setting, PolicySettings) else PolicySettings()
-        cost = StepCost(ps.cost_shape or cpu_like, window=ps.window, max_age=ps.max_age, quantile=ps.quantile)
-        return SequencePolicy(max(int(k_max), 1), cost=cost, settings=ps, log=env_log(),
-                              clock=clock or time.perf_counter)
+        return SequencePolicy.for_engine(max(int(k_max), 1), device="cpu",
+                                         settings=setting if isinstance(setting, PolicySettings) else None,
+                                         clock=clock or time.perf_counter)
     raise TypeError("policy must be a bool, a saspec.policy.PolicySettings or a saspec.policy.SequencePolicy, "
                     f"got {type(setting).__name__}")
 

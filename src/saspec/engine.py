@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from . import build
+from .faults import Faults, check_faults, inject
 from .host import HostBackend, SABlobs
 from .pool import RequestPool
 from .validate import as_tokens, check_int, optional_int
@@ -79,6 +80,13 @@ class SpecEngine:
             kept across them, e.g. across ``generate`` calls). Not with
             ``pool_tokens``. The caller closes it; ``close()`` closes only a
             pool the engine made for ``pool_tokens``.
+        faults: a test hook for fault injection (``saspec.faults``): ``None``
+            (the default, costing nothing) or an object whose
+            ``should_fail(kind)`` is asked before each build (``"build"``)
+            and, CPU backend, each growth of a blob (``"grow_ahead"``,
+            ``"grow_in_step"``); where it answers True that allocation raises
+            ``MemoryError`` as if memory had run out. ``TypeError`` for an
+            object without ``should_fail``.
 
     Threads: every method may be called from any thread; one engine
     serialises its calls with a lock, except that ``add_request`` builds
@@ -105,7 +113,9 @@ class SpecEngine:
         device: Any = None,
         pool_tokens: int | None = None,
         pool: RequestPool | None = None,
+        faults: Faults | None = None,
     ) -> None:
+        self._faults = check_faults(faults)
         if pool is not None and pool_tokens is not None:
             raise ValueError("give pool_tokens or pool, not both")
         if pool is not None and not isinstance(pool, RequestPool):
@@ -130,6 +140,7 @@ class SpecEngine:
         self._backend = backend
         self._lock = threading.Lock()
         backend.lock = self._lock  # the host backend's growth ahead takes it
+        backend.faults = self._faults
         self._slot: dict[Hashable, int] = {}  # id -> its slot in the backend
         self._building: dict[Hashable, object] = {}  # id -> the token of the add building it
         self._batch: tuple[Hashable, ...] | None = None  # None: not prepared
@@ -174,6 +185,7 @@ class SpecEngine:
                 raise KeyError(f"request {request_id!r} is already added")
             self._building[request_id] = me
         try:
+            inject(self._faults, "build")
             blob = self._backend.build(tokens, headroom)
         except BaseException:
             with self._lock:
@@ -292,9 +304,10 @@ class SpecEngine:
         (inputs may share), or a row that would exceed
         ``build.MAX_REQUEST_TOKENS``; a rejected call changes nothing. Writable
         C-contiguous int32 numpy arrays (native byte order) take the fast path:
-        the checks and a serial step are one jitted call. Only a failure to
-        allocate a larger blob for a full request (``MemoryError``) can leave
-        a step half done: rows may have appended some of their tokens.
+        the checks and a serial step are one jitted call. A full request whose
+        larger blob cannot be allocated (``MemoryError``) does not fail the
+        step: its tokens are kept, it drafts nothing until a later step grows
+        it, and the failure is logged and counted (``stats``).
 
         CUDA backend: C-contiguous int32 torch tensors on the engine's device;
         one kernel launch on torch's current stream, no host sync, so the call
@@ -343,7 +356,15 @@ class SpecEngine:
         ``overflowed``: requests that outgrew their device slot (always 0 on
         the CPU backend, where blobs grow). CPU backend: ``grown_ahead`` and
         ``grown_in_step`` count the blobs grown on the background thread before
-        they filled up, and those a step had to grow itself.
+        they filled up, and those a step had to grow itself; ``parked`` the
+        rows parked so far (full, and not grown within their step's copy
+        budget: they draft nothing until grown), ``parked_now`` the requests
+        parked now; ``growth_failures`` the growths that failed (each logged on
+        the ``saspec`` logger, the row retried at a later step);
+        ``slow_steps`` the steps that ran on the checked path instead of the
+        fused fast path (while a row is parked, parallel batches, inputs other
+        than native int32 numpy arrays); ``slots`` and ``free_slots`` the host
+        slots made and free to reuse.
 
         CUDA backend (reading token counts and overflow flags synchronizes):
         ``bytes`` counts requests still on the host; also ``device_bytes``

@@ -16,6 +16,7 @@ these under its lock (``build`` excepted: it runs without the lock and the GIL).
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,8 +29,10 @@ from numba import int32, int64, njit
 from . import build, core
 from . import extend as kx
 from .arena import Allocator, BlobArena, address, blob_bytes
+from .faults import inject
 from .validate import BRANCH_PAIRS, SOURCE_PAIRS, as_int32_array, check_no_overlap, overlap_message
 
+_log = logging.getLogger(__name__)
 EMPTY_BLOB = build.new_blob(0)  # what a free slot holds
 _I32 = np.dtype(np.int32)  # native byte order
 _STEP_EXACT = None  # kx.step compiled for exactly the argument types of the fast path (see _exact_step)
@@ -166,6 +169,11 @@ class HostSlots:
         table[0, slot] = address(blob)
         table[1, slot] = blob.shape[0]
 
+    @property
+    def free_count(self) -> int:
+        """Slots free to hand out again."""
+        return len(self._free)
+
     def free(self, slot: int) -> None:
         """Drop slot ``slot``'s blob and hand the slot out again."""
         self.put(slot, EMPTY_BLOB)
@@ -193,6 +201,14 @@ def _grow_ahead(ref: weakref.ref, slots: list[int]) -> None:
             return
         backend.grow_slot(slot)
         del backend
+
+
+def _report_growth_failure(exc: Exception, tokens: int, where: str) -> None:
+    """Log one failed growth (``HostBackend``): a warning, since the row is retried; the traceback
+    only for what is not a plain ``MemoryError``."""
+    _log.warning("saspec: growing a request's automaton of %d tokens %s failed (%s: %s); it is retried at a "
+                 "later step, its row drafting nothing while its blob is full", tokens, where,
+                 type(exc).__name__, exc, exc_info=None if isinstance(exc, MemoryError) else exc)
 
 
 # The most int32 words of blobs one step copies to grow full rows (1 MiB, a few
@@ -231,6 +247,15 @@ class HostBackend:
     however many rows fill up at once and however close the steps come, and a
     parked row drafts again within a few steps.
 
+    A growth that fails (``MemoryError``, on the thread or inside a step) is
+    reported, never raised: logged once on the ``saspec.host`` logger and counted
+    (``growth_failures``). A row whose growth ahead failed is unmarked, so the next
+    step that sees it nearly full hands it to the thread again, and a parked one
+    goes back to the thread at the next step (``_unpark``), which also grows it
+    itself within its budget; a full row whose growth inside a step failed is
+    parked. So one failure costs a row a few undrafted steps, never the rest of its
+    life, and once no row is parked every step takes the fast path again.
+
     Args:
         kind: the blobs' kind (``SABlobs`` or ``ngram.NgramBlobs``).
         policy, depth: the occurrence policy code and recency depth the step's
@@ -239,6 +264,9 @@ class HostBackend:
 
     ``step_growth_words`` (default ``STEP_GROWTH_WORDS``) may be set per backend.
     ``lock`` is the engine's lock (set by the engine); growth ahead takes it.
+    ``faults`` is the engine's fault-injection hook (``saspec.faults``; set by the
+    engine, None: off), asked before each growth: ``"grow_ahead"`` on the thread,
+    without the lock, and ``"grow_in_step"``.
     """
 
     device = False
@@ -257,12 +285,15 @@ class HostBackend:
         self._source = np.zeros(0, dtype=np.int32)  # source_out when the caller gives none
         self._no_branch = np.zeros(0, dtype=np.int32)  # branch_out when the caller gives none (never written)
         self.lock: Any = None
+        self.faults: Any = None
         self._marked = np.zeros(0, dtype=np.int32)  # slots rows_past_mark marked this step
         self._growth: list[Future] = []  # growth ahead handed to the background thread, not yet seen done
         self.step_growth_words = STEP_GROWTH_WORDS
         self.grown_ahead = 0  # blobs grown ahead of need
         self.grown_in_step = 0  # blobs grown inside a step (full before their turn)
         self.parked_rows = 0  # rows parked (full before their turn, past the step's budget)
+        self.slow_steps = 0  # steps run on the checked path rather than the fused fast path
+        self.growth_failures = 0  # growths that failed (each logged), ahead or inside a step
 
     # -- requests (the engine holds its lock, except in ``build``) ------------------
 
@@ -342,6 +373,7 @@ class HostBackend:
             if code == kx.OK and parked:
                 code = self._check_parked(lens)
             if code == kx.OK:
+                self.slow_steps += 1
                 if parked:
                     budget = self._unpark(budget)
                 code = self._step(parallel, acc, lens, mout, dout, bout)
@@ -372,13 +404,21 @@ class HostBackend:
                     continue
                 blob = s.blobs[slot]
                 if blob.shape[0] <= budget or not self.kind.grows_ahead:
-                    budget -= blob.shape[0]
-                    s.put(slot, self.kind.grow(blob, int(lens[r] - progress[r]), s.arena))
-                    self.grown_in_step += 1
-                    grew = True
-                else:
-                    self._seal(slot)
-                    self.parked_rows += 1
+                    try:
+                        inject(self.faults, "grow_in_step")
+                        new = self.kind.grow(blob, int(lens[r] - progress[r]), s.arena)
+                    except MemoryError as exc:
+                        if not self.kind.grows_ahead:
+                            raise  # nothing else would ever grow it
+                        self._growth_failed(exc, blob, "inside a step")
+                    else:
+                        budget -= blob.shape[0]
+                        s.put(slot, new)
+                        self.grown_in_step += 1
+                        grew = True
+                        continue
+                self._seal(slot)
+                self.parked_rows += 1
             if not grew:
                 return
             self._step(parallel, acc, lens, mout, dout, bout)
@@ -386,23 +426,41 @@ class HostBackend:
     def _unpark(self, budget: int) -> int:
         """Before a step: grow parked rows (the earliest parked first) while their copies fit ``budget``
         words, appending their parked tokens, so that the steps themselves drain what the background
-        thread has not reached; returns the budget left."""
+        thread has not reached; returns the budget left. A parked row whose growth failed (no longer
+        marked) goes to the background thread again."""
         s = self.slots
+        again = []
         for slot in list(s.parked):
             blob = s.blobs[slot]
-            if blob.shape[0] > budget:
-                continue
-            budget -= blob.shape[0]
-            waiting = s.parked.pop(slot)
-            new = self.kind.grow(blob, waiting.shape[0], s.arena)
-            took = self.kind.append_fitting(new, waiting)
-            s.put(slot, new)
-            s.pool_state[2, slot] = -1  # its pool match may have been synced from the sealed text
-            self.grown_in_step += 1
-            if took < waiting.shape[0]:
-                self._seal(slot)
-                s.parked[slot] = waiting[took:].copy()
+            if blob.shape[0] <= budget:
+                waiting = s.parked[slot]
+                try:
+                    inject(self.faults, "grow_in_step")
+                    new = self.kind.grow(blob, waiting.shape[0], s.arena)
+                except MemoryError as exc:
+                    self._growth_failed(exc, blob, "inside a step")
+                else:
+                    budget -= blob.shape[0]
+                    del s.parked[slot]
+                    took = self.kind.append_fitting(new, waiting)
+                    s.put(slot, new)
+                    s.pool_state[2, slot] = -1  # its pool match may have been synced from the sealed text
+                    self.grown_in_step += 1
+                    if took < waiting.shape[0]:
+                        self._seal(slot)
+                        s.parked[slot] = waiting[took:].copy()
+                    continue
+            if not s.ahead[0, slot]:
+                s.ahead[0, slot] = 1
+                again.append(slot)
+        if again:
+            self._grow_later(again)
         return budget
+
+    def _growth_failed(self, exc: Exception, blob: np.ndarray, where: str) -> None:
+        """A growth inside a step failed (under the engine's lock): counted and reported."""
+        self.growth_failures += 1
+        _report_growth_failure(exc, self.kind.tokens(blob), where)
 
     def _seal(self, slot: int) -> None:
         """Park slot ``slot``: its blob takes no more tokens (they wait in ``slots.parked``)
@@ -468,7 +526,16 @@ class HostBackend:
             text = self.kind.text(blob)
             waiting = s.parked[slot].shape[0] if slot in s.parked else 0
         n = text.shape[0]
-        new = self.kind.build(text, max(1, int((build.GROWTH - 1) * n), 2 * waiting), s.arena)
+        try:
+            inject(self.faults, "grow_ahead")
+            new = self.kind.build(text, max(1, int((build.GROWTH - 1) * n), 2 * waiting), s.arena)
+        except Exception as exc:  # reported, not raised (nobody would see it): the row is retried
+            with self.lock:
+                if s.blobs[slot] is blob:  # unmarked: the next step that sees it marks it again
+                    s.ahead[0, slot] = 0
+                self.growth_failures += 1
+            _report_growth_failure(exc, n, "on the growth thread")  # not under the engine's lock
+            return
         with self.lock:
             if s.blobs[slot] is not blob:
                 return  # grown inside a step, or freed, meanwhile
@@ -565,7 +632,9 @@ class HostBackend:
         return {"requests": len(blobs), "tokens": sum(self.tokens(r, s) for r, s in slot_of.items()),
                 "bytes": sum(blob_bytes(b) for b in blobs), "overflowed": 0,
                 "grown_ahead": self.grown_ahead, "grown_in_step": self.grown_in_step,
-                "parked": self.parked_rows}
+                "parked": self.parked_rows, "parked_now": sum(s in self.slots.parked for s in slot_of.values()),
+                "growth_failures": self.growth_failures, "slow_steps": self.slow_steps,
+                "slots": len(self.slots.blobs), "free_slots": self.slots.free_count}
 
     def blob_copies(self, slot_of: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
         return {r: self.slots.blobs[s].copy() for r, s in slot_of.items()}

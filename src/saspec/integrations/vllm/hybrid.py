@@ -64,9 +64,9 @@ import numpy as np
 from ...policy import AUTOMATON, NEURAL, CatchUpShare, DraftPolicy, PolicySettings, StepCost, cpu_like, env_log, gpu_like
 from ...rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
 from .catch_up import CatchUpPlan, DraftCatchUp
-from .config import DEFAULT_MIN_MATCH, HybridSettings
+from ...request_drafts import RequestDrafts
+from .config import DEFAULT_MIN_MATCH, HybridSettings, saspec_options
 from .cpu_sampling import fix_sampled_verification
-from .drafts import RequestDrafts
 from .proposer import warm_up
 
 logger = logging.getLogger(__name__)
@@ -157,7 +157,8 @@ class HybridDrafter:
         self.stats = {"steps": 0, "sa_rows": 0, "neural_rows": 0, "sa_tokens": 0, "neural_tokens": 0,
                       "sa_accepted": 0, "neural_accepted": 0, "neural_skipped": 0, "mixed_steps": 0, "one_hot_rows": 0,
                       "neural_calls": 0, "neural_s": 0.0, "catch_up_calls": 0, "catch_up_s": 0.0,
-                      "catch_up_tokens": 0, "late_rows": 0, "short_rows": 0}
+                      "catch_up_tokens": 0, "late_rows": 0, "short_rows": 0, "option_errors": 0}
+        self._caps: dict[Hashable, int] = {}  # the draft cap of each request that set one (0: no drafts)
 
     def schedule(self, new_requests: Sequence[tuple[Hashable, Any, int | None]], finished: Sequence[Hashable],
                  resumed: Sequence[Hashable] = ()) -> None:
@@ -166,14 +167,26 @@ class HybridDrafter:
         on new KV blocks) have a draft KV cache to read again."""
         for rid in finished:
             self.drafts.finish(rid)
+            self._caps.pop(rid, None)
             if self.policy is not None:
                 self.policy.forget(rid)
             if self.catch_up is not None:
                 self.catch_up.forget(rid)
-        for rid, prompt, max_new in new_requests:
-            self.drafts.start(rid, prompt, max_new)
+        for rid, prompt, max_new, *extra in new_requests:
+            try:
+                options = saspec_options(extra[0] if extra else None)
+            except (TypeError, ValueError) as e:
+                logger.error("saspec: request %r: %s; it gets no drafts", rid, e)
+                self.stats["option_errors"] += 1
+                self._caps[rid] = 0
+                options = None
+            if options is not None and not options.drafts:
+                self._caps[rid] = 0
+            elif options is not None and options.max_draft_tokens is not None:
+                self._caps[rid] = options.max_draft_tokens
+            self.drafts.start(rid, prompt, max_new, None if options is None else options.hints)
         if self.catch_up is not None:
-            for rid in [r for r, _, _ in new_requests] + list(resumed):
+            for rid in [r[0] for r in new_requests] + list(resumed):
                 self.catch_up.start(rid)
 
     def sa_step(self, req_ids: Sequence[Hashable], sampled: np.ndarray, discard: np.ndarray, text_len: np.ndarray,
@@ -325,6 +338,10 @@ class HybridDrafter:
         out = []
         n_sa = 0
         cut = self._nn_len.tolist() if len(self._nn_len) == len(count) else [-1] * len(count)
+        if self._caps:  # requests that asked for shorter drafts, or none, from either source
+            caps = [self._caps.get(r, -1) for r in req_ids]
+            count = np.array([c if m < 0 else min(c, m) for c, m in zip(count.tolist(), caps)], np.int32)
+            cut = [c if m < 0 else m if c < 0 else min(c, m) for c, m in zip(cut, caps)]
         for b, c in enumerate(count.tolist()):
             if c:
                 out.append(draft[b, :c].tolist())

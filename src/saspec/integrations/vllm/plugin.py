@@ -170,7 +170,8 @@ def _wrap_update_states(update_states: Any) -> Any:
         out = update_states(self, scheduler_output)
         drafter = _drafter(self)
         if drafter is not None:
-            new = [(r.req_id, r.prompt_token_ids, getattr(r.sampling_params, "max_tokens", None))
+            new = [(r.req_id, r.prompt_token_ids, getattr(r.sampling_params, "max_tokens", None),
+                    getattr(r.sampling_params, "extra_args", None))
                    for r in scheduler_output.scheduled_new_reqs if r.prompt_token_ids is not None]
             if getattr(drafter, "catch_up", None) is not None:
                 resumed = getattr(scheduler_output.scheduled_cached_reqs, "resumed_req_ids", ())

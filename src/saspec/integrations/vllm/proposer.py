@@ -64,10 +64,10 @@ import numpy as np
 from ... import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
-from ...policy import DraftPolicy, PolicySettings, StepCost, cpu_like, env_log, gpu_like
-from .config import DEFAULT_MIN_MATCH, POLICY, resolve_proposer_settings, tensor_parallel_ranks
+from ...drafter import Drafter
+from ...policy import DraftPolicy, PolicySettings
+from .config import DEFAULT_MIN_MATCH, resolve_proposer_settings, saspec_options, tensor_parallel_ranks
 from .cpu_sampling import fix_sampled_verification
-from .drafts import RequestDrafts
 from .fingerprint import FingerprintRows
 
 logger = logging.getLogger(__name__)
@@ -165,28 +165,18 @@ class SAProposer:
         self.settings = cfg
         self.k, self.min_match, self.max_detached = cfg.k, cfg.min_match, cfg.max_detached
         self.length_rule, self.length_scale, self.max_model_len = cfg.length_rule, cfg.length_scale, cfg.max_model_len
-        self.policy: DraftPolicy | None = None
-        if cfg.length_rule == POLICY:
-            shape = cpu_like if cfg.device == "cpu" else gpu_like
-            ps = policy_settings if policy_settings is not None else PolicySettings()
-            cost = StepCost(ps.cost_shape or shape, max_tokens=cfg.max_rows * (cfg.k + 1), window=ps.window,
-                            max_age=ps.max_age, quantile=ps.quantile)
-            self.policy = DraftPolicy(cfg.k, cost=cost, settings=ps, log=log if log is not None else env_log(),
-                                      clock=clock)
-        self._clock = clock
-        self._t_return: float | None = None  # when the last propose returned
-        self._last_rids: list[Hashable] | None = None  # the rows of the last step the policy chose for
-        # The policy sizes drafts itself: the automaton offers all it has ("fixed"), the policy cuts.
-        rule = "fixed" if self.policy is not None else cfg.length_rule
-        self.drafts = RequestDrafts(self.k, min_match=self.min_match, length_rule=rule,
-                                    length_scale=self.length_scale, policy=policy, pool_tokens=cfg.pool_tokens,
-                                    ranks=tensor_parallel_ranks(vllm_config))
-        self._rows = FingerprintRows(self.max_detached, self.drafts.finish)
+        self.drafter = Drafter(cfg.k, device=cfg.device, length_rule=cfg.length_rule, length_scale=cfg.length_scale,
+                               min_match=cfg.min_match, occurrence=policy, pool_tokens=cfg.pool_tokens,
+                               ranks=tensor_parallel_ranks(vllm_config), max_rows=cfg.max_rows,
+                               policy_settings=policy_settings, log=log, clock=clock)
+        self.policy: DraftPolicy | None = self.drafter.policy
+        self.drafts = self.drafter.drafts
+        self._rows = FingerprintRows(self.max_detached, self._forget)
         self._ids: list[Hashable] | None = None  # the next step's request ids, from the plugin
         self._step_tokens = 0  # the tokens the forward before the next propose processed, from the plugin
         self._new = np.zeros((0, self.k + 1), np.int32)  # this step's new tokens per row
         self._text_len = np.zeros(0, np.int32)  # and each row's text length before them
-        self._stats = {"steps": 0, "drafted": 0, "draft_tokens": 0, "by_id": 0}
+        self._stats = {"steps": 0, "drafted": 0, "draft_tokens": 0, "by_id": 0, "option_errors": 0}
         fix_sampled_verification()  # point proposals need exact sampled verification, with or without the plugin
         if warm:
             warm_up(vllm_config, min_match=min_match, policy=policy, length_rule=length_rule,
@@ -194,16 +184,33 @@ class SAProposer:
 
     # -- what the plugin calls ------------------------------------------------------
 
-    def schedule(self, new_requests: Sequence[tuple[Hashable, Any, int | None]], finished: Sequence[Hashable]) -> None:
+    def schedule(self, new_requests: Sequence[tuple], finished: Sequence[Hashable]) -> None:
         """The scheduler's news before a step's forward (from the plugin): each
-        ``(request id, prompt ids, max new tokens)`` in ``new_requests`` starts
-        building while vLLM prefills it; ``finished`` ids are freed."""
+        ``(request id, prompt ids, max new tokens[, sampling extra_args])`` in ``new_requests``
+        starts building while vLLM prefills it, with the options in ``extra_args["saspec"]`` (or
+        ``saspec_*`` keys, as the OpenAI server's ``vllm_xargs`` sends them; see
+        ``config.saspec_options``); ``finished`` ids are freed. A request whose options are bad is
+        logged and never drafted for: the step goes on for every other request."""
         for rid in finished:
-            self.drafts.finish(rid)
-            if self.policy is not None:
-                self.policy.forget(rid)
-        for rid, prompt, max_new in new_requests:
-            self.drafts.start(rid, prompt, max_new)
+            self._forget(rid)
+        for rid, prompt, max_new, *extra in new_requests:
+            try:
+                options = saspec_options(extra[0] if extra else None)
+            except (TypeError, ValueError) as e:
+                self._stats["option_errors"] += 1
+                logger.error("saspec: request %r: %s; it gets no drafts", rid, e)
+                options = {"enabled": False}
+            if rid in self.drafter:
+                continue
+            try:
+                self.drafter.start(rid, prompt, options, max_new)
+            except (TypeError, ValueError) as e:  # hints out of range, say: this request only
+                self._stats["option_errors"] += 1
+                logger.error("saspec: request %r: %s; it gets no drafts", rid, e)
+                self.drafter.start(rid, prompt, {"enabled": False}, max_new)
+
+    def _forget(self, rid: Hashable) -> None:
+        self.drafter.finish(rid)
 
     def name_rows(self, req_ids: Sequence[Hashable], step_tokens: int = 0) -> None:
         """The request id of each row for the next ``propose``, and the tokens the forward before it
@@ -245,17 +252,11 @@ class SAProposer:
             ValueError: ``token_ids_cpu`` is not 2-D, or it or
                 ``num_tokens_no_spec`` has fewer than B rows.
         """
-        now = self._clock()
-        out = self._propose(now, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-        self._t_return = self._clock()
-        return out
-
-    def _propose(self, now: float, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
         ids, self._ids = self._ids, None
         b_live = len(sampled_token_ids)
         self._stats["steps"] += 1
         if b_live == 0:
-            self._last_rids = None
+            self.drafter.idle()
             return []
         token_ids = _int32_2d(token_ids_cpu, "token_ids_cpu")
         num_tokens = num_tokens_no_spec
@@ -277,33 +278,22 @@ class SAProposer:
         else:
             rids = self._rows.assign(token_ids, num_tokens, lens)
             for rid, b, n in self._rows.started:  # prefill chunks: build while vLLM prefills
-                self.drafts.start(rid, token_ids[b, :n])
+                if rid not in self.drafter:
+                    self.drafter.start(rid, token_ids[b, :n])
+        for rid in rids:  # a request the plugin did not announce: built from its row in the step
+            if rid not in self.drafter:
+                self.drafter.start(rid, None)
         _gather(token_ids, num_tokens, lens, new, text_len)
         width = token_ids.shape[1] if self.max_model_len is None else min(self.max_model_len, token_ids.shape[1])
-        match, draft, count = self.drafts.step(rids, text_len, new, lens, token_ids, width)
-        if self.policy is not None:
-            count = self._policy_counts(now, rids, lens, new, match, draft, count)
-        tokens = int(count.sum())
+        step_tokens, self._step_tokens = self._step_tokens, 0
+        batch = self.drafter.step(rids, new, lens, text_len=text_len, texts=token_ids, width=width,
+                                  step_tokens=step_tokens)
+        tokens = int(batch.lengths.sum())
         if not tokens:
             return [[] for _ in range(b_live)]
-        self._stats["drafted"] += int(np.count_nonzero(count))
+        self._stats["drafted"] += int(np.count_nonzero(batch.lengths))
         self._stats["draft_tokens"] += tokens
-        return [row[:c] for row, c in zip(draft.tolist(), count.tolist())]
-
-    def _policy_counts(self, now: float, rids: list, lens: np.ndarray, new: np.ndarray, match: np.ndarray,
-                       draft: np.ndarray, offered: np.ndarray) -> np.ndarray:
-        """Each row's draft length from the policy, in one call: what the last step cost (the forward
-        since the last return) and what followed each row's offer, where the rows are the last step's
-        requests, then this step's choice. ``offered`` is already cut to the room below ``max_model_len``
-        and 0 for rows in prefill."""
-        p = self.policy
-        same = self._last_rids is not None and rids == self._last_rids
-        if not same:
-            p.rows(rids)
-            self._last_rids = list(rids)
-        seconds = now - self._t_return if self._t_return is not None else math.nan
-        step_tokens, self._step_tokens = self._step_tokens, 0
-        return p.step(match, offered, draft, new, lens, seconds, same, self.drafts.branched, step_tokens)
+        return [row[:c] for row, c in zip(batch.tokens.tolist(), batch.lengths.tolist())]
 
     # -- inspection -----------------------------------------------------------------
 
@@ -313,7 +303,8 @@ class SAProposer:
         d, r = self.drafts.stats, self._rows.stats
         out = {**self._stats, "new": d["built"] + d["built_ahead"] - d["rebuilt"], "continued": r["continued"],
                "reclaimed": r["reclaimed"], "freed": r["freed"] + d["finished"], "rebuilt": d["rebuilt"],
-               "built_ahead": d["built_ahead"], "waited": d["waited"]}
+               "built_ahead": d["built_ahead"], "waited": d["waited"], "build_failures": d["build_failures"],
+               "disabled_rows": self.drafter.stats()["disabled_rows"]}
         if self.policy is not None:
             out.update({f"policy_{k}": v for k, v in self.policy.stats.items()})
         return out

@@ -1,0 +1,451 @@
+"""Drafter: the whole drafting step of one inference engine, behind three calls.
+
+::
+
+    with Drafter(k=32, device="cpu") as drafter:
+        drafter.start("a", prompt_ids, options={"max_draft_tokens": 8})  # while the engine prefills "a"
+        batch = drafter.step(["a", "b"], new_tokens, new_lens)          # after every forward
+        # verify batch.tokens[b, :batch.lengths[b]] for each row b ...
+        drafter.finish("a")                                              # finished or aborted
+
+An engine instance holds one ``Drafter``. It keeps everything a drafting step
+needs besides the engine's own tensors: each request's automaton
+(:class:`~saspec.request_drafts.RequestDrafts`, built on a background thread
+while the engine prefills), the cross-request pool of finished texts, the
+drafting policy (:class:`~saspec.policy.DraftPolicy`: how many tokens each row
+drafts, and from which source, for the most tokens per second of the step),
+the last step's offers (scored against the tokens that followed), the step's
+timing, a neural drafter's acceptance and each request's
+:class:`~saspec.options.DraftOptions`. The caller hands over what the forward
+produced and gets each row's draft; it keeps no policy state of its own.
+
+A step's forward is timed by the drafter's clock from the return of one
+:meth:`Drafter.step` to the next call (the engine's forward and bookkeeping in
+between); an engine that times its forward itself passes ``seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .options import DEFAULT_OPTIONS, DraftOptions, parse_options
+from .policy import AUTOMATON, NEURAL, NONE, CatchUpShare, Decision, DraftPolicy, PolicySettings, StepCost, env_log
+from .policy import cpu_like, gpu_like
+from .request_drafts import RequestDrafts
+from .rules import DRAFT_LENGTH_RULES
+from .validate import as_tokens, check_count, check_int
+
+logger = logging.getLogger(__name__)
+
+#: ``length_rule`` value (the default) that sizes drafts with the drafting policy.
+POLICY = "policy"
+#: Rows whose match is shorter than this draft nothing by default.
+DEFAULT_MIN_MATCH = 2
+#: The most rows of a step the cost model is sized for when the caller does not say.
+DEFAULT_MAX_ROWS = 256
+
+
+@dataclass(frozen=True)
+class DraftBatch:
+    """One step's drafts, row ``b`` for the step's ``request_ids[b]``. Views into buffers the next
+    :meth:`Drafter.step` overwrites (copy what must outlive it).
+
+    Attributes:
+        tokens: int32 [B, K]: row ``b``'s automaton draft in ``tokens[b, :lengths[b]]`` where
+            ``sources[b] == AUTOMATON``; -1 elsewhere (a neural row's tokens are its drafter's).
+        lengths: int32 [B]: draft tokens per row (0: none).
+        sources: int32 [B]: ``saspec.policy.NONE`` (0), ``AUTOMATON`` (1) or ``NEURAL`` (2).
+        match: int32 [B]: each row's match length in tokens (0 for rows that appended nothing).
+        neural_k: the most tokens the neural drafter makes for a row this step (0: do not run it).
+    """
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    sources: np.ndarray
+    match: np.ndarray
+    neural_k: int
+
+    def row(self, b: int) -> list[int]:
+        """Row ``b``'s automaton draft as a list (empty for other sources)."""
+        return self.tokens[b, : self.lengths[b]].tolist() if self.sources[b] == AUTOMATON else []
+
+
+class Drafter:
+    """The drafting session of one engine instance (see the module doc).
+
+    Args:
+        k: the most draft tokens of a row (>= 1).
+        device: the engine's device type: ``"cpu"`` (a step costs about its token count) or any
+            other (a GPU: a step's cost is flat up to a knee); the policy's prior cost shape.
+        length_rule: ``"policy"`` (default): each row's length and source from the drafting policy;
+            or a fixed rule of ``saspec.rules`` (``"fixed"``: K, ``"per-match"``, ``"per-match-recent"``).
+        length_scale: the fixed rules' tokens per matched token (> 0).
+        min_match: rows whose match is shorter draft nothing (>= 1).
+        occurrence: which earlier occurrence drafts copy from (``build.POLICIES``; None: the default).
+        pool_tokens: the cross-request pool's size in tokens (0: none): finished requests' texts join
+            it and rows draft from it where their match there is longer.
+        ranks: tensor-parallel ranks drafting alike (see ``RequestDrafts``); with more than one the
+            policy decides from its prior costs and acceptance alone (timings differ per rank).
+        max_rows: the most rows of a step (sizes the policy's cost table).
+        policy_settings: the policy's :class:`~saspec.policy.PolicySettings` (default all defaults).
+        cost: a :class:`~saspec.policy.StepCost` to use (e.g. ``StepCost.profile`` of the engine).
+        neural_catchup_sunk: the engine runs its neural drafter's catch-up at every step anyway.
+        log: called with each step's :class:`~saspec.policy.Decision` (None: the ``saspec.policy``
+            logger where ``$SASPEC_POLICY_LOG`` is set).
+        clock: the time source of the step timings (seconds); a test or a simulation injects one.
+        faults: a fault-injection test hook for the automata (``saspec.faults``; None: none).
+
+    Raises:
+        ValueError, TypeError: a setting out of range or of the wrong type (named).
+
+    Attributes:
+        policy: the :class:`~saspec.policy.DraftPolicy` (None with a fixed rule).
+        drafts: the :class:`~saspec.request_drafts.RequestDrafts` holding the automata.
+        pool: the cross-request pool (a ``RequestPool``) or None.
+    """
+
+    def __init__(self, k: int, *, device: str = "cpu", length_rule: str = POLICY, length_scale: float = 2.0,
+                 min_match: int = DEFAULT_MIN_MATCH, occurrence: str | None = None, pool_tokens: int = 0,
+                 ranks: int = 1, max_rows: int = DEFAULT_MAX_ROWS, policy_settings: PolicySettings | None = None,
+                 cost: StepCost | None = None, neural_catchup_sunk: bool = False,
+                 log: Callable[[Decision], Any] | None = None, clock: Callable[[], float] = time.perf_counter,
+                 faults: Any = None) -> None:
+        self.k = check_count(k, "k")
+        check_int(min_match, "min_match", 1)
+        check_int(pool_tokens, "pool_tokens", 0)
+        self.ranks = check_int(ranks, "ranks", 1)
+        max_rows = check_int(max_rows, "max_rows", 1)
+        if not isinstance(device, str):
+            raise TypeError(f"device must be a device type string such as 'cpu' or 'cuda', got {device!r}")
+        if length_rule != POLICY and length_rule not in DRAFT_LENGTH_RULES:
+            raise ValueError(f"unknown length_rule {length_rule!r}; choose from "
+                             f"{', '.join((POLICY, *DRAFT_LENGTH_RULES))}")
+        if not callable(clock):
+            raise TypeError(f"clock must be a callable returning seconds, got {clock!r}")
+        self.length_rule = length_rule
+        self.policy: DraftPolicy | None = None
+        if length_rule == POLICY:
+            ps = policy_settings if policy_settings is not None else PolicySettings()
+            if cost is None:
+                shape = ps.cost_shape or (cpu_like if device == "cpu" else gpu_like)
+                cost = StepCost(shape, max_tokens=max_rows * (self.k + 1), window=ps.window, max_age=ps.max_age,
+                                quantile=ps.quantile)
+            self.policy = DraftPolicy(self.k, cost=cost, settings=ps, neural_catchup_sunk=neural_catchup_sunk,
+                                      log=log if log is not None else env_log(), clock=clock)
+        # The policy cuts what the automaton offers ("fixed"); a fixed rule cuts by the match.
+        self.drafts = RequestDrafts(self.k, min_match=min_match, length_rule="fixed" if self.policy else length_rule,
+                                    length_scale=length_scale, occurrence=occurrence, pool_tokens=pool_tokens,
+                                    ranks=self.ranks, faults=faults)
+        self.pool = self.drafts.pool
+        self.clock = clock
+        self._timed = self.ranks == 1
+        self._options: dict[Hashable, DraftOptions] = {}
+        self._lengths: dict[Hashable, int] = {}  # each request's text length, where the caller gives none
+        self._t_return: float | None = None  # when the last step returned: the engine's forward runs after it
+        self._last: list[Hashable] | None = None  # the rows of the last step
+        self._caps: np.ndarray = np.zeros(0, np.int32)  # the rows' draft caps (-1: never drafted for)
+        self._any_cap = False
+        self._prev: _Offers | None = None  # the last step's offers, for a step with a neural drafter
+        self._share = CatchUpShare()
+        self._closed = False
+        self._counts = {"steps": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "neural_rows": 0,
+                        "disabled_rows": 0}
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self, request_id: Hashable, prompt: Any, options: Any = None,
+              max_new_tokens: int | None = None) -> None:
+        """A new request: build its automaton on a background thread (without the GIL), so it overlaps
+        the engine's prefill. Call it when the engine admits the request, before its first step.
+
+        Args:
+            request_id: any hashable id, unique among the requests started and not finished.
+            prompt: 1-D token ids (list, numpy array or CPU tensor) in [0, 2**31); None: not known
+                yet (its automaton is built at its first step from ``texts``, which that step needs).
+            options: the request's :class:`~saspec.options.DraftOptions`, or a mapping with its keys
+                (``enabled``, ``max_draft_tokens``, ``hints``), or None (defaults).
+            max_new_tokens: the most tokens the request may generate, if known (room is reserved).
+
+        Raises:
+            KeyError: ``request_id`` was started and not finished.
+            TypeError, ValueError: a bad prompt, ``max_new_tokens`` or option (named); nothing changes.
+            RuntimeError: the drafter is closed.
+        """
+        self._check_open()
+        if request_id in self._options:
+            raise KeyError(f"request {request_id!r} is already started")
+        tokens = None if prompt is None else as_tokens(prompt, "prompt")
+        opts = parse_options(options, f"request {request_id!r} options")
+        if max_new_tokens is not None:
+            max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 0)
+        self._options[request_id] = opts
+        self._last = None  # the next step reads each row's options again
+        if tokens is None:
+            self.drafts.expect(request_id, max_new_tokens, opts.hints)
+            return
+        self._lengths[request_id] = int(tokens.shape[0])
+        if opts.drafts or self.pool is not None:  # a request never drafted for is built only for the pool
+            self.drafts.start(request_id, tokens, max_new_tokens, opts.hints)
+
+    def finish(self, request_id: Hashable) -> None:
+        """The request finished (or was aborted): its text joins the pool (if any), its state is freed.
+        Always completes, whatever happened to its builds. Unknown ids are ignored (an engine may
+        report a request finished twice)."""
+        self._options.pop(request_id, None)
+        self._lengths.pop(request_id, None)
+        self.drafts.finish(request_id)
+        if self.policy is not None:
+            self.policy.forget(request_id)
+        if self._last is not None and request_id in self._last:
+            self._last = None
+
+    def close(self) -> None:
+        """Stop the background builder and close the pool (idempotent). Call it when the engine stops
+        (or use the drafter as a context manager)."""
+        if not self._closed:
+            self._closed = True
+            self.drafts.close()
+
+    def __enter__(self) -> Drafter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._options
+
+    def __len__(self) -> int:
+        return len(self._options)
+
+    def options(self, request_id: Hashable) -> DraftOptions:
+        """The options ``request_id`` was started with. Raises ``KeyError`` for an unknown id."""
+        return self._options[request_id]
+
+    # -- each step -------------------------------------------------------------------
+
+    def step(self, request_ids: Sequence[Hashable], new_tokens: Any, new_lens: Any, *, text_len: Any = None,
+             texts: Any = None, width: int | None = None, seconds: float | None = None, step_tokens: int = 0,
+             neural_k: int = 0, neural_rows: Any = None, neural_behind: int = 0) -> DraftBatch:
+        """Append each row's newly accepted tokens to its automaton and draft for every row.
+        Call it once per engine step, after the forward (and before the next one).
+
+        Args:
+            request_ids: B request ids in row order (each started; rows that append nothing may repeat
+                none of the others).
+            new_tokens: int [B, >= max(new_lens)]: each row's tokens emitted since its last step
+                (accepted drafts and the target's own), first in the row.
+            new_lens: int [B] in [0, K + 1]: how many of ``new_tokens[b]`` are real; 0: the row is
+                still in prefill (it appends and drafts nothing).
+            text_len: int32 [B]: each row's text length (prompt and output) before this step's tokens,
+                where the engine keeps it (vLLM); None: the drafter counts it from the prompt.
+            texts: int32 [>= B, >= text_len[b]]: each row's text, read only to rebuild a request whose
+                automaton does not hold its text (a step the drafter did not see); None: none.
+            width: no draft runs past this many tokens of text (the engine's context length).
+            seconds: the last forward's seconds, where the engine times it; None: the drafter's clock
+                from the last step's return to this call.
+            step_tokens: the tokens that forward processed (prefill chunks of other requests
+                included), where known; 0: the rows and draft tokens the last step chose.
+            neural_k: the most tokens the engine's neural drafter can draft for a row this step
+                (0: there is none). The policy then gives each row the better source.
+            neural_rows: bool [B]: rows the neural drafter may draft for (default: all live rows).
+            neural_behind: tokens the neural drafter must read before it drafts (its catch-up).
+
+        Returns:
+            The step's :class:`DraftBatch` (views the next call overwrites).
+
+        Raises:
+            TypeError, ValueError: arrays of the wrong type, dtype or shape, a length out of range, an
+                id twice, or an unknown id (named); nothing changes.
+            RuntimeError: the drafter is closed.
+        """
+        self._check_open()
+        now = self.clock()
+        rids = request_ids if isinstance(request_ids, list) else list(request_ids)
+        b = len(rids)
+        new, lens = _rows_array(new_tokens, "new_tokens", 2, b), _rows_array(new_lens, "new_lens", 1, b)
+        if rids != self._last:
+            self._batch_options(rids)
+        if self._any_cap and (self._caps < 0).any():  # never drafted for (no automaton without a pool)
+            lens = np.where(self._caps < 0, 0, lens).astype(np.int32)
+        if text_len is None:
+            missing = [r for r in rids if r not in self._lengths]
+            if missing:
+                raise ValueError(f"request {missing[0]!r} was started without a prompt: its steps need text_len")
+            before = np.fromiter((self._lengths[r] for r in rids), np.int32, b)
+        else:
+            before = _rows_array(text_len, "text_len", 1, b)
+        if texts is not None:
+            texts = _rows_array(texts, "texts", 2, texts.shape[0] if hasattr(texts, "shape") else len(texts))
+        w = int(width) if width is not None else (1 << 31) - 1
+        match, draft, offered = self.drafts.step(rids, before, new, lens, texts, w)
+        if text_len is None:
+            for r, n in zip(rids, lens.tolist()):
+                self._lengths[r] += n
+        if self._any_cap:
+            offered = np.minimum(offered, np.maximum(self._caps, 0)).astype(np.int32)
+        if seconds is None:
+            seconds = now - self._t_return if self._t_return is not None and self._timed else math.nan
+        same = rids == self._last
+        if self.policy is None:
+            lengths, sources, nk = offered, np.where(offered > 0, AUTOMATON, NONE).astype(np.int32), 0
+        elif neural_k == 0 and self._prev is None:
+            if not same:
+                self.policy.rows(rids)
+            lengths = self.policy.step(match, offered, draft, new, lens, seconds, same, self.drafts.branched,
+                                       int(step_tokens))
+            sources, nk = np.where(lengths > 0, AUTOMATON, NONE).astype(np.int32), 0
+        else:
+            lengths, sources, nk = self._neural_step(rids, same, match, draft, offered, new, lens, seconds,
+                                                     int(step_tokens), check_int(neural_k, "neural_k", 0),
+                                                     neural_rows, neural_behind)
+        self._last = rids
+        out = self._finish_step(draft, lengths, sources, match, lens, nk)
+        self._t_return = self.clock()
+        return out
+
+    def _neural_step(self, rids: list, same: bool, match: np.ndarray, draft: np.ndarray, offered: np.ndarray,
+                     new: np.ndarray, lens: np.ndarray, seconds: float, step_tokens: int, neural_k: int,
+                     neural_rows: Any, neural_behind: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """A step where a neural drafter may draft: score the last step's offers of both sources, then
+        each row's source and length (a drafter that lags charged a share of its catch-up)."""
+        p = self.policy
+        prev = self._prev
+        b = len(rids)
+        if same and prev is not None:
+            p.observe_step(step_tokens or prev.tokens, seconds)
+            p.observe(prev.match, prev.offered, prev.drafts, new, lens, prev.branched)
+            accepted = np.minimum(np.maximum(lens - 1, 0), prev.neural)
+            for i in np.flatnonzero((prev.neural > 0) & (lens > 0)).tolist():
+                p.observe_neural_outcome(int(prev.neural[i]), int(accepted[i]))
+        elif not same:
+            p.rows(rids)
+        live = lens > 0
+        m = np.where(live, match, 0).astype(np.int64)
+        off = offered.astype(np.int64)
+        rows = live if neural_rows is None else live & _rows_array(neural_rows, "neural_rows", 1, b, np.bool_)
+        if self._any_cap:
+            rows = rows & (self._caps != 0)
+        branched = self.drafts.branched
+        if live.any():
+            self._share.observe_tokens(float(lens.sum()) / int(np.count_nonzero(lens)))
+        behind = check_int(neural_behind, "neural_behind", 0)
+        in_step = int(lens[live].sum()) + b
+        if neural_k and behind > in_step:
+            lengths, src = self._share.decide(p, m, off, neural_k, rows, behind, in_step, branched=branched)
+        else:
+            lengths, src = p.decide(m, off, neural_k=neural_k, neural_rows=rows, neural_behind=max(behind, 1),
+                                    branched=branched)
+        lengths = lengths.astype(np.int32)
+        if self._any_cap:  # a neural row's cap too
+            lengths = np.minimum(lengths, np.where(self._caps < 0, 0, self._caps)).astype(np.int32)
+        src = np.where(lengths > 0, src, NONE).astype(np.int32)
+        self._prev = _Offers(m, off, draft.copy(), branched.copy(), np.where(src == NEURAL, lengths, 0),
+                             b + int(lengths.sum()))
+        return lengths, src, int(lengths[src == NEURAL].max(initial=0))
+
+    def _finish_step(self, draft: np.ndarray, lengths: np.ndarray, sources: np.ndarray, match: np.ndarray,
+                     lens: np.ndarray, neural_k: int) -> DraftBatch:
+        """The step's batch: automaton rows keep their draft up to their length, other rows -1."""
+        b = draft.shape[0]
+        tokens = draft
+        auto = sources == AUTOMATON
+        cut = np.arange(draft.shape[1])[None, :] >= np.where(auto, lengths, 0)[:, None]
+        if cut.any():
+            tokens = np.where(cut, -1, draft).astype(np.int32)
+        c = self._counts
+        c["steps"] += 1
+        c["rows"] += b
+        c["drafted_rows"] += int(np.count_nonzero(lengths))
+        c["draft_tokens"] += int(lengths.sum())
+        c["neural_rows"] += int(np.count_nonzero(sources == NEURAL))
+        m = match if lens.all() else np.where(lens > 0, match, 0).astype(np.int32)
+        return DraftBatch(tokens, lengths, sources, m, neural_k)
+
+    def _batch_options(self, rids: list) -> None:
+        """Each row's draft cap for a new batch: -1 never drafted for, else the cap (K without one)."""
+        caps = np.full(len(rids), self.k, np.int32)
+        disabled = 0
+        for i, r in enumerate(rids):
+            try:
+                o = self._options[r]
+            except KeyError:
+                raise KeyError(f"request {r!r} was not started (Drafter.start) or is finished") from None
+            if o is DEFAULT_OPTIONS:
+                continue
+            if not o.drafts:
+                caps[i] = -1 if self.pool is None else 0
+                disabled += 1
+            elif o.max_draft_tokens is not None:
+                caps[i] = min(o.max_draft_tokens, self.k)
+        self._caps = caps
+        self._any_cap = bool((caps < self.k).any())
+        self._counts["disabled_rows"] += disabled
+
+    def idle(self) -> None:
+        """The engine ran a step with no row to draft for: the next step is neither timed nor scored
+        against the last one."""
+        self._last = None
+        self._t_return = None
+        self._prev = None
+
+    def time_neural(self, seconds: float, read: int, drafted: int, rows: int = 1) -> None:
+        """One neural drafter call of this step: ``seconds`` to read ``read`` tokens and draft
+        ``drafted`` tokens for each of ``rows`` rows (its cost, learnt against the target's)."""
+        if self.policy is not None and self._timed:
+            self.policy.observe_neural(seconds, read, drafted, rows)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the drafter is closed")
+
+    # -- inspection ------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Counters: ``steps``, ``rows``, ``drafted_rows``, ``draft_tokens``, ``neural_rows``,
+        ``disabled_rows`` (row-steps of requests started with drafting off), the automata's
+        (``built``, ``built_ahead``, ``rebuilt``, ``waited``, ``finished``, ``pool_rows``,
+        ``build_failures``) and the policy's, prefixed ``policy_``."""
+        out = {**self._counts, **self.drafts.stats}
+        if self.policy is not None:
+            out.update({f"policy_{k}": v for k, v in self.policy.stats.items()})
+        return out
+
+
+@dataclass(frozen=True)
+class _Offers:
+    """A step's offers, scored at the next step (with a neural drafter)."""
+
+    match: np.ndarray
+    offered: np.ndarray
+    drafts: np.ndarray
+    branched: np.ndarray
+    neural: np.ndarray  # each row's neural draft length (0: not a neural row)
+    tokens: int  # the tokens the step's forward verifies
+
+
+def _rows_array(x: Any, name: str, ndim: int, rows: int, dtype: Any = np.int32) -> np.ndarray:
+    """``x`` (numpy array, CPU tensor or nested list of integers) as a C-contiguous ``dtype`` array of
+    ``ndim`` dimensions and ``rows`` rows; ``TypeError`` / ``ValueError`` naming ``name`` otherwise."""
+    if not isinstance(x, np.ndarray) and hasattr(x, "numpy"):
+        x = x.detach().numpy() if hasattr(x, "detach") else x.numpy()
+    a = np.asarray(x)
+    if dtype is np.bool_:
+        if a.dtype != np.bool_:
+            raise TypeError(f"{name} must hold bools, got dtype {a.dtype}")
+    elif not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+    if a.ndim != ndim or a.shape[0] != rows:
+        raise ValueError(f"{name} must have {ndim} dimension(s) and {rows} rows, got shape {a.shape}")
+    if a.dtype != dtype or not a.flags.c_contiguous:
+        if dtype is np.int32 and a.size and (a.min() < -(1 << 31) or a.max() >= 1 << 31):
+            raise ValueError(f"{name} holds values outside int32")
+        a = np.ascontiguousarray(a, dtype=dtype)
+    return a

@@ -1,0 +1,87 @@
+"""DraftOptions: what one request asks of its drafts (on, a cap, text to copy from).
+
+Every engine passes them in its own way (vLLM's ``SamplingParams.extra_args``,
+a ``generate`` keyword, a request body field); :func:`parse_options` turns each
+form into one validated :class:`DraftOptions`, so a bad option is a clear
+``ValueError`` for that request before anything is built, never a crash of a
+later step or a silent default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .validate import as_tokens
+
+#: The keys :func:`parse_options` takes (a mapping with any other key is refused).
+OPTION_KEYS = ("enabled", "max_draft_tokens", "hints")
+
+
+@dataclass(frozen=True)
+class DraftOptions:
+    """One request's drafting options.
+
+    Attributes:
+        enabled: False: the request is never drafted for (its automaton is
+            still built where a cross-request pool may take its text).
+        max_draft_tokens: the most draft tokens any step proposes for the
+            request (>= 0; None: the drafter's own K). 0 is like ``enabled=False``.
+        hints: int32 [H] token ids the request's drafts may copy from beside
+            its own text (a file the output will edit, a document to quote);
+            None: none. They are never part of the request's text: a draft
+            never runs from the hints into the prompt.
+    """
+
+    enabled: bool = True
+    max_draft_tokens: int | None = None
+    hints: np.ndarray | None = None
+
+    @property
+    def drafts(self) -> bool:
+        """Whether the request may get drafts at all."""
+        return self.enabled and self.max_draft_tokens != 0
+
+
+#: Options of a request that gave none.
+DEFAULT_OPTIONS = DraftOptions()
+
+
+def parse_options(options: Any, where: str = "options") -> DraftOptions:
+    """``options`` as :class:`DraftOptions`: None (the defaults), a ``DraftOptions``, or a mapping with
+    the keys of :data:`OPTION_KEYS` (``enabled``: a bool; ``max_draft_tokens``: an int >= 0 or None;
+    ``hints``: 1-D token ids in [0, 2**31) or None).
+
+    Raises:
+        TypeError, ValueError: an unknown key or a value of the wrong type or range, naming it
+            (``where`` says whose options they are, e.g. ``"request 'a' options"``).
+    """
+    if options is None:
+        return DEFAULT_OPTIONS
+    if isinstance(options, DraftOptions):
+        items = {"enabled": options.enabled, "max_draft_tokens": options.max_draft_tokens, "hints": options.hints}
+    elif isinstance(options, Mapping):
+        items = dict(options)
+        unknown = sorted(str(k) for k in items if k not in OPTION_KEYS)
+        if unknown:
+            raise ValueError(f"{where}: unknown option {unknown[0]!r}; the options are {', '.join(OPTION_KEYS)}")
+    else:
+        raise TypeError(f"{where} must be a mapping or a saspec DraftOptions, got {type(options).__name__}")
+    enabled = items.get("enabled", True)
+    if not isinstance(enabled, (bool, np.bool_)):
+        raise TypeError(f"{where}: enabled must be a bool, got {enabled!r}")
+    cap = items.get("max_draft_tokens")
+    if cap is not None:
+        if isinstance(cap, (bool, np.bool_)) or not isinstance(cap, (int, np.integer)):
+            raise TypeError(f"{where}: max_draft_tokens must be an int >= 0 or None, got {cap!r}")
+        if cap < 0:
+            raise ValueError(f"{where}: max_draft_tokens must be >= 0, got {cap}")
+        cap = int(cap)
+    hints = items.get("hints")
+    if hints is not None:
+        hints = as_tokens(hints, f"{where}: hints")
+        hints = hints if hints.shape[0] else None
+    return DraftOptions(bool(enabled), cap, hints)

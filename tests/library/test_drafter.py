@@ -1,0 +1,368 @@
+"""Drafter: the lifecycle, per-request options, failed builds, and the step an engine drives."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+
+from saspec import SpecEngine
+from saspec.drafter import Drafter
+from saspec.options import DraftOptions, parse_options
+from saspec.policy import AUTOMATON, NONE
+
+K = 8
+
+
+class Clock:
+    """A clock only the simulated forwards advance: ``cost(n)`` seconds for a forward over n tokens."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FailBuilds:
+    """Fault hook: the chosen builds fail (counted in order of asking)."""
+
+    def __init__(self, fail: set[int]) -> None:
+        self.fail, self.asked = fail, 0
+        self.lock = threading.Lock()
+
+    def should_fail(self, kind: str) -> bool:
+        if kind != "build":
+            return False
+        with self.lock:
+            self.asked += 1
+            return self.asked in self.fail
+
+
+def run(drafter: Drafter, prompts: dict, outputs: dict, options: dict | None = None, clock: Clock | None = None,
+        batch: int = 4, cost=lambda n: 0.01 + 0.001 * n) -> dict:
+    """Serve every request to its end, ``batch`` rows at a time, with greedy verification: each step a
+    row emits the prefix of its draft that matches its output plus one token of its own. Returns per
+    request the draft tokens proposed and accepted, its steps and its longest draft."""
+    options = options or {}
+    pending = list(prompts)
+    pos: dict = {}  # tokens of its output each live request has emitted
+    emitted: dict = {}  # what it emitted at its last step (the tokens the next step appends)
+    stats = {r: {"proposed": 0, "accepted": 0, "steps": 0, "longest": 0} for r in prompts}
+    while pending or pos:
+        while pending and len(pos) < batch:
+            r = pending.pop(0)
+            drafter.start(r, prompts[r], options.get(r))
+            pos[r] = 1  # the prefill emits the first output token
+            emitted[r] = [outputs[r][0]]
+        rids = list(pos)
+        new = np.zeros((len(rids), K + 1), np.int32)
+        lens = np.zeros(len(rids), np.int32)
+        for i, r in enumerate(rids):
+            new[i, : len(emitted[r])] = emitted[r]
+            lens[i] = len(emitted[r])
+        batch_out = drafter.step(rids, new, lens)
+        n_tokens = len(rids)
+        for i, r in enumerate(rids):
+            d = batch_out.row(i)
+            assert batch_out.lengths[i] == (len(d) if batch_out.sources[i] == AUTOMATON else 0)
+            out = outputs[r]
+            a = 0
+            while a < len(d) and pos[r] + a < len(out) - 1 and d[a] == out[pos[r] + a]:
+                a += 1
+            step = out[pos[r]: pos[r] + a + 1]
+            s = stats[r]
+            s["proposed"] += len(d)
+            s["accepted"] += a
+            s["steps"] += 1
+            s["longest"] = max(s["longest"], len(d))
+            n_tokens += len(d)
+            pos[r] += len(step)
+            emitted[r] = step
+        if clock is not None:
+            clock.t += cost(n_tokens)
+        for r in [r for r in rids if pos[r] >= len(outputs[r])]:
+            drafter.finish(r)
+            del pos[r], emitted[r]
+    return stats
+
+
+def copy_task(seed: int, n: int = 6, length: int = 120):
+    """Requests that rewrite a block of their prompt with a few changes (copy-heavy)."""
+    rng = np.random.default_rng(seed)
+    prompts, outputs = {}, {}
+    for i in range(n):
+        block = rng.integers(10, 5000, length).tolist()
+        out = list(block)
+        for j in rng.choice(length, 3, replace=False).tolist():
+            out[j] = int(rng.integers(5000, 6000))
+        prompts[f"r{i}"] = [1, 2, 3] + block + [4]
+        outputs[f"r{i}"] = out + [5]
+    return prompts, outputs
+
+
+def test_drafts_follow_a_fixed_rule_exactly_like_the_engine():
+    """With the fixed rule, every row's draft is the engine's own draft of the same text."""
+    prompts, outputs = copy_task(0, n=3)
+    with Drafter(K, length_rule="fixed", min_match=1) as d:
+        ref = SpecEngine()
+        for r in prompts:
+            d.start(r, prompts[r])
+            ref.add_request(r, prompts[r])
+        rids = list(prompts)
+        ref.prepare(rids)
+        rng = np.random.default_rng(1)
+        pos = {r: 0 for r in rids}
+        for _ in range(30):
+            lens = rng.integers(1, K + 2, len(rids)).astype(np.int32)
+            new = np.zeros((len(rids), K + 1), np.int32)
+            for i, r in enumerate(rids):
+                chunk = outputs[r][pos[r]: pos[r] + lens[i]]
+                lens[i] = len(chunk)
+                new[i, : len(chunk)] = chunk
+                pos[r] += len(chunk)
+            got = d.step(rids, new, lens)
+            m = np.zeros(len(rids), np.int32)
+            dr = np.zeros((len(rids), K), np.int32)
+            ref.extend(new, lens, m, dr)
+            live = lens > 0
+            np.testing.assert_array_equal(got.match[live], m[live])
+            for i in np.flatnonzero(live):
+                want = dr[i][dr[i] >= 0].tolist() if m[i] >= 1 else []
+                assert got.row(i) == want
+                assert got.sources[i] == (AUTOMATON if want else NONE)
+
+
+def test_policy_drafts_copies_and_learns():
+    """The policy drafts on copy-heavy requests (most output tokens come from accepted drafts)."""
+    prompts, outputs = copy_task(2)
+    clock = Clock()
+    with Drafter(K, clock=clock) as d:
+        stats = run(d, prompts, outputs, clock=clock)
+        st = d.stats()
+    accepted = sum(s["accepted"] for s in stats.values())
+    total = sum(len(o) for o in outputs.values())
+    assert accepted > total / 2
+    assert st["steps"] > 0 and st["draft_tokens"] >= accepted and st["policy_timed"] > 0
+    assert st["finished"] == len(prompts) and len(d) == 0
+
+
+def test_disabled_request_is_never_drafted_for():
+    prompts, outputs = copy_task(3, n=4)
+    opts = {"r1": {"enabled": False}, "r2": DraftOptions(enabled=False)}
+    for pool in (0, 100_000):
+        with Drafter(K, length_rule="fixed", min_match=1, pool_tokens=pool) as d:
+            stats = run(d, prompts, outputs, opts)
+            assert d.stats()["disabled_rows"] > 0
+        assert stats["r1"]["proposed"] == stats["r2"]["proposed"] == 0
+        assert stats["r0"]["accepted"] > 0 and stats["r3"]["accepted"] > 0
+
+
+def test_disabled_request_joins_the_pool():
+    """Drafting off still builds the automaton where a pool may take the text: a later request that
+    repeats the disabled one's output drafts from the pool."""
+    prompts, outputs = copy_task(4, n=1)
+    prompts["again"], outputs["again"] = [7, 7, 7], list(outputs["r0"])
+    with Drafter(K, length_rule="fixed", min_match=1, pool_tokens=100_000) as d:
+        stats = run(d, {"r0": prompts["r0"]}, {"r0": outputs["r0"]}, {"r0": {"enabled": False}}, batch=1)
+        d.pool.flush(timeout=60)
+        again = run(d, {"again": prompts["again"]}, {"again": outputs["again"]}, batch=1)
+    assert stats["r0"]["proposed"] == 0
+    assert again["again"]["accepted"] > len(outputs["again"]) / 2
+
+
+@pytest.mark.parametrize("cap", [0, 1, 2, 5])
+def test_max_draft_tokens_caps_every_draft(cap):
+    prompts, outputs = copy_task(5, n=3)
+    opts = {"r1": {"max_draft_tokens": cap}}
+    for rule in ("fixed", "policy"):
+        clock = Clock()
+        with Drafter(K, length_rule=rule, min_match=1, clock=clock) as d:
+            stats = run(d, prompts, outputs, opts, clock=clock)
+        assert stats["r1"]["longest"] <= cap
+        assert stats["r0"]["longest"] > cap
+        if cap:
+            assert stats["r1"]["accepted"] > 0
+
+
+def test_hints_raise_acceptance_on_an_edit_of_a_file_the_prompt_lacks():
+    """A request editing a file that is not in its prompt drafts from the file given as hints."""
+    rng = np.random.default_rng(6)
+    file = rng.integers(10, 5000, 200).tolist()
+    edited = list(file)
+    edited[50] = 9999
+    prompts = {"edit": [1, 2, 3]}  # "apply the change": the file is not in the prompt
+    outputs = {"edit": edited + [5]}
+    results = {}
+    for hints in (None, file):
+        clock = Clock()
+        with Drafter(K, clock=clock) as d:
+            results[hints is not None] = run(d, prompts, outputs, {"edit": {"hints": hints}}, clock=clock)["edit"]
+    assert results[False]["accepted"] < 20
+    assert results[True]["accepted"] > 150
+    assert results[True]["steps"] < results[False]["steps"] / 3
+
+
+def test_hints_never_leak_the_separator_or_the_prompt_into_drafts():
+    """A draft copied from the hints stops at their end: the prompt after the separator is not drafted."""
+    hints = [10, 11, 12, 13]
+    with Drafter(K, length_rule="fixed", min_match=1) as d:
+        d.start("a", [20, 21, 22], {"hints": hints})
+        out = d.step(["a"], np.array([[11, 12, 0, 0, 0, 0, 0, 0, 0]], np.int32), np.array([2], np.int32))
+        assert out.row(0) == [13]
+        assert out.match[0] == 2
+
+
+@pytest.mark.parametrize("options, error, text", [
+    ({"enable": False}, ValueError, "unknown option 'enable'"),
+    ({"enabled": "no"}, TypeError, "enabled must be a bool"),
+    ({"max_draft_tokens": -1}, ValueError, "max_draft_tokens must be >= 0"),
+    ({"max_draft_tokens": 2.5}, TypeError, "max_draft_tokens must be an int"),
+    ({"max_draft_tokens": True}, TypeError, "max_draft_tokens must be an int"),
+    ({"hints": [1, -2]}, ValueError, "hints"),
+    ({"hints": [1.5]}, TypeError, "hints"),
+    (["enabled"], TypeError, "must be a mapping"),
+])
+def test_bad_options_are_refused_and_change_nothing(options, error, text):
+    with Drafter(K) as d:
+        with pytest.raises(error, match=text):
+            d.start("a", [1, 2, 3], options)
+        assert "a" not in d and len(d) == 0
+        d.start("a", [1, 2, 3])  # the id is still free
+        assert d.options("a") == parse_options(None)
+
+
+def test_bad_step_inputs_are_refused_and_change_nothing():
+    with Drafter(K, length_rule="fixed", min_match=1) as d:
+        d.start("a", [1, 2, 3, 1, 2])
+        good_new, good_lens = np.array([[3, 0, 0, 0, 0, 0, 0, 0, 0]], np.int32), np.array([1], np.int32)
+        with pytest.raises(TypeError, match="new_tokens must hold integers"):
+            d.step(["a"], good_new.astype(np.float32), good_lens)
+        with pytest.raises(ValueError, match="new_lens must have 1 dimension"):
+            d.step(["a"], good_new, np.array([1, 1], np.int32))
+        with pytest.raises(KeyError, match="'b' was not started"):
+            d.step(["a", "b"], np.zeros((2, K + 1), np.int32), np.array([1, 1], np.int32))
+        with pytest.raises(ValueError, match="new_lens must be in"):
+            d.step(["a"], good_new, np.array([K + 2], np.int32))
+        with pytest.raises(KeyError, match="already started"):
+            d.start("a", [1])
+        out = d.step(["a"], good_new, good_lens)  # nothing changed: "a" continues where it was
+        assert out.match[0] == 3 and out.row(0)[:3] == [1, 2, 3]  # the text is 1 2 3 1 2 3, once
+
+
+def test_a_failed_build_is_counted_logged_and_rebuilt(caplog):
+    """A build that fails ahead (injected MemoryError) never reaches the step: that request drafts
+    nothing at first, is rebuilt from the engine's texts, every other row drafts as usual, and finish
+    forgets it."""
+    prompts, outputs = copy_task(7, n=3)
+    faults = FailBuilds({1})  # the first build: r0's, ahead
+    with caplog.at_level(logging.WARNING, logger="saspec"), \
+            Drafter(K, length_rule="fixed", min_match=1, faults=faults) as d:
+        for r in prompts:
+            d.start(r, prompts[r])
+        rids = list(prompts)
+        texts = np.zeros((3, 400), np.int32)
+        text_len = np.zeros(3, np.int32)
+        for i, r in enumerate(rids):
+            text_len[i] = len(prompts[r])
+            texts[i, : text_len[i]] = prompts[r]
+        new = np.zeros((3, K + 1), np.int32)
+        lens = np.ones(3, np.int32)
+        for i, r in enumerate(rids):
+            new[i, 0] = outputs[r][0]
+        out = d.step(rids, new, lens, text_len=text_len, texts=texts)  # r0 is rebuilt here from texts
+        assert d.stats()["build_failures"] == 1
+        assert sum("building the automaton of request 'r0' failed" in m for m in caplog.messages) == 1
+        ref = SpecEngine()
+        for i, r in enumerate(rids):
+            ref.add_request(r, prompts[r])
+        ref.prepare(rids)
+        m, dr = np.zeros(3, np.int32), np.zeros((3, K), np.int32)
+        ref.extend(new, lens, m, dr)
+        for i in range(3):
+            assert out.row(i) == (dr[i][dr[i] >= 0].tolist() if m[i] else [])
+        for r in rids:
+            d.finish(r)
+        assert len(d) == 0 and len(d.drafts) == 0 and "r0" not in d.drafts
+        assert d.drafts.engine.stats()["requests"] == 0
+
+
+def test_a_build_that_keeps_failing_drafts_nothing_and_backs_off():
+    """Every build of one request fails: it never drafts, is retried after 1, 2, 4, ... of its steps,
+    and the other rows are unaffected; its finish completes."""
+
+    class Always:
+        asked = 0
+
+        def should_fail(self, kind):
+            if kind == "build":
+                Always.asked += 1
+                return True
+            return False
+
+    with Drafter(K, length_rule="fixed", min_match=1, faults=Always()) as d:
+        d.start("a", [1, 2, 3, 1, 2])
+        texts = np.array([[1, 2, 3, 1, 2] + [0] * 100], np.int32)
+        new = np.array([[3] + [0] * K], np.int32)
+        for step in range(20):
+            out = d.step(["a"], new, np.array([1], np.int32), text_len=np.array([5 + step], np.int32),
+                         texts=texts)
+            assert out.lengths[0] == 0
+            texts[0, 5 + step] = 3
+        assert 3 <= d.stats()["build_failures"] <= 7  # 1 ahead, then retries at steps 0, 2, 6, 14
+        d.finish("a")
+        assert len(d) == 0 and "a" not in d.drafts
+
+
+def test_a_build_failed_ahead_of_a_request_that_finishes_before_any_step_is_forgotten():
+    faults = FailBuilds(set(range(1, 101)))
+    with Drafter(K, faults=faults) as d:
+        for i in range(100):
+            d.start(i, [1, 2, 3])
+        for i in range(100):
+            d.finish(i)
+        d.drafts.close()
+        assert not d.drafts._dropped and len(d.drafts) == 0  # noqa: SLF001 (the lifecycle's internals)
+
+
+def test_the_step_is_timed_by_the_drafters_clock_between_steps():
+    clock = Clock()
+    with Drafter(K, clock=clock) as d:
+        d.start("a", [1, 2, 3, 4] * 10)
+        new, lens = np.array([[1] + [0] * K], np.int32), np.array([1], np.int32)
+        d.step(["a"], new, lens)
+        clock.t += 0.5
+        d.step(["a"], new, lens)
+        assert d.stats()["policy_timed"] == 1
+        d.idle()  # an empty engine step: the next step is not timed against the last
+        clock.t += 100.0
+        d.step(["a"], new, lens)
+        assert d.stats()["policy_timed"] == 1
+
+
+def test_a_neural_drafter_is_chosen_where_the_automaton_has_nothing():
+    """With a neural drafter on offer and free text (no match), rows take neural drafts; a row whose
+    request capped its drafts at 0 takes none."""
+    clock = Clock()
+    with Drafter(K, device="cuda", clock=clock) as d:
+        d.start("a", list(range(100, 140)))
+        d.start("b", list(range(200, 240)), {"max_draft_tokens": 0})
+        new = np.zeros((2, K + 1), np.int32)
+        lens = np.ones(2, np.int32)
+        out = None
+        for step in range(5):
+            new[:, 0] = (1000 + step, 2000 + step)
+            out = d.step(["a", "b"], new, lens, neural_k=4)
+            clock.t += 0.01
+        assert out.sources[0] == 2 and out.lengths[0] > 0 and out.neural_k > 0
+        assert out.sources[1] == NONE and out.lengths[1] == 0
+
+
+def test_closed_drafter_refuses_calls():
+    d = Drafter(K)
+    d.close()
+    d.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        d.start("a", [1, 2])

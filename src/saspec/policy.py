@@ -68,7 +68,7 @@ from numba import njit
 
 from .slab import slab, view1, view2
 from .step_cost import StepCost, cost_arrays, cost_of, cpu_like, gpu_like, linear, observe_cost  # noqa: F401
-from .validate import check_count
+from .validate import check_count, check_timing
 
 #: Row sources, as :meth:`DraftPolicy.decide` returns them.
 NONE, AUTOMATON, NEURAL = 0, 1, 2
@@ -824,6 +824,7 @@ class DraftPolicy:
             tail = self._step_tail = (f, c, (self.k_max, f[np.float64], f[np.int32], f[np.int64],
                                              self.settings.row_memory, self.prior_weight, self.step_tolerance,
                                              *c.slabs(), c.max_age, c.quantile))
+        seconds = check_timing(seconds, "seconds")  # TypeError unless a real number (None, a bool)
         rate, plain = _step(match_len, offered, self._branched(branched, b), drafts, new, new_lens, seconds,
                             int(step_tokens), same_rows, *tail[2])
         lengths, src = v[5], v[6]

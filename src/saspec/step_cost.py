@@ -42,10 +42,17 @@ from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator f
 from numba import njit
 
 from .slab import slab, view1, view2
-from .validate import check_count
+from .validate import check_count, check_timing
 
 #: How many times ``window`` of the latest timings set the global scale.
 SCALE_WINDOWS = 4
+#: The most tokens a step may verify in the model (``StepCost(max_tokens=...)``): its tables take
+#: O(max_tokens) memory and time to build.
+MAX_STEP_TOKENS = 1 << 20
+#: The range a cost shape's values, and each timing's ratio to the shape, must lie in. Within it every ratio,
+#: correction and cost stays a finite normal float: a denormal or overflowing one made costs NaN (the policy
+#: then never drafts). Timings whose ratio falls outside are ignored like non-finite ones.
+MIN_COST, MAX_COST = 1e-150, 1e150
 
 
 # -- cost shapes ---------------------------------------------------------------------------------------------
@@ -241,8 +248,10 @@ def observe_cost(tokens, seconds, curve, index, knot, knot_i, ratios, steps, sca
     top = curve.shape[1] - 1
     n = min(tokens, top)
     extra = (curve[0, top] - curve[0, top - 1]) * (tokens - top) if tokens > top else 0.0
-    _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q,
-             seconds / (curve[0, n] + extra), index[1, n])
+    ratio = seconds / (curve[0, n] + extra)
+    if not (ratio >= MIN_COST and ratio <= MAX_COST):
+        return False
+    _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q, ratio, index[1, n])
     ctr[_TIMED] += 1
     return True
 
@@ -252,19 +261,20 @@ class StepCost:
 
     Args:
         shape: the engine's cost curve: a callable from token counts (float64
-            array) to costs (any unit, finite, > 0, not falling), or a
-            float64 array ``[max_tokens + 1]`` (entry ``n``: ``n`` tokens; entry
-            0 unused). Default :func:`cpu_like`.
-        max_tokens: the most tokens a step verifies (rows x (K + 1)); larger
-            steps cost what the curve says at ``max_tokens``, extended along
-            its last slope.
+            array) to costs (any unit, in [``MIN_COST``, ``MAX_COST``], not
+            falling), or a float64 array ``[max_tokens + 1]`` (entry ``n``: ``n``
+            tokens; entry 0 unused). Default :func:`cpu_like`.
+        max_tokens: the most tokens a step verifies (rows x (K + 1)), at most
+            ``MAX_STEP_TOKENS``; larger steps cost what the curve says at
+            ``max_tokens``, extended along its last slope.
         window: the latest timings each knot keeps (>= 1).
         max_age: steps after which a timing no longer counts (>= 1).
         quantile: the low quantile of timings taken as the cost (0 to 0.5):
             timing noise only ever adds time.
 
     Raises:
-        ValueError: a setting out of range, or a shape that is not finite and > 0.
+        ValueError: a setting out of range, or a shape with a value that is not
+            finite or outside [``MIN_COST``, ``MAX_COST``] (naming it).
 
     Attributes:
         shape: float64 [max_tokens + 1]: the curve (not falling).
@@ -275,6 +285,9 @@ class StepCost:
     def __init__(self, shape: Any = None, *, max_tokens: int = 4096, window: int = 16, max_age: int = 64,
                  quantile: float = 0.25) -> None:
         self.max_tokens = check_count(max_tokens, "max_tokens")
+        if self.max_tokens > MAX_STEP_TOKENS:
+            raise ValueError(f"max_tokens must be at most {MAX_STEP_TOKENS} (step_cost.MAX_STEP_TOKENS: the model's "
+                             f"tables grow with it), got {self.max_tokens}")
         self.window = check_count(window, "window")
         self.max_age = check_count(max_age, "max_age")
         if not (isinstance(quantile, (int, float)) and 0.0 <= quantile <= 0.5):
@@ -287,8 +300,11 @@ class StepCost:
         table = np.asarray(shape(n) if callable(shape) else shape, dtype=np.float64)
         if table.shape != (self.max_tokens + 1,):
             raise ValueError(f"shape must give {self.max_tokens + 1} costs (0..max_tokens tokens), got {table.shape}")
-        if not (np.all(np.isfinite(table[1:])) and np.all(table[1:] > 0)):
-            raise ValueError("shape must be finite and > 0 at every token count")
+        bad = ~((table[1:] >= MIN_COST) & (table[1:] <= MAX_COST))  # NaN too
+        if bad.any():
+            i = int(np.argmax(bad)) + 1
+            raise ValueError(f"shape must be finite and in [{MIN_COST:g}, {MAX_COST:g}] at every token count, "
+                             f"got {table[i]!r} at {i} tokens")
         table[0] = table[1]
         knots = knots_for(self.max_tokens)
         logk = np.log2(knots)
@@ -373,14 +389,15 @@ class StepCost:
         > 0): interpolated between them, extended along the last segment above (flat below the first).
 
         Raises:
-            ValueError: no points, sizes not increasing, or seconds not finite and > 0.
+            ValueError: no points, sizes not increasing, or seconds not finite or outside
+                [``MIN_COST``, ``MAX_COST``].
         """
         xs = np.asarray(sizes, dtype=np.float64)
         ys = np.asarray(seconds, dtype=np.float64)
         if xs.ndim != 1 or xs.shape != ys.shape or not len(xs) or np.any(np.diff(xs) <= 0):
             raise ValueError("sizes must be increasing and as many as seconds, at least one")
-        if not (np.all(np.isfinite(ys)) and np.all(ys > 0)):
-            raise ValueError(f"seconds must be finite and > 0, got {ys.tolist()}")
+        if not np.all((ys >= MIN_COST) & (ys <= MAX_COST)):
+            raise ValueError(f"seconds must be finite and in [{MIN_COST:g}, {MAX_COST:g}], got {ys.tolist()}")
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
 
         def shape(n: np.ndarray) -> np.ndarray:
@@ -390,9 +407,14 @@ class StepCost:
 
     def observe(self, tokens: int, seconds: float) -> bool:
         """One timed step of ``tokens`` tokens. Timings that are not finite
-        and > 0 (a clock that did not move, or went back) are ignored;
-        returns whether the timing was taken."""
-        seconds = float(seconds) if isinstance(seconds, (int, float, np.floating, np.integer)) else math.nan
+        and > 0 (a clock that did not move, or went back), or whose ratio to
+        the shape is outside [``MIN_COST``, ``MAX_COST``], are ignored;
+        returns whether the timing was taken.
+
+        Raises:
+            TypeError: ``seconds`` is not a real number (``None``, a bool, a string).
+        """
+        seconds = check_timing(seconds, "seconds")
         return bool(observe_cost(int(tokens), seconds, *self.arrays(), self.max_age, self.quantile))
 
     def refresh(self) -> None:

@@ -60,6 +60,17 @@ def check_seconds(value: Any, name: str) -> float:
     return float(value)
 
 
+def check_timing(value: Any, name: str = "seconds") -> float:
+    """A measured duration as a float: any real number (int, float, numpy real;
+    not a bool, not None), else ``TypeError`` naming ``name``. Unlike
+    :func:`check_seconds`, a value that is not finite or not > 0 passes: the
+    cost model ignores such a timing and counts it (a clock that did not move
+    must not stop a step)."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+        raise TypeError(f"{name} must be a real number of seconds, got {value!r}")
+    return float(value)
+
+
 def check_int_tensor(t: Any, name: str) -> None:
     """``ValueError`` unless torch tensor ``t`` holds integers (not bool)."""
     import torch

@@ -1,0 +1,111 @@
+"""The policy's and the cost model's inputs are checked where they enter: a timing must be a real
+number (a bool or None raises naming ``seconds``; a value not finite or not > 0 is ignored and
+counted, as documented), a cost shape or profile point outside [MIN_COST, MAX_COST] (a denormal
+one made every cost NaN, and the policy then never drafted) is refused, a timing whose ratio to
+the shape leaves that range is ignored so that no finite timing makes a cost NaN, and
+``max_tokens`` is bounded."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from saspec.policy import DraftPolicy, StepCost
+from saspec import step_cost
+
+K = 8
+
+
+def _batch():
+    """One row with a long match and a full offer, and what it emitted (its buffers)."""
+    match = np.array([24], np.int32)
+    offered = np.array([K], np.int32)
+    drafts = np.arange(K, dtype=np.int32)[None]
+    new = np.zeros((1, K + 1), np.int32)
+    lens = np.array([K + 1], np.int32)
+    return match, offered, drafts, new, lens
+
+
+def _timed(p: DraftPolicy) -> tuple[int, int, int]:
+    s = p.stats
+    return s["steps"], s["timed"], s["ignored_timings"]
+
+
+@pytest.mark.parametrize("seconds", [True, False, None, "0.1", np.bool_(True), [0.1]])
+def test_observe_step_takes_only_a_real_number_of_seconds(seconds):
+    p = DraftPolicy(K)
+    before = (_timed(p), p.cost.step)
+    with pytest.raises(TypeError, match="seconds"):
+        p.observe_step(10, seconds)
+    assert (_timed(p), p.cost.step) == before
+
+
+@pytest.mark.parametrize("seconds", [True, None, "0.1"])
+def test_step_takes_only_a_real_number_of_seconds(seconds):
+    p = DraftPolicy(K)
+    p.step(*_batch(), 0.01, False)
+    before = (_timed(p), p.cost.step)
+    with pytest.raises(TypeError, match="seconds"):
+        p.step(*_batch(), seconds, True)
+    assert (_timed(p), p.cost.step) == before
+
+
+@pytest.mark.parametrize("seconds", [0, 0.0, -1.0, math.nan, math.inf, np.float32(math.nan)])
+def test_a_timing_not_finite_or_not_positive_is_ignored_and_counted(seconds):
+    p = DraftPolicy(K)
+    p.observe_step(10, seconds)
+    p.step(*_batch(), 0.01, False)
+    p.step(*_batch(), seconds, True)
+    assert p.stats["timed"] == 0 and p.stats["ignored_timings"] == 2
+
+
+@pytest.mark.parametrize("seconds", [0.02, 3, np.float32(0.02), np.int64(2)])
+def test_real_timings_of_any_numeric_type_are_taken(seconds):
+    p = DraftPolicy(K)
+    p.observe_step(10, seconds)
+    assert p.stats["timed"] == 1
+
+
+@pytest.mark.parametrize("value", [1e-320, 5e-324, 1e-200, 1e200, 1e308])
+def test_a_shape_outside_the_cost_range_is_refused(value):
+    with pytest.raises(ValueError, match=r"shape must be finite and in \[1e-150, 1e\+150\]"):
+        StepCost(lambda n: np.full(n.shape, value), max_tokens=64)
+    with pytest.raises(ValueError, match="seconds must be finite"):
+        StepCost.from_points([1, 64], [value, 2 * value], max_tokens=64)
+
+
+def test_the_denormal_prior_of_the_report_is_refused_instead_of_turning_costs_to_nan():
+    with pytest.raises(ValueError, match="seconds"):
+        StepCost.from_points([1, 100], [1e-320, 2e-320])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(-140, 140),
+       st.lists(st.tuples(st.integers(1, 200), st.floats(min_value=5e-324, max_value=1.7e308)), min_size=1,
+                max_size=30))
+def test_no_finite_timing_makes_a_cost_or_a_rate_nan(exponent, timings):
+    scale = 10.0 ** exponent
+    cost = StepCost(lambda n: scale * (4.0 + n), max_tokens=128)
+    decisions = []
+    p = DraftPolicy(K, cost=cost, log=decisions.append)
+    for tokens, seconds in timings:
+        p.observe_step(tokens, seconds)
+    costs = cost.seconds(np.arange(1, 300))
+    assert np.all(np.isfinite(costs)) and np.all(costs > 0), costs
+    p.step(*_batch(), float("nan"), False)
+    assert math.isfinite(decisions[-1].rate) and math.isfinite(decisions[-1].plain_rate), decisions[-1]
+
+
+@pytest.mark.parametrize("max_tokens", [2**20 + 1, 10**8, 2**63])
+def test_max_tokens_is_bounded(max_tokens):
+    with pytest.raises(ValueError, match="max_tokens must be at most"):
+        StepCost(max_tokens=max_tokens)
+
+
+def test_the_bound_is_the_documented_constant():
+    assert step_cost.MAX_STEP_TOKENS == 2**20
+    assert StepCost(max_tokens=4096).max_tokens == 4096

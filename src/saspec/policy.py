@@ -815,6 +815,7 @@ class DraftPolicy:
         b = match_len.shape[0]
         if not (offered.shape == new_lens.shape == (b,) and drafts.shape[0] == b and new.shape[0] == b):
             raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
+        seconds = check_timing(seconds, "seconds")  # TypeError unless a real number (None, a bool)
         if self._rows is not None and len(self._rows) != b:
             self._rows = None
         v = self._batch(b)
@@ -824,7 +825,6 @@ class DraftPolicy:
             tail = self._step_tail = (f, c, (self.k_max, f[np.float64], f[np.int32], f[np.int64],
                                              self.settings.row_memory, self.prior_weight, self.step_tolerance,
                                              *c.slabs(), c.max_age, c.quantile))
-        seconds = check_timing(seconds, "seconds")  # TypeError unless a real number (None, a bool)
         rate, plain = _step(match_len, offered, self._branched(branched, b), drafts, new, new_lens, seconds,
                             int(step_tokens), same_rows, *tail[2])
         lengths, src = v[5], v[6]

@@ -36,8 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .options import DEFAULT_OPTIONS, DraftOptions, parse_options
-from .policy import AUTOMATON, NEURAL, NONE, CatchUpShare, Decision, DraftPolicy, PolicySettings, StepCost, env_log
-from .policy import cpu_like, gpu_like
+from .policy import AUTOMATON, NEURAL, NONE, CatchUpShare, Decision, DraftPolicy, PolicySettings, StepCost
 from .request_drafts import RequestDrafts
 from .rules import DRAFT_LENGTH_RULES
 from .validate import as_tokens, check_count, check_int
@@ -132,13 +131,13 @@ class Drafter:
         self.length_rule = length_rule
         self.policy: DraftPolicy | None = None
         if length_rule == POLICY:
-            ps = policy_settings if policy_settings is not None else PolicySettings()
-            if cost is None:
-                shape = ps.cost_shape or (cpu_like if device == "cpu" else gpu_like)
-                cost = StepCost(shape, max_tokens=max_rows * (self.k + 1), window=ps.window, max_age=ps.max_age,
-                                quantile=ps.quantile)
-            self.policy = DraftPolicy(self.k, cost=cost, settings=ps, neural_catchup_sunk=neural_catchup_sunk,
-                                      log=log if log is not None else env_log(), clock=clock)
+            self.policy = DraftPolicy.for_engine(self.k, device=device, settings=policy_settings,
+                                                 max_tokens=max_rows * (self.k + 1),
+                                                 neural_catchup_sunk=neural_catchup_sunk, log=log, clock=clock)
+            if cost is not None:
+                if not isinstance(cost, StepCost):
+                    raise TypeError(f"cost must be a saspec.policy.StepCost, got {type(cost).__name__}")
+                self.policy.cost = cost
         # The policy cuts what the automaton offers ("fixed"); a fixed rule cuts by the match.
         self.drafts = RequestDrafts(self.k, min_match=min_match, length_rule="fixed" if self.policy else length_rule,
                                     length_scale=length_scale, occurrence=occurrence, pool_tokens=pool_tokens,
@@ -156,7 +155,7 @@ class Drafter:
         self._share = CatchUpShare()
         self._closed = False
         self._counts = {"steps": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "neural_rows": 0,
-                        "disabled_rows": 0}
+                        "disabled_rows": 0, "longest_draft": 0}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -365,6 +364,7 @@ class Drafter:
         c["rows"] += b
         c["drafted_rows"] += int(np.count_nonzero(lengths))
         c["draft_tokens"] += int(lengths.sum())
+        c["longest_draft"] = max(c["longest_draft"], int(lengths.max(initial=0)))
         c["neural_rows"] += int(np.count_nonzero(sources == NEURAL))
         m = match if lens.all() else np.where(lens > 0, match, 0).astype(np.int32)
         return DraftBatch(tokens, lengths, sources, m, neural_k)
@@ -410,7 +410,8 @@ class Drafter:
 
     def stats(self) -> dict[str, int]:
         """Counters: ``steps``, ``rows``, ``drafted_rows``, ``draft_tokens``, ``neural_rows``,
-        ``disabled_rows`` (row-steps of requests started with drafting off), the automata's
+        ``disabled_rows`` (row-steps of requests started with drafting off), ``longest_draft``
+        (tokens, the longest draft of any row so far), the automata's
         (``built``, ``built_ahead``, ``rebuilt``, ``waited``, ``finished``, ``pool_rows``,
         ``build_failures``) and the policy's, prefixed ``policy_``."""
         out = {**self._counts, **self.drafts.stats}

@@ -80,6 +80,30 @@ def sampled_prompt(groups: int = 150, seed: int = 0) -> list[int]:
     return [x for t in ts for x in (a, b, t)] + [a, b]
 
 
+def free_prompts(n: int, seed: int = 1) -> list[list[int]]:
+    """Prompts with no repeated span: what the target writes is not in them."""
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(3, VOCAB) for _ in range(24)] for _ in range(n)]
+
+
+def _hints(i: int) -> dict:
+    """Request ``i``'s hints: the text its output will copy (its plain output, written by the test)."""
+    return {"saspec": {"hints": json.loads(Path(os.environ["SASPEC_TEST_HINTS"]).read_text())[i]}}
+
+
+#: Per-request options of the option modes (``SamplingParams.extra_args`` of request i), as a user sets
+#: them: in the nested form, and in the flat form the OpenAI server's ``vllm_xargs`` sends.
+OPTION_MODES = {
+    "saspec-off": lambda i: {"saspec": {"enabled": False}},
+    "saspec-off-flat": lambda i: {"saspec_enabled": 0},
+    "saspec-cap2": lambda i: {"saspec": {"max_draft_tokens": 2}},
+    "saspec-hints": _hints,
+    "saspec-bad": lambda i: {"saspec": {"max_draft_tokens": -1}} if i == 0 else None,
+}
+
+
 def run(model: str, mode: str, n_prompts: int, out_path: str) -> None:
     """Generate for ``n_prompts`` prompts with ``mode``; write the outputs, vLLM's spec-decode
     counters and the drafter's stats as JSON. Modes: ``plain``, ``saspec`` (the custom_class
@@ -95,7 +119,7 @@ def run(model: str, mode: str, n_prompts: int, out_path: str) -> None:
     from saspec.integrations.vllm import hybrid_config, proposer_config
 
     spec, tp = None, 1
-    if mode == "saspec":
+    if mode == "saspec" or mode.startswith("saspec-"):
         spec = proposer_config(K)
     elif mode in ("draft-sampled", "draft-prob-sampled"):  # vLLM's draft_model alone, another random draft model
         spec = {"method": "draft_model", "model": os.environ["SASPEC_TEST_DRAFT"], "num_speculative_tokens": K}
@@ -123,18 +147,32 @@ def run(model: str, mode: str, n_prompts: int, out_path: str) -> None:
         ps = [sampled_prompt()] * SAMPLED_REQUESTS
         params = [SamplingParams(temperature=1.0, max_tokens=SAMPLED_TOKENS, ignore_eos=True, detokenize=False,
                                  seed=i) for i in range(SAMPLED_REQUESTS)]
+    elif mode.startswith(("saspec-", "plain-free")):  # per-request options (see OPTION_MODES)
+        ps = prompts(n_prompts) if not mode.endswith("hints") and mode != "plain-free" else free_prompts(n_prompts)
+        extra = OPTION_MODES.get(mode, lambda i: None)
+        params = [SamplingParams(temperature=0.0, max_tokens=40 + 17 * i, ignore_eos=True, detokenize=False,
+                                 extra_args=extra(i)) for i in range(n_prompts)]
     else:
         ps = prompts(n_prompts)
         params = [SamplingParams(temperature=0.0, max_tokens=40 + 17 * i, ignore_eos=True, detokenize=False)
                   for i in range(n_prompts)]
+    refused = None
+    if mode == "saspec-bad":  # the front end refuses request 0; the engine then serves the others
+        try:
+            llm.generate([TokensPrompt(prompt_token_ids=ps[0])], params[:1], use_tqdm=False)
+        except ValueError as e:
+            refused = str(e)
+        ps, params = ps[1:], params[1:]
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
     metrics = {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:spec_decode"):
             metrics[m.name] = getattr(m, "value", None) if not hasattr(m, "values") else list(m.values)
     stats = None if mode.startswith(("plain", "draft")) else llm.collective_rpc(_drafter_stats)
+    if stats is not None:
+        print("drafter stats:", stats, "metrics:", metrics, file=sys.stderr)
     Path(out_path).write_text(json.dumps({"prompts": ps, "outputs": [list(o.outputs[0].token_ids) for o in outs],
-                                          "metrics": metrics, "stats": stats}))
+                                          "metrics": metrics, "stats": stats, "refused": refused}))
 
 
 def runners(model: str, out_path: str) -> None:
@@ -223,6 +261,47 @@ def test_saspec_in_vllm_is_exact_and_accepted_with_request_ids(tiny):
     # on whether vLLM ran a step after the last finish, so it is not compared)
     assert stats["freed"] >= N_PROMPTS - 1, f"finished requests are freed: {stats}"
     assert stats["drafted"] > 0, stats
+
+
+def test_a_request_with_drafting_off_gets_no_draft_and_the_same_output(tiny):
+    tmp, model, plain = tiny
+    for mode in ("saspec-off", "saspec-off-flat"):
+        off = _child(tmp, model, mode, N_PROMPTS)
+        assert off["outputs"] == plain["outputs"]
+        assert off["metrics"].get("vllm:spec_decode_num_draft_tokens", 0) == 0, off["metrics"]
+        (stats,) = off["stats"]
+        assert stats["draft_tokens"] == 0 and stats["disabled_rows"] > 0, stats
+
+
+def test_max_draft_tokens_caps_every_draft_in_vllm(tiny):
+    tmp, model, plain = tiny
+    cap = _child(tmp, model, "saspec-cap2", N_PROMPTS)
+    assert cap["outputs"] == plain["outputs"]
+    (stats,) = cap["stats"]
+    assert 0 < stats["longest_draft"] <= 2 and stats["draft_tokens"] > 0, stats
+
+
+def test_a_bad_option_is_refused_for_that_request_and_the_engine_serves_on(tiny):
+    tmp, model, plain = tiny
+    bad = _child(tmp, model, "saspec-bad", N_PROMPTS)
+    assert "saspec options" in bad["refused"] and "max_draft_tokens must be >= 0" in bad["refused"], bad["refused"]
+    assert bad["outputs"] == plain["outputs"][1:]
+    (stats,) = bad["stats"]
+    assert stats["draft_tokens"] > 0, stats
+
+
+def test_hints_raise_acceptance_where_the_prompt_lacks_the_text(tiny):
+    """Prompts without repeats; each request's hints are the text its output copies (its plain
+    output): the hints' run accepts many more draft tokens than the run without them."""
+    tmp, model, _ = tiny
+    free = _child(tmp, model, "plain-free", N_PROMPTS)
+    hints = tmp / "hints.json"
+    hints.write_text(json.dumps(free["outputs"]))
+    without = _child(tmp, model, "saspec-nohints", N_PROMPTS)
+    with_hints = _child(tmp, model, "saspec-hints", N_PROMPTS, env={"SASPEC_TEST_HINTS": str(hints)})
+    assert without["outputs"] == with_hints["outputs"] == free["outputs"]
+    acc = [r["metrics"].get("vllm:spec_decode_num_accepted_tokens", 0) for r in (without, with_hints)]
+    assert acc[1] > 2 * acc[0] + 50, acc
 
 
 def test_saspec_in_vllm_without_the_plugin_matches_rows_by_fingerprint(tiny):

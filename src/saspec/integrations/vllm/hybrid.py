@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from ...policy import AUTOMATON, NEURAL, CatchUpShare, DraftPolicy, PolicySettings, StepCost, cpu_like, env_log, gpu_like
+from ...policy import AUTOMATON, NEURAL, CatchUpShare, DraftPolicy, PolicySettings
 from ...rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
 from .catch_up import CatchUpPlan, DraftCatchUp
 from ...request_drafts import RequestDrafts
@@ -121,14 +121,10 @@ class HybridDrafter:
         self.plan: CatchUpPlan | None = None  # this step's draft forward (with catch_up; None: none runs)
         self._share = CatchUpShare()
         if settings.policy:
-            device = _device_type() if device is None else device
-            ps = policy_settings if policy_settings is not None else PolicySettings()
-            shape = ps.cost_shape or (cpu_like if device == "cpu" else gpu_like)
-            cost = StepCost(shape, max_tokens=max(int(max_rows), 1) * (settings.sa_tokens + 1), window=ps.window,
-                            max_age=ps.max_age, quantile=ps.quantile)
-            self.policy = DraftPolicy(settings.sa_tokens, cost=cost, settings=ps,
-                                      neural_catchup_sunk=self.catch_up is None,
-                                      log=log if log is not None else env_log())
+            self.policy = DraftPolicy.for_engine(
+                settings.sa_tokens, device=_device_type() if device is None else device, settings=policy_settings,
+                max_tokens=max(int(max_rows), 1) * (settings.sa_tokens + 1), neural_catchup_sunk=self.catch_up is None,
+                log=log)
         # The policy cuts what the automaton offers ("fixed"); the fixed rules cut by the match.
         self.drafts = RequestDrafts(settings.sa_tokens,
                                     min_match=DEFAULT_MIN_MATCH if self.policy is not None else settings.threshold,

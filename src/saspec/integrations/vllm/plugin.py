@@ -1,7 +1,7 @@
 """saspec's vLLM plugin: request ids for the ``custom_class`` drafter, and the hybrid.
 
 vLLM loads ``register`` from the package's ``vllm.general_plugins`` entry
-point in each of its processes. It wraps a property and three methods, which
+point in each of its processes. It wraps a property and four methods, which
 leave vLLM's behaviour unchanged unless a saspec drafter is configured:
 
 * ``VllmConfig.use_v2_model_runner``: saspec patches the V1 model runner
@@ -24,7 +24,13 @@ leave vLLM's behaviour unchanged unless a saspec drafter is configured:
   or, for a draft model, not at all: see ``hybrid``) and merges the two;
 * for the hybrid with a draft model, its proposer's ``propose`` (on the
   instance): a step the hybrid skips runs no draft forward, and the next one
-  reads what was skipped (``catch_up``).
+  reads what was skipped (``catch_up``);
+* ``InputProcessor._validate_params`` (the front end, when a request is
+  admitted): a request's saspec options (``SamplingParams.extra_args``, see
+  ``config.saspec_options``) are checked there, so a bad one is refused with
+  vLLM's validation error (HTTP 400 from the OpenAI server) before it reaches
+  a worker; the workers still log and turn off drafting for a request whose
+  options they cannot use.
 
 vLLM's CPU runner subclasses ``GPUModelRunner``, so both backends get the same
 code. The wrapped internals are those of :data:`config.TESTED_VLLM`; on any
@@ -41,7 +47,8 @@ import os
 import time
 from typing import Any
 
-from .config import HYBRID_ENV, PROPOSER_CLASS, check_vllm_version, hybrid_settings, tensor_parallel_ranks
+from .config import (HYBRID_ENV, PROPOSER_CLASS, check_vllm_version, hybrid_settings, saspec_options,
+                     tensor_parallel_ranks)
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +73,12 @@ def register() -> None:
 
     if getattr(GPUModelRunner, _PATCHED, False):
         return
+    try:
+        from vllm.v1.engine.input_processor import InputProcessor
+    except ImportError:  # pragma: no cover  (the tested version has it)
+        InputProcessor = None
+    if InputProcessor is not None:
+        InputProcessor._validate_params = _wrap_validate_params(InputProcessor._validate_params)
     VllmConfig.use_v2_model_runner = _wrap_use_v2(VllmConfig.use_v2_model_runner)
     VllmConfig.__post_init__ = _wrap_post_init(VllmConfig.__post_init__)
     GPUModelRunner._update_states = _wrap_update_states(GPUModelRunner._update_states)
@@ -162,6 +175,21 @@ def _drafter(runner: Any) -> Any:
         drafter = runner.drafter
     runner.__dict__[_STATE] = drafter
     return drafter
+
+
+def _wrap_validate_params(validate: Any) -> Any:
+    @functools.wraps(validate)
+    def _validate_params(self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        out = validate(self, params, *args, **kwargs)
+        extra = getattr(params, "extra_args", None)
+        if extra and saspec_drafter(getattr(self, "speculative_config", None)) is not None:
+            try:
+                saspec_options(extra)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"saspec options: {e}") from None  # vLLM answers a ValueError with HTTP 400
+        return out
+
+    return _validate_params
 
 
 def _wrap_update_states(update_states: Any) -> Any:

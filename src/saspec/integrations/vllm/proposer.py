@@ -15,11 +15,16 @@ is its whole text (prompt and output, this step's sampled tokens included), and
 one bonus token; empty for a row still in prefill). Every draft is verified by
 the target model, so a draft only ever costs acceptance, never correctness.
 
+The proposer is vLLM glue over :class:`saspec.drafter.Drafter`, which holds the
+automata, the cross-request pool, the drafting policy and each request's
+options (``SamplingParams(extra_args={"saspec": {...}})``, or the OpenAI
+server's ``vllm_xargs`` ``saspec_*`` keys: ``config.saspec_options``).
+
 Which request a row holds: with saspec's vLLM plugin (``plugin``; loaded by
 vLLM whenever saspec is installed in its environment) the runner hands the
 proposer its request ids, the scheduler's finished requests and its new ones,
 whose automata are built on a background thread while vLLM prefills them
-(``drafts.RequestDrafts``). Without the plugin, rows are matched to requests
+(``saspec.request_drafts.RequestDrafts``). Without the plugin, rows are matched to requests
 by fingerprint (``fingerprint.FingerprintRows``), new requests start building
 at their first prefill chunk that the drafter sees (a step where their row
 sampled nothing), and requests that leave their rows are kept for
@@ -54,7 +59,6 @@ when present, ``model_config.max_model_len`` and
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Hashable, Sequence
 from typing import Any, Callable
@@ -124,7 +128,7 @@ class SAProposer:
             before the oldest is freed. Default: ``$SASPEC_VLLM_MAX_DETACHED``,
             else ``max_num_seqs`` (256 when unknown).
         policy: the automaton's occurrence policy (see ``SpecEngine``).
-        pool_tokens: a cross-request pool of this many tokens (``RequestDrafts``);
+        pool_tokens: a cross-request pool of this many tokens (``saspec.request_drafts.RequestDrafts``);
             finished requests join it (without the plugin: when their detached
             automaton is freed); 0: none. Default: ``$SASPEC_VLLM_POOL_TOKENS`` (set by
             ``proposer_config(pool_tokens=...)``), else ``config.DEFAULT_POOL_TOKENS``.
@@ -135,11 +139,15 @@ class SAProposer:
             policy setting.
 
     Attributes:
-        drafts: the ``RequestDrafts`` holding every tracked request's automaton.
+        drafter: the :class:`saspec.drafter.Drafter` this proposer drives.
+        drafts: its ``RequestDrafts``, holding every tracked request's automaton.
         stats: counters: ``steps``, ``new`` (requests built), ``continued``,
             ``reclaimed`` (moved or resumed rows found by fingerprint),
             ``freed``, ``drafted`` (rows given a draft), ``draft_tokens``,
-            ``by_id`` (steps whose rows vLLM named), and the policy's counters
+            ``by_id`` (steps whose rows vLLM named), ``build_failures`` (automata whose
+            build failed: logged, drafting nothing until rebuilt), ``option_errors`` (requests
+            whose saspec options were refused: logged, never drafted for), ``disabled_rows``
+            (row-steps of requests with drafting off), and the policy's counters
             prefixed ``policy_`` (``policy_automaton_rows``, ``policy_none_rows``,
             ``policy_timed``, ...; see ``DraftPolicy.stats``); ``drafts.stats["pool_rows"]``:
             rows whose draft came from the pool.
@@ -304,7 +312,7 @@ class SAProposer:
         out = {**self._stats, "new": d["built"] + d["built_ahead"] - d["rebuilt"], "continued": r["continued"],
                "reclaimed": r["reclaimed"], "freed": r["freed"] + d["finished"], "rebuilt": d["rebuilt"],
                "built_ahead": d["built_ahead"], "waited": d["waited"], "build_failures": d["build_failures"],
-               "disabled_rows": self.drafter.stats()["disabled_rows"]}
+               **{k: v for k, v in self.drafter.stats().items() if k in ("disabled_rows", "longest_draft")}}
         if self.policy is not None:
             out.update({f"policy_{k}": v for k, v in self.policy.stats.items()})
         return out

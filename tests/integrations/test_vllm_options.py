@@ -1,0 +1,66 @@
+"""Per-request options in the vLLM wing, without vLLM: ``config.saspec_options`` (the forms vLLM's
+``extra_args`` and the OpenAI server's ``vllm_xargs`` carry) and ``SAProposer.schedule`` (a request whose
+options are bad is logged and never drafted for; the step goes on for the others)."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from saspec.integrations.vllm import SAProposer
+from saspec.integrations.vllm.config import saspec_options
+from saspec.options import DraftOptions
+
+K = 4
+
+
+def vllm_config(k: int = K) -> SimpleNamespace:
+    return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                           model_config=SimpleNamespace(max_model_len=512),
+                           scheduler_config=SimpleNamespace(max_num_seqs=8))
+
+
+def test_options_from_extra_args_nested_and_flat():
+    assert saspec_options(None) == DraftOptions()
+    assert saspec_options({"other": 1}) == DraftOptions()
+    assert saspec_options({"saspec": {"enabled": False}}).enabled is False
+    assert saspec_options({"saspec_enabled": 0}).enabled is False
+    assert saspec_options({"saspec_enabled": "true"}).enabled is True
+    assert saspec_options({"saspec_max_draft_tokens": "3"}).max_draft_tokens == 3
+    assert saspec_options({"saspec_hints": "5, 6 7"}).hints.tolist() == [5, 6, 7]
+    assert saspec_options({"saspec_hints": [5, 6]}).hints.tolist() == [5, 6]
+
+
+@pytest.mark.parametrize("extra, text", [
+    ({"saspec": {"max_draft_tokens": -1}}, "max_draft_tokens must be >= 0"),
+    ({"saspec": {"enabld": True}}, "unknown option 'enabld'"),
+    ({"saspec_enabld": 1}, "unknown option 'enabld'"),
+    ({"saspec_enabled": "maybe"}, "saspec_enabled must be true or false"),
+    ({"saspec_max_draft_tokens": "two"}, "saspec_max_draft_tokens must be an int"),
+    ({"saspec_hints": "1,x"}, "saspec_hints must be token ids"),
+    ({"saspec": [1]}, "must be a mapping"),
+    ({"saspec": {"enabled": True}, "saspec_enabled": 1}, "given twice"),
+])
+def test_bad_options_name_the_setting(extra, text):
+    with pytest.raises((TypeError, ValueError), match=text):
+        saspec_options(extra)
+
+
+def test_a_request_with_bad_options_is_logged_and_not_drafted_for(caplog, monkeypatch):
+    monkeypatch.setenv("SASPEC_VLLM_POOL_TOKENS", "0")
+    p = SAProposer(vllm_config(), warm=False, length_rule="fixed")
+    text = [1, 2, 3, 4, 5, 6, 1, 2, 3]
+    with caplog.at_level(logging.ERROR):
+        p.schedule([("good", text, 16, None), ("bad", text, 16, {"saspec": {"max_draft_tokens": -2}}),
+                    ("capped", text, 16, {"saspec_max_draft_tokens": 1})], [])
+    assert p.stats["option_errors"] == 1
+    assert any("request 'bad'" in m and "max_draft_tokens" in m for m in caplog.messages)
+    ids = np.zeros((3, 64), np.int32)
+    ids[:, : len(text)] = text
+    ids[:, len(text)] = 4
+    p.name_rows(["good", "bad", "capped"])
+    out = p.propose([[4], [4], [4]], np.full(3, len(text) + 1, np.int32), ids)
+    assert out[0] == [5, 6, 1, 2] and out[1] == [] and out[2] == [5]

@@ -37,6 +37,10 @@ POOL_ENV = "SASPEC_VLLM_POOL_TOKENS"
 #: The cross-request pool in vLLM, on by default: it never cost tokens per forward on any workload and
 #: gained where requests repeat each other, for little memory per worker (BENCHMARKS.md, "Cross-request pool").
 DEFAULT_POOL_TOKENS = 1 << 20
+#: The largest pool the settings take. A pool is one automaton, whose tokens ``saspec.build.MAX_REQUEST_TOKENS``
+#: bounds (about 37 million); importing ``build`` here would load numba in every vLLM process, so the bound is
+#: a round number below it (a test keeps it there).
+MAX_POOL_TOKENS = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,37 @@ def _env_value(name: str, parse: Any, what: str) -> Any:
         raise ValueError(f"${name} must be {what}, got {value!r}") from None
 
 
+def _is_int(value: Any) -> bool:
+    """An int (numpy's too), not a bool."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    np = _numpy()
+    return np is not None and isinstance(value, np.integer)
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover
+        return None
+    return numpy
+
+
+def _int_setting(value: Any, label: str, low: int) -> int:
+    """``value`` as an int >= ``low``; else ``ValueError`` naming the setting as the user gave it
+    (``label``: an argument's name, ``$VARIABLE``, or ``$VARIABLE: key``)."""
+    if not _is_int(value) or value < low:
+        raise ValueError(f"{label} must be an int >= {low}, got {value!r}")
+    return int(value)
+
+
+def _label(name: str, variable: str | None) -> str:
+    """How a message names a setting: ``name`` (an argument), else ``$variable: name`` (a key of it)."""
+    return name if variable is None else f"${variable}: {name}"
+
+
 def resolve_proposer_settings(vllm_config: Any, *, min_match: int | None = None, max_detached: int | None = None,
                               length_rule: str | None = None, length_scale: float | None = None,
                               pool_tokens: int | None = None) -> ProposerSettings:
@@ -111,7 +146,8 @@ def resolve_proposer_settings(vllm_config: Any, *, min_match: int | None = None,
     ``$SASPEC_VLLM_POOL_TOKENS``), else vLLM's config, else the default.
 
     Raises:
-        ValueError: K below 1, a setting out of range or unparsable (naming it).
+        ValueError: K below 1, a setting out of range or unparsable (naming it as it was given: the
+            argument, or the environment variable).
     """
     spec = getattr(vllm_config, "speculative_config", None)
     k = getattr(spec, "num_speculative_tokens", None)  # K: the most draft tokens of a row
@@ -125,12 +161,12 @@ def resolve_proposer_settings(vllm_config: Any, *, min_match: int | None = None,
         if not ok:
             raise ValueError(f"SAProposer needs vllm_config.speculative_config.num_speculative_tokens >= 1, got {k!r}")
     # The minimum match: vLLM sets prompt_lookup_min to 0 for custom classes, so the environment comes first.
+    label = "min_match"
     if min_match is None:
-        min_match = _env_value("SASPEC_VLLM_MIN_MATCH", int, "an integer")
+        min_match, label = _env_value("SASPEC_VLLM_MIN_MATCH", int, "an integer"), "$SASPEC_VLLM_MIN_MATCH"
     if min_match is None:
-        min_match = getattr(spec, "prompt_lookup_min", None) or DEFAULT_MIN_MATCH
-    if int(min_match) < 1:
-        raise ValueError(f"min_match must be >= 1, got {min_match}")
+        min_match, label = getattr(spec, "prompt_lookup_min", None) or DEFAULT_MIN_MATCH, "prompt_lookup_min"
+    min_match = _int_setting(min_match, label, 1)
     # The length rule: the policy unless a fixed rule is asked for ("gate", its former name, is the policy).
     if length_rule is None:
         length_rule = os.environ.get("SASPEC_VLLM_LENGTH_RULE", "").strip() or POLICY
@@ -150,15 +186,16 @@ def resolve_proposer_settings(vllm_config: Any, *, min_match: int | None = None,
     # Departed requests kept for a resume (without the plugin): as many as the scheduler runs at once.
     scheduler = getattr(vllm_config, "scheduler_config", None)
     max_rows = getattr(scheduler, "max_num_seqs", None) or 256
+    label = "max_detached"
     if max_detached is None:
-        max_detached = _env_value("SASPEC_VLLM_MAX_DETACHED", int, "an integer")
+        max_detached, label = _env_value("SASPEC_VLLM_MAX_DETACHED", int, "an integer"), "$SASPEC_VLLM_MAX_DETACHED"
     if max_detached is None:
-        max_detached = max_rows
-    if int(max_detached) < 0:
-        raise ValueError(f"max_detached must be >= 0, got {max_detached}")
+        max_detached, label = max_rows, "max_num_seqs"
+    max_detached = _int_setting(max_detached, label, 0)
+    label = "pool_tokens"
     if pool_tokens is None:
-        pool_tokens = _env_value(POOL_ENV, int, "an integer")
-    pool_tokens = DEFAULT_POOL_TOKENS if pool_tokens is None else int(pool_tokens)
+        pool_tokens, label = _env_value(POOL_ENV, int, "an integer"), f"${POOL_ENV}"
+    pool_tokens = DEFAULT_POOL_TOKENS if pool_tokens is None else _pool_size(pool_tokens, label)
     # The device decides the policy's prior cost shape (a CPU is compute-bound, a GPU memory-bound at small
     # batch) until steps are timed.
     device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or "cpu"
@@ -185,10 +222,12 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
-def _pool_size(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value == 1:
-        raise ValueError(f"pool_tokens must be 0 (no pool) or an int >= 2, got {value!r}")
-    return value
+def _pool_size(value: Any, label: str = "pool_tokens") -> int:
+    """A pool size: 0 (none) or an int in [2, ``MAX_POOL_TOKENS``]; else ``ValueError`` naming the setting."""
+    if not _is_int(value) or value < 0 or value == 1 or value > MAX_POOL_TOKENS:
+        raise ValueError(f"{label} must be 0 (no pool) or an int in [2, {MAX_POOL_TOKENS}] "
+                         f"(config.MAX_POOL_TOKENS), got {value!r}")
+    return int(value)
 
 
 def proposer_config(num_speculative_tokens: int = DEFAULT_K, *, pool_tokens: int = DEFAULT_POOL_TOKENS) -> dict[str, Any]:
@@ -198,15 +237,16 @@ def proposer_config(num_speculative_tokens: int = DEFAULT_K, *, pool_tokens: int
         num_speculative_tokens: the most draft tokens per step (K).
         pool_tokens: a cross-request pool of this many tokens (``saspec.RequestPool``:
             finished requests' outputs; rows draft from it where their match
-            there is longer than in their own text); 0: none. Left in
-            ``$SASPEC_VLLM_POOL_TOKENS``, which vLLM's processes inherit.
-            Default :data:`DEFAULT_POOL_TOKENS`.
+            there is longer than in their own text); 0: none; at most
+            :data:`MAX_POOL_TOKENS`. Left in ``$SASPEC_VLLM_POOL_TOKENS``,
+            which vLLM's processes inherit. Default :data:`DEFAULT_POOL_TOKENS`.
 
     Returns:
         The dict for ``vllm.LLM(..., speculative_config=...)``.
 
     Raises:
-        ValueError: K is not an int >= 1, or ``pool_tokens`` is not 0 or an int >= 2.
+        ValueError: K is not an int >= 1, or ``pool_tokens`` is not 0 or an int in
+            [2, :data:`MAX_POOL_TOKENS`].
     """
     k = _positive("num_speculative_tokens", num_speculative_tokens)
     os.environ[POOL_ENV] = str(_pool_size(pool_tokens))
@@ -253,7 +293,9 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
 
     Raises:
         ValueError: an unknown method, a count that is not an int >= 1,
-            ``sa_tokens`` below ``num_speculative_tokens``, or a bad ``pool_tokens``.
+            ``sa_tokens`` below ``num_speculative_tokens``, a ``pool_tokens``
+            that is not 0 or an int in [2, :data:`MAX_POOL_TOKENS`], or a
+            ``policy`` or ``catch_up`` that is not a bool.
         ImportError: vLLM is not installed.
         RuntimeError: the installed vLLM is not one of :data:`TESTED_VLLM`.
     """
@@ -275,8 +317,36 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
     check_vllm_version(vllm.__version__)
     settings = HybridSettings(method=method, k=k, sa_tokens=sa, threshold=thr, vllm_tokens=sa, pool_tokens=pool,
                               policy=policy, catch_up=catch_up)
+    check_hybrid_settings(settings)
     os.environ[HYBRID_ENV] = json.dumps(asdict(settings))
     return {"method": method, "num_speculative_tokens": settings.vllm_tokens, **kwargs}
+
+
+def check_hybrid_settings(settings: HybridSettings, variable: str | None = None) -> HybridSettings:
+    """Each of the hybrid's settings in range, as ``hybrid_config`` checks its arguments: ``method`` one of
+    :data:`HYBRID_METHODS`, ``k``, ``sa_tokens``, ``threshold`` and ``vllm_tokens`` ints >= 1 (not bools),
+    ``sa_tokens`` at least ``k``, ``vllm_tokens`` equal to ``sa_tokens``, ``pool_tokens`` 0 or an int in
+    [2, :data:`MAX_POOL_TOKENS`], ``policy`` and ``catch_up`` bools. Returns ``settings``.
+
+    Raises:
+        ValueError: naming the setting, and ``variable`` (the environment variable it came from) where given.
+    """
+    if settings.method not in HYBRID_METHODS:
+        raise ValueError(f"{_label('method', variable)} must be one of {', '.join(HYBRID_METHODS)}, "
+                         f"got {settings.method!r}")
+    for name in ("k", "sa_tokens", "threshold", "vllm_tokens"):
+        _int_setting(getattr(settings, name), _label(name, variable), 1)
+    if settings.sa_tokens < settings.k:
+        raise ValueError(f"{_label('sa_tokens', variable)} ({settings.sa_tokens}) must be at least k ({settings.k})")
+    if settings.vllm_tokens != settings.sa_tokens:
+        raise ValueError(f"{_label('vllm_tokens', variable)} ({settings.vllm_tokens}) must equal sa_tokens "
+                         f"({settings.sa_tokens}): vLLM verifies the longest draft")
+    _pool_size(settings.pool_tokens, _label("pool_tokens", variable))
+    for name in ("policy", "catch_up"):
+        value = getattr(settings, name)
+        if not isinstance(value, bool):
+            raise ValueError(f"{_label(name, variable)} must be a bool (true or false), got {value!r}")
+    return settings
 
 
 def tensor_parallel_ranks(config: Any) -> int:
@@ -290,7 +360,9 @@ def hybrid_settings(speculative_config: Any) -> HybridSettings | None:
     ``speculative_config`` (same method and vLLM token count); else None.
 
     Raises:
-        ValueError: the variable is set but is not what ``hybrid_config`` writes.
+        ValueError: the variable is set but is not what ``hybrid_config`` writes
+            (not JSON, unknown or missing keys, or a value out of range: named,
+            see :func:`check_hybrid_settings`).
     """
     raw = os.environ.get(HYBRID_ENV, "").strip()
     if not raw or speculative_config is None:
@@ -299,6 +371,7 @@ def hybrid_settings(speculative_config: Any) -> HybridSettings | None:
         settings = HybridSettings(**json.loads(raw))
     except (TypeError, ValueError) as e:
         raise ValueError(f"${HYBRID_ENV} is not what hybrid_config() writes: {raw!r}") from e
+    check_hybrid_settings(settings, HYBRID_ENV)
     if (getattr(speculative_config, "method", None) != settings.method
             or getattr(speculative_config, "num_speculative_tokens", None) != settings.vllm_tokens):
         return None

@@ -15,8 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from .validate import as_tokens
+from .validate import MAX_TOKEN, as_tokens
 
+#: The token between a request's hints and its text in its automaton: it occurs nowhere else, so no
+#: match spans it, and a draft stops where it would cross it.
+HINT_SEPARATOR = MAX_TOKEN
 #: The keys :func:`parse_options` takes (a mapping with any other key is refused).
 OPTION_KEYS = ("enabled", "max_draft_tokens", "hints")
 

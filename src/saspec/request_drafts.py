@@ -45,16 +45,14 @@ from numba import njit
 
 from .engine import SpecEngine
 from .pool import RequestPool
+from .options import HINT_SEPARATOR
 from .rules import check_length_rule, draft_length
-from .validate import MAX_TOKEN
 
 logger = logging.getLogger(__name__)
 
 #: With a pool, every this many steps the texts of requests finished since the last
 #: publish become the rows' pool (built meanwhile in the background; see ``RequestPool.publish``).
 POOL_PUBLISH_STEPS = 8
-#: The token between a request's hints and its text (see the module doc); no draft includes it.
-HINT_SEPARATOR = MAX_TOKEN
 
 
 @njit(nogil=True, cache=True)

@@ -45,6 +45,13 @@ Options (keyword arguments of ``model.generate``):
   always ``saspec_k``).
 * ``saspec_gate``: deprecated, the former name of ``saspec_policy`` (a bool,
   or an object with the policy's calls, such as the bench's former gate, ``saspec_bench.former_gate.CostGate``).
+* ``saspec_options`` (a mapping or :class:`saspec.options.DraftOptions`, default
+  None): the request's drafting options. ``{"enabled": False}``: no drafts at
+  all (plain decoding through the same loop); ``{"max_draft_tokens": n}``: no
+  step drafts more than ``n`` tokens from either source; ``{"hints": ids}``:
+  token ids (a file the output will edit, say) the automaton's drafts may copy
+  from beside the request's own text. A bad option raises ``ValueError`` or
+  ``TypeError`` naming it before anything runs.
 * ``saspec_pool`` (a :class:`saspec.RequestPool`, default None): memory
   across calls: pass the same pool to every ``generate`` call, and each call
   drafts from the earlier calls' outputs too (where the match there is longer
@@ -109,6 +116,7 @@ from ..engine import SpecEngine
 from ..pool import RequestPool
 from ..policy import PolicySettings, SequencePolicy
 from ..rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, HYBRID_THRESHOLD, check_length_rule, draft_length
+from ..options import DEFAULT_OPTIONS, HINT_SEPARATOR, DraftOptions, parse_options
 from ..single import SingleSequence
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -253,6 +261,7 @@ class SACandidateGenerator:
         length_rule: str = DEFAULT_LENGTH_RULE,
         length_scale: float = DEFAULT_LENGTH_SCALE,
         gate: Any = None,
+        options: DraftOptions = DEFAULT_OPTIONS,
     ) -> None:
         rule = check_length_rule(length_rule, length_scale)
         if k < 1:
@@ -275,7 +284,14 @@ class SACandidateGenerator:
         self._assist_s = 0.0  # the draft model's time this step (counted as drafting, not as the step)
         self._step_len = 0  # input_ids' length when this step began
         new_tokens = min(max(0, self.max_length - int(input_ids.shape[1])), _MAX_RESERVED_TOKENS)
-        self._seq = SingleSequence(engine, input_ids[0].cpu().numpy().astype(np.int64), self.k, new_tokens)
+        self.options = options
+        self._cap = self.k if options.max_draft_tokens is None else min(self.k, options.max_draft_tokens)
+        if not options.drafts:
+            self.gate = self.fallback = None
+        prompt = input_ids[0].cpu().numpy().astype(np.int64)
+        if options.hints is not None:  # the hints first, then a separator no match spans (see request_drafts)
+            prompt = np.concatenate((options.hints, [HINT_SEPARATOR], prompt))
+        self._seq = SingleSequence(engine, prompt, self.k, new_tokens)
         self._fed = int(input_ids.shape[1])  # tokens the automaton holds
         self._source = "none"
         self._drafted = 0
@@ -289,6 +305,9 @@ class SACandidateGenerator:
         length rule unless ``capped`` is False)."""
         m, draft = self._seq.extend(input_ids[0, self._fed:].tolist())
         self._fed = int(input_ids.shape[1])
+        if HINT_SEPARATOR in draft:  # a draft copied from the hints ends with them
+            draft = draft[: draft.index(HINT_SEPARATOR)]
+        draft = draft[: self._cap] if self.options.drafts else []
         if capped:
             draft = draft[: draft_length(m, self.k, self._rule, self.length_scale, self._last_sa)]
         return m, draft
@@ -336,6 +355,9 @@ class SACandidateGenerator:
             t0 = clock()
             ids, logits = self.fallback.get_candidates(input_ids, **kwargs)
             self._assist_s = clock() - t0
+            if ids.shape[1] - input_ids.shape[1] > self._cap:  # the request's cap holds for the assistant too
+                ids = ids[:, : input_ids.shape[1] + self._cap]
+                logits = logits[:, : self._cap] if logits is not None else None
             self._source, self._drafted = "assistant", int(ids.shape[1] - input_ids.shape[1])
             if self.gate is not None and self._drafted and self._assist_s > 0:
                 self.gate.observe_draft_call(self._assist_s, read=max(behind, 1), drafted=self._drafted)
@@ -465,6 +487,7 @@ def generate(
     saspec_fast_verify: bool = True,
     saspec_pool: RequestPool | None = None,
     saspec_gate: Any = None,
+    saspec_options: Any = None,
     **model_kwargs: Any,
 ) -> Any:
     """Speculative ``generate`` with suffix-automaton drafts (see the module doc).
@@ -482,6 +505,7 @@ def generate(
             stateful model, or an assistant with another vocabulary.
     """
     check_transformers_version()
+    options = parse_options(saspec_options, "saspec_options")
     caller = _from_generate_frame(sys._getframe(1))
     assistant_model = assistant_model if assistant_model is not None else caller.get("assistant_model")
     streamer = streamer if streamer is not None else caller.get("streamer")
@@ -528,11 +552,12 @@ def generate(
     original = model._get_candidate_generator  # bound method (or an instance override)
 
     def candidate_generator(**kwargs: Any) -> SACandidateGenerator:
-        fallback = original(**kwargs) if kwargs.get("assistant_model") is not None else None
-        gate = _policy_for(saspec_policy, saspec_k, model)
+        fallback = original(**kwargs) if kwargs.get("assistant_model") is not None and options.drafts else None
+        gate = _policy_for(saspec_policy, saspec_k, model) if options.drafts else None
         gen = SACandidateGenerator(kwargs["input_ids"], engine=SpecEngine(pool=saspec_pool), k=saspec_k, threshold=threshold,
                                    max_length=generation_config.max_length, eos_token_ids=eos_ids, fallback=fallback,
-                                   length_rule=saspec_length_rule, length_scale=saspec_length_scale, gate=gate)
+                                   length_rule=saspec_length_rule, length_scale=saspec_length_scale, gate=gate,
+                                   options=options)
         made.append(gen)
         return gen
 

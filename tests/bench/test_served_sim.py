@@ -1,13 +1,17 @@
-"""The served-run replay: its step accounting, and a run folder read back."""
+"""The served-run replay: its step accounting, its step-cost curves and curve files, its streams, the oracle
+length against the fixed rules, its determinism, and a run folder read back."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
 import pytest
 
-from saspec_bench.served_sim import CHAT, load_run, simulate
+from saspec_bench.served_sim import (CHAT, cold_part, compare, load_run, make_drafter, repeat_stream, replay,
+                                     simulate)
+from saspec_bench.step_curves import CPU, GPU, Curve, load_curve, profile_curve
 
 
 def _copy_requests(n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
@@ -56,3 +60,166 @@ def test_a_run_folder_is_read_as_chat_prompts_and_plain_outputs(tmp_path):
     (tmp_path / "runs" / "0.5b-plain-r0-c8.json").unlink()
     with pytest.raises(FileNotFoundError, match="no plain run"):
         load_run(tmp_path, list)
+
+
+# -- the step-cost curves ---------------------------------------------------------------------------------
+
+
+def test_a_curve_interpolates_its_points_and_extends_its_last_segment():
+    gpu = GPU
+    assert gpu(1) == gpu(8) == pytest.approx(8.71e-3)  # flat below the first point
+    assert gpu(12) == pytest.approx((8.71e-3 + 8.77e-3) / 2)
+    assert gpu(16) == pytest.approx(8.77e-3)
+    slope = (42.3e-3 - 8.77e-3) / (1024 - 16)
+    assert gpu(520) == pytest.approx(8.77e-3 + 504 * slope)
+    assert gpu(2048) == pytest.approx(42.3e-3 + 1024 * slope)  # beyond the last: along the last segment
+    falling = Curve("f", (1, 10, 20), (1.0, 3.0, 2.0))
+    assert falling(40) == 2.0  # never falling beyond the last point
+    line = Curve.linear(0.2, 0.0101)
+    for n in (1, 2, 7, 300, 5000):
+        assert line(n) == pytest.approx(0.2 + 0.0101 * n)
+    assert CPU(100) == pytest.approx(0.2 + 0.0101 * 100) and CPU.prior == "cpu" and GPU.prior == "gpu"
+
+
+@pytest.mark.parametrize("tokens, seconds, message", [
+    ((), (), "at least one point"),
+    ((1, 2), (1.0,), "as many seconds"),
+    ((0, 2), (1.0, 2.0), "integers >= 1"),
+    ((1.5, 2), (1.0, 2.0), "integers >= 1"),
+    ((2, 1), (1.0, 2.0), "increasing"),
+    ((1, 2), (1.0, 0.0), "finite and > 0"),
+    ((1, 2), (1.0, float("nan")), "finite and > 0"),
+])
+def test_a_bad_curve_is_refused_naming_the_problem(tokens, seconds, message):
+    with pytest.raises(ValueError, match=message):
+        Curve("bad", tokens, seconds)
+    with pytest.raises(ValueError, match="prior"):
+        Curve("bad", (1,), (1.0,), prior="tpu")
+
+
+def test_a_curve_file_is_read_as_json_csv_or_a_bare_list(tmp_path):
+    saved = tmp_path / "h100.json"
+    Curve("h100", (1, 64, 512), (0.01, 0.011, 0.03), "gpu", "a device run").save(saved)
+    got = load_curve(saved)
+    assert got == Curve("h100", (1, 64, 512), (0.01, 0.011, 0.03), "gpu", "a device run")
+    assert load_curve(saved, prior="cpu").prior == "cpu"
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps([[64, 0.5], [1, 0.25]]))  # any order
+    assert load_curve(bare) == Curve("bare", (1, 64), (0.25, 0.5), "gpu")
+    table = tmp_path / "cpu-run.csv"
+    table.write_text("# prior: cpu\ntokens,seconds\n1,0.21\n# a comment\n33,0.53\n")
+    got = load_curve(table)
+    assert got == Curve("cpu-run", (1, 33), (0.21, 0.53), "cpu") and got(17) == pytest.approx(0.37)
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("dup.json", json.dumps({"points": [[1, 0.1], [1, 0.2]]}), r"\[1\] appear more than once"),
+    ("nopoints.json", json.dumps({"prior": "gpu"}), "needs 'points'"),
+    ("pair.json", json.dumps([[1, 0.1, 3]]), "pair"),
+    ("notjson.json", "tokens,seconds\n1,2\n", "not JSON"),
+    ("zero.json", json.dumps([[1, 0.0]]), "finite and > 0"),
+    ("prior.json", json.dumps({"points": [[1, 0.1]], "prior": "tpu"}), "prior"),
+    ("header.csv", "n,s\n1,0.1\n", "header 'tokens,seconds'"),
+    ("row.csv", "tokens,seconds\n1,0.1,4\n", "row 2"),
+    ("number.csv", "tokens,seconds\n1,fast\n", "'fast' is not a number"),
+])
+def test_a_bad_curve_file_is_refused_naming_the_file(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as e:
+        load_curve(path)
+    assert name in str(e.value)
+
+
+def test_a_profiled_cost_is_saved_as_a_curve_file_and_read_back(tmp_path):
+    clock = [0.0]
+
+    def run_step(n: int) -> None:  # a first run slower than the rest: the profile keeps each size's minimum
+        clock[0] += (0.03 if clock[0] == 0.0 else 0.01) + 0.001 * n
+
+    curve = profile_curve(run_step, [1, 4, 16], clock=lambda: clock[0], name="profiled", prior="gpu")
+    assert curve.tokens == (1, 4, 16)
+    assert curve.seconds == pytest.approx((0.011, 0.014, 0.026))
+    curve.save(tmp_path / "p.json")
+    assert load_curve(tmp_path / "p.json") == curve
+
+
+# -- the replay's streams, drafters and tables -------------------------------------------------------------
+
+
+def test_a_stream_repeats_every_request_once_a_round_in_a_seeded_shuffled_order():
+    stream = repeat_stream(10, 4, seed=3)
+    rounds = [stream[i * 10: (i + 1) * 10] for i in range(4)]
+    assert all(sorted(r) == list(range(10)) for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1 and rounds[0] != list(range(10))
+    assert repeat_stream(10, 4, seed=3) == stream and repeat_stream(10, 4, seed=4) != stream
+    assert cold_part(stream) == rounds[0]  # four rounds: the cold start is the first one
+    assert cold_part([5, 6, 7]) == [5]
+    with pytest.raises(ValueError, match="at least one request"):
+        repeat_stream(0, 4)
+    with pytest.raises(ValueError, match="one round"):
+        repeat_stream(3, 0)
+
+
+def test_plain_decoding_under_a_curve_costs_each_step_what_the_curve_says():
+    requests = _copy_requests(2)
+    res = replay(requests, 2, GPU, lambda **kw: make_drafter("plain", prior="gpu", **kw))
+    p0, p1 = (len(p) for p, _ in requests)
+    n0, n1 = (len(o) for _, o in requests)
+    both, alone = min(n0, n1) - 1, abs(n0 - n1)
+    expected = GPU(p0 + p1) + both * GPU(2) + alone * GPU(1)
+    assert res["steps"] == 1 + both + alone and res["drafted"] == 0
+    assert res["seconds"] == pytest.approx(expected)
+
+
+OWN = ("oracle", "K=8", "K=16", "K=32", "match-capped", "plain")
+
+
+@pytest.mark.parametrize("curve", [CPU, GPU], ids=["cpu", "gpu"])
+def test_the_oracle_length_is_never_below_a_fixed_rule_and_verifies_nothing_in_vain(curve):
+    requests = _copy_requests(6, seed=2)
+    for concurrency in (1, 3):
+        res = compare(requests, concurrency, curve, OWN, repeat=2, seed=1)
+        oracle = res["oracle"]["stream"]
+        assert oracle["wasted"] == 0 and oracle["accepted"] > 0
+        for rule in OWN[1:]:
+            for part in ("stream", "cold"):
+                assert res["oracle"][part]["tok_s"] >= res[rule][part]["tok_s"], (rule, part, concurrency)
+
+
+def test_the_replay_is_deterministic_and_the_policy_gets_the_regimes_prior():
+    requests = _copy_requests(5, seed=3)
+    for curve in (CPU, GPU):
+        first = compare(requests, 4, curve, ["policy", "match-capped"], repeat=2, seed=5)
+        assert compare(requests, 4, curve, ["policy", "match-capped"], repeat=2, seed=5) == first
+    made = make_drafter("policy", clock=lambda: 0.0, concurrency=2, max_len=64, prior="gpu", outputs={})
+    cost = made.proposer.policy.cost
+    assert cost.seconds(100) == pytest.approx(cost.seconds(1))  # gpu_like: flat to 128 tokens
+    made = make_drafter("policy", clock=lambda: 0.0, concurrency=2, max_len=64, prior="cpu", outputs={})
+    assert made.proposer.policy.cost.seconds(100) > 10 * made.proposer.policy.cost.seconds(1)
+    with pytest.raises(ValueError, match="unknown drafter 'K=0'"):
+        make_drafter("K=0", clock=lambda: 0.0, concurrency=2, max_len=64, prior="cpu", outputs={})
+
+
+def test_absent_peers_are_reported_and_the_tables_say_so(monkeypatch):
+    import saspec_bench.served_sim as sim
+
+    monkeypatch.setattr(sim, "peers_available", lambda: {"arctic": False, "ngram": False})
+    res = sim.compare(_copy_requests(2), 2, CPU, ["policy", "K=8", "match-capped", "arctic", "ngram"])
+    assert res["arctic"] == {"absent": "arctic_inference does not import"} and "absent" in res["ngram"]
+    r = sim.ratios(res)
+    assert r["arctic"] is None
+    best = max(res[d]["stream"]["tok_s"] for d in ("K=8", "match-capped"))
+    assert r["best_fixed"] == pytest.approx(res["policy"]["stream"]["tok_s"] / best)
+    assert r["cold_match_capped"] == pytest.approx(res["policy"]["cold"]["tok_s"] / res["match-capped"]["cold"]["tok_s"])
+    text = sim.table(CPU, {"run": {2: res}}, ["policy", "K=8", "match-capped", "arctic", "ngram"])
+    row = text.splitlines()[-1]
+    assert row.startswith("| run | 2 | ") and row.count("absent") == 4  # two peers, the oracle and the arctic ratio
+
+
+@pytest.mark.skipif(importlib.util.find_spec("arctic_inference") is None, reason="ArcticInference not built here")
+def test_arctic_drafts_a_copy_the_way_vllms_suffix_method_drives_it():
+    requests = _copy_requests(3, seed=4)
+    res = compare(requests, 2, GPU, ["arctic", "plain"], repeat=2)
+    assert res["arctic"]["stream"]["accepted"] > sum(len(o) for _, o in requests)  # most of both rounds drafted
+    assert res["arctic"]["stream"]["tok_s"] > 2 * res["plain"]["stream"]["tok_s"]

@@ -113,6 +113,7 @@ class BlobArena:
         self._chunks: list[np.ndarray] = []
         self._next = 0  # the current chunk's unused range [_next, _end)
         self._end = 0
+        self._carved = 0  # bytes of blocks carved from chunks (handed out now, or free)
 
     def __call__(self, words: int) -> np.ndarray:
         """An uninitialized int32 blob of ``words`` words (an ``Allocator``)."""
@@ -133,6 +134,7 @@ class BlobArena:
                     self._next, self._end = chunk.ctypes.data, chunk.ctypes.data + ARENA_CHUNK
                 addr = self._next
                 self._next += size
+                self._carved += size
         return np.asarray(_Block(self, addr, size, words))
 
     def _take_free(self, size: int) -> tuple[int, int]:
@@ -144,6 +146,15 @@ class BlobArena:
             return size, -1
         c = min(fits)
         return c, self._free[c].pop()
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of the blocks handed out and still viewed by some array (a block returns once none
+        views it, see ``_Block``): with every blob gone, 0."""
+        with self._lock:
+            free = sum(size for size, _ in self._returned)
+            free += sum(size * len(blocks) for size, blocks in self._free.items())
+            return self._carved - free
 
     @property
     def reserved_bytes(self) -> int:

@@ -208,7 +208,8 @@ def _report_growth_failure(exc: Exception, tokens: int, where: str) -> None:
     only for what is not a plain ``MemoryError``."""
     _log.warning("saspec: growing a request's automaton of %d tokens %s failed (%s: %s); it is retried at a "
                  "later step, its row drafting nothing while its blob is full", tokens, where,
-                 type(exc).__name__, exc, exc_info=None if isinstance(exc, MemoryError) else exc)
+                 type(exc).__name__, str(exc),  # a string: a kept record keeps no frame (and no blob) alive
+                 exc_info=None if isinstance(exc, MemoryError) else exc)
 
 
 # The most int32 words of blobs one step copies to grow full rows (1 MiB, a few

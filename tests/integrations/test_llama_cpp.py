@@ -327,6 +327,25 @@ def test_server_hook_serves_completions_with_saspec(gguf_path):
     assert gen.fallbacks == 1
 
 
+def test_seed_minus_one_and_repeat_penalty_zero_are_taken_as_llama_cpp_python_takes_them(gguf_path, llama):
+    """llama-cpp-python answers ``seed=-1`` (a random seed) and ``repeat_penalty=0``; so do the server hook
+    (greedy: the same text as llama-cpp-python's own) and the loop's ``generate``."""
+    from saspec.integrations.llama_cpp import generate
+    from saspec.integrations.llama_cpp.server import SaspecSettings, attach
+
+    prompt = repetitive_prompt(7)
+    served = new_llama(gguf_path)
+    gen = attach(served, SaspecSettings(k=16))
+    for kw in ({"seed": -1}, {"repeat_penalty": 0.0}, {"seed": -1, "repeat_penalty": 0.0}):
+        ref = new_llama(gguf_path).create_completion(prompt, max_tokens=30, temperature=0.0, **kw)
+        got = served.create_completion(prompt, max_tokens=30, temperature=0.0, **kw)
+        assert got["choices"][0]["text"] == ref["choices"][0]["text"], kw
+    sampled = served.create_completion(prompt, max_tokens=20, temperature=0.8, seed=-1, repeat_penalty=0.0)
+    assert sampled["usage"]["completion_tokens"] >= 1
+    assert gen.fallbacks == 0 and gen.requests == 4
+    assert len(generate(llama, prompt, 10, None, temperature=0.7, seed=-1, stop_at_eog=False).tokens) == 10
+
+
 def test_server_launcher_serves_openai_completions(gguf_path, tmp_path):
     """``python -m saspec.integrations.llama_cpp.server``: llama-cpp-python's OpenAI server with saspec's
     loop (and the pool) answers a completion with plain greedy decoding's text."""

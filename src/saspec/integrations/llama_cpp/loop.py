@@ -82,6 +82,10 @@ class GenerateResult:
     stop: str = "length"
 
 
+#: llama.cpp's seed meaning "a random seed" (a ``uint32``: -1 as llama-cpp-python passes it).
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+
+
 class Sampler:
     """The target's token distribution from logits, as llama-cpp-python's sampler chain builds it.
 
@@ -96,11 +100,16 @@ class Sampler:
         top_p: keep the most likely tokens up to probability ``top_p``, in (0, 1].
         min_p: keep tokens at least ``min_p`` times as likely as the best, in [0, 1).
         repeat_penalty: divide positive (multiply negative) logits of recent
-            tokens by this (> 0; 1: off).
+            tokens by this (>= 0; 1: off). 0 is taken as llama.cpp takes it:
+            recent tokens with a positive logit get +inf (the others 0), so
+            greedy decoding takes the first of them and sampling draws among
+            them alike.
         frequency_penalty, presence_penalty: subtract ``count * frequency +
             presence`` from the logits of recent tokens.
         penalty_last_n: how many recent generated tokens the penalties see (>= 0).
-        seed: the random generator's seed (None: fresh entropy).
+        seed: the random generator's seed: None, or an int read as llama.cpp's
+            ``uint32`` seed (modulo 2**32), where -1 (``0xFFFFFFFF``,
+            ``LLAMA_DEFAULT_SEED``) means fresh entropy, as it does there.
 
     Raises:
         ValueError, TypeError: a bad argument.
@@ -117,8 +126,8 @@ class Sampler:
         if not 0.0 <= min_p < 1.0:
             raise ValueError(f"min_p must be in [0, 1), got {min_p}")
         self.repeat_penalty = float(repeat_penalty)
-        if not (np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
-            raise ValueError(f"repeat_penalty must be a finite number > 0, got {repeat_penalty}")
+        if not (np.isfinite(self.repeat_penalty) and self.repeat_penalty >= 0):
+            raise ValueError(f"repeat_penalty must be a finite number >= 0, got {repeat_penalty}")
         self.frequency_penalty, self.presence_penalty = float(frequency_penalty), float(presence_penalty)
         if not (np.isfinite(self.frequency_penalty) and np.isfinite(self.presence_penalty)):
             raise ValueError("frequency_penalty and presence_penalty must be finite numbers")
@@ -127,7 +136,11 @@ class Sampler:
         self.penalty_last_n = check_int(penalty_last_n, "penalty_last_n", 0)
         self.penalized = self.penalty_last_n > 0 and (
             self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0)
-        self.rng = np.random.default_rng(seed)
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+                raise TypeError(f"seed must be None or an int, got {seed!r}")
+            seed = int(seed) % 2**32  # llama.cpp's uint32, as ctypes passes it
+        self.rng = np.random.default_rng(None if seed == LLAMA_DEFAULT_SEED else seed)
 
     @property
     def greedy(self) -> bool:
@@ -140,13 +153,18 @@ class Sampler:
         ids, counts = np.unique(np.asarray(recent[-self.penalty_last_n:], dtype=np.int64), return_counts=True)
         z = logits.copy()
         v = z[ids]
-        v = np.where(v <= 0, v * np.float32(self.repeat_penalty), v / np.float32(self.repeat_penalty))
+        with np.errstate(divide="ignore"):  # repeat_penalty 0: +inf, as llama.cpp's division gives
+            v = np.where(v <= 0, v * np.float32(self.repeat_penalty), v / np.float32(self.repeat_penalty))
         z[ids] = v - (counts * np.float32(self.frequency_penalty) + np.float32(self.presence_penalty))
         return z
 
     def probs(self, logits: np.ndarray) -> np.ndarray:
         """The distribution (float64 [n_vocab]) of one row of (penalised) logits."""
         z = logits.astype(np.float64)
+        if self.repeat_penalty == 0.0:  # recent tokens may be +inf, infinitely likely: drawn alike
+            top = np.isposinf(z)  # (llama.cpp's softmax makes their probabilities NaN)
+            if top.any():
+                return top / top.sum()
         if self.top_k and self.top_k < z.size:
             cut = np.partition(z, -self.top_k)[-self.top_k]
             z = np.where(z >= cut, z, -np.inf)

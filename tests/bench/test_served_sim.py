@@ -212,9 +212,14 @@ def test_absent_peers_are_reported_and_the_tables_say_so(monkeypatch):
     best = max(res[d]["stream"]["tok_s"] for d in ("K=8", "match-capped"))
     assert r["best_fixed"] == pytest.approx(res["policy"]["stream"]["tok_s"] / best)
     assert r["cold_match_capped"] == pytest.approx(res["policy"]["cold"]["tok_s"] / res["match-capped"]["cold"]["tok_s"])
-    text = sim.table(CPU, {"run": {2: res}}, ["policy", "K=8", "match-capped", "arctic", "ngram"])
-    row = text.splitlines()[-1]
-    assert row.startswith("| run | 2 | ") and row.count("absent") == 4  # two peers, the oracle and the arctic ratio
+    twice = sim.compare(_copy_requests(2), 1, CPU, ["policy", "K=8", "match-capped", "arctic", "ngram"])
+    text = sim.table({"cpu": {"run": {2: res, 1: twice}}}, ["policy", "K=8", "match-capped", "arctic", "ngram"])
+    assert "concurrency 1 / 2" in text.splitlines()[0]
+    cells = text.splitlines()[-1].strip("| ").split(" | ")
+    assert cells[:2] == ["run", "cpu"] and cells[5:7] == ["absent", "absent"]
+    assert cells[2] == f"{twice['policy']['stream']['tok_s']:.1f} / {res['policy']['stream']['tok_s']:.1f}"
+    assert cells[7] == "- / -" and cells[9] == "- / -"  # no oracle, no arctic: no ratios to them
+    assert cells[8] == f"{sim.ratios(twice)['best_fixed']:.3f} / {r['best_fixed']:.3f}"  # in concurrency order
 
 
 @pytest.mark.skipif(importlib.util.find_spec("arctic_inference") is None, reason="ArcticInference not built here")

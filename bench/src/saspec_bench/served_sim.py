@@ -261,22 +261,36 @@ def ratios(res: dict[str, dict[str, Any]]) -> dict[str, float | None]:
             "cold_match_capped": over(_tok_s(res, "policy", "cold"), _tok_s(res, "match-capped", "cold"))}
 
 
-def table(curve: Curve, results: dict[str, dict[int, dict[str, dict[str, Any]]]], drafters: Sequence[str]) -> str:
-    """A markdown table of one regime: per run and concurrency, output tok/s of each drafter over the stream,
-    then the policy's ratios (:func:`ratios`)."""
+def table(results: dict[str, dict[str, dict[int, dict[str, dict[str, Any]]]]], drafters: Sequence[str]) -> str:
+    """A markdown table: per run (``results[regime][run][concurrency]``, :func:`compare`'s results) and regime,
+    output tok/s of each drafter over the stream and then the policy's ratios (:func:`ratios`), each cell
+    its values at the concurrencies in order (``a / b / c``)."""
     def num(v: float | None, fmt: str) -> str:
-        return "absent" if v is None else format(v, fmt)
+        return "-" if v is None else format(v, fmt)
 
-    head = (["run", "conc."] + list(drafters)
+    keys = ("oracle", "best_fixed", "arctic", "cold_match_capped")
+    head = (["run", "regime"] + list(drafters)
             + ["policy / oracle", "policy / best fixed", "policy / arctic", "cold: policy / match-capped"])
-    lines = [f"Regime `{curve.name}` (prior `{curve.prior}`), output tok/s:", "",
-             "| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (len(head) - 2)]
-    for run, by_c in results.items():
-        for c, res in by_c.items():
-            r = ratios(res)
-            cells = [num(_tok_s(res, d), ".0f" if (_tok_s(res, d) or 0) >= 100 else ".2f") for d in drafters]
-            cells += [num(r[key], ".3f") for key in ("oracle", "best_fixed", "arctic", "cold_match_capped")]
-            lines.append(f"| {run} | {c} | " + " | ".join(cells) + " |")
+    concurrencies = sorted({c for by_run in results.values() for by_c in by_run.values() for c in by_c})
+    lines = ["Output tok/s at concurrency " + " / ".join(map(str, concurrencies))
+             + " (absent: a peer that does not import here):", "",
+             "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    runs = list(dict.fromkeys(run for by_run in results.values() for run in by_run))
+    for run in runs:
+        for regime, by_run in results.items():
+            if run not in by_run:
+                continue
+            cells = []
+            for d in drafters:
+                vals = [by_run[run][c].get(d, {}) for c in sorted(by_run[run])]
+                if any("absent" in v for v in vals):
+                    cells.append("absent")
+                    continue
+                tok = [v["stream"]["tok_s"] for v in vals]
+                cells.append(" / ".join(num(t, ".0f" if t >= 100 else ".1f") for t in tok))
+            rs = [ratios(by_run[run][c]) for c in sorted(by_run[run])]
+            cells += [" / ".join(num(r[key], ".3f") for r in rs) for key in keys]
+            lines.append(f"| {run} | {regime} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -317,6 +331,7 @@ def main() -> None:
     encode = get_tokenizer("qwen2.5").encode
     runs = {folder.name: load_run(folder, encode) for folder in a.runs}
     everything: dict[str, Any] = {}
+    tables: dict[str, Any] = {}
     for curve in curves:
         results: dict[str, dict[int, Any]] = {}
         for run, requests in runs.items():
@@ -324,9 +339,12 @@ def main() -> None:
             for c in a.concurrency:
                 results[run][c] = compare(requests, c, curve, a.drafters, repeat=a.repeat, seed=a.seed,
                                           peer_k=a.peer_k)
-        print("\n" + table(curve, results, a.drafters) + "\n", flush=True)
+        print(f"[{curve.name} done]", flush=True)
+        tables[curve.name] = results
         everything[curve.name] = {"curve": curve.points(), "prior": curve.prior, "source": curve.source,
                                   "results": results}
+    print("\n" + "Regimes: " + "; ".join(f"{c.name}: {c.source}, the policy's prior {c.prior}" for c in curves)
+          + "\n\n" + table(tables, a.drafters), flush=True)
     if a.json is not None:
         a.json.write_text(json.dumps({"repeat": a.repeat, "seed": a.seed, "peer_k": a.peer_k,
                                       "regimes": everything}) + "\n")

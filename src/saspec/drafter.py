@@ -26,6 +26,7 @@ between); an engine that times its forward itself passes ``seconds``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -63,6 +64,8 @@ class DraftBatch:
         sources: int32 [B]: ``saspec.policy.NONE`` (0), ``AUTOMATON`` (1) or ``NEURAL`` (2).
         match: int32 [B]: each row's match length in tokens (0 for rows that appended nothing).
         neural_k: the most tokens the neural drafter makes for a row this step (0: do not run it).
+        max_lengths: int32 [B]: the most draft tokens row ``b`` may take this step from any source (its
+            request's ``max_draft_tokens``, K without one; 0 where its drafting is off).
     """
 
     tokens: np.ndarray
@@ -70,6 +73,7 @@ class DraftBatch:
     sources: np.ndarray
     match: np.ndarray
     neural_k: int
+    max_lengths: np.ndarray
 
     def row(self, b: int) -> list[int]:
         """Row ``b``'s automaton draft as a list (empty for other sources)."""
@@ -232,7 +236,8 @@ class Drafter:
 
     def step(self, request_ids: Sequence[Hashable], new_tokens: Any, new_lens: Any, *, text_len: Any = None,
              texts: Any = None, width: int | None = None, seconds: float | None = None, step_tokens: int = 0,
-             neural_k: int = 0, neural_rows: Any = None, neural_behind: int = 0) -> DraftBatch:
+             neural_k: int = 0, neural_rows: Any = None, neural_behind: int = 0, neural_first: int = 0,
+             remaining: int | None = None) -> DraftBatch:
         """Append each row's newly accepted tokens to its automaton and draft for every row.
         Call it once per engine step, after the forward (and before the next one).
 
@@ -255,7 +260,11 @@ class Drafter:
             neural_k: the most tokens the engine's neural drafter can draft for a row this step
                 (0: there is none). The policy then gives each row the better source.
             neural_rows: bool [B]: rows the neural drafter may draft for (default: all live rows).
-            neural_behind: tokens the neural drafter must read before it drafts (its catch-up).
+            neural_behind: tokens the neural drafter must read before it drafts (its catch-up; where
+                the engine runs it every step anyway, ``neural_catchup_sunk``, it costs nothing).
+            neural_first: of those, the tokens of requests it has never read (their prompts): a
+                catch-up is charged over the neural steps it serves (``saspec.policy.CatchUpShare``).
+            remaining: tokens a row may still emit (None: unknown), for that share.
 
         Returns:
             The step's :class:`DraftBatch` (views the next call overwrites).
@@ -292,6 +301,8 @@ class Drafter:
             offered = np.minimum(offered, np.maximum(self._caps, 0)).astype(np.int32)
         if seconds is None:
             seconds = now - self._t_return if self._t_return is not None and self._timed else math.nan
+        elif not self._timed:
+            seconds = math.nan
         same = rids == self._last
         if self.policy is None:
             lengths, sources, nk = offered, np.where(offered > 0, AUTOMATON, NONE).astype(np.int32), 0
@@ -304,7 +315,8 @@ class Drafter:
         else:
             lengths, sources, nk = self._neural_step(rids, same, match, draft, offered, new, lens, seconds,
                                                      int(step_tokens), check_int(neural_k, "neural_k", 0),
-                                                     neural_rows, neural_behind)
+                                                     neural_rows, check_int(neural_behind, "neural_behind", 0),
+                                                     check_int(neural_first, "neural_first", 0), remaining)
         self._last = rids
         out = self._finish_step(draft, lengths, sources, match, lens, nk)
         self._t_return = self.clock()
@@ -312,7 +324,8 @@ class Drafter:
 
     def _neural_step(self, rids: list, same: bool, match: np.ndarray, draft: np.ndarray, offered: np.ndarray,
                      new: np.ndarray, lens: np.ndarray, seconds: float, step_tokens: int, neural_k: int,
-                     neural_rows: Any, neural_behind: int) -> tuple[np.ndarray, np.ndarray, int]:
+                     neural_rows: Any, behind: int, first: int, remaining: int | None
+                     ) -> tuple[np.ndarray, np.ndarray, int]:
         """A step where a neural drafter may draft: score the last step's offers of both sources, then
         each row's source and length (a drafter that lags charged a share of its catch-up)."""
         p = self.policy
@@ -333,22 +346,22 @@ class Drafter:
         if self._any_cap:
             rows = rows & (self._caps != 0)
         branched = self.drafts.branched
-        if live.any():
-            self._share.observe_tokens(float(lens.sum()) / int(np.count_nonzero(lens)))
-        behind = check_int(neural_behind, "neural_behind", 0)
-        in_step = int(lens[live].sum()) + b
-        if neural_k and behind > in_step:
-            lengths, src = self._share.decide(p, m, off, neural_k, rows, behind, in_step, branched=branched)
-        else:
+        if p.catchup_sunk:  # the engine runs the drafter's catch-up anyway: a neural row costs its drafting only
             lengths, src = p.decide(m, off, neural_k=neural_k, neural_rows=rows, neural_behind=max(behind, 1),
                                     branched=branched)
+        else:
+            in_step = int(lens[live].sum()) + b  # a forward in step reads each row's new tokens and its extra slot
+            lengths, src = self._share.decide(p, m, off, neural_k, rows, max(behind, 1), in_step, remaining,
+                                              first=first, branched=branched)
+        if live.any():
+            self._share.observe_tokens(float(lens.sum()) / int(np.count_nonzero(lens)))
         lengths = lengths.astype(np.int32)
         if self._any_cap:  # a neural row's cap too
-            lengths = np.minimum(lengths, np.where(self._caps < 0, 0, self._caps)).astype(np.int32)
+            lengths = np.minimum(lengths, np.maximum(self._caps, 0)).astype(np.int32)
         src = np.where(lengths > 0, src, NONE).astype(np.int32)
         self._prev = _Offers(m, off, draft.copy(), branched.copy(), np.where(src == NEURAL, lengths, 0),
-                             b + int(lengths.sum()))
-        return lengths, src, int(lengths[src == NEURAL].max(initial=0))
+                             int(np.count_nonzero(live)) + int(lengths.sum()))
+        return lengths, src, p.neural_k
 
     def _finish_step(self, draft: np.ndarray, lengths: np.ndarray, sources: np.ndarray, match: np.ndarray,
                      lens: np.ndarray, neural_k: int) -> DraftBatch:
@@ -367,7 +380,8 @@ class Drafter:
         c["longest_draft"] = max(c["longest_draft"], int(lengths.max(initial=0)))
         c["neural_rows"] += int(np.count_nonzero(sources == NEURAL))
         m = match if lens.all() else np.where(lens > 0, match, 0).astype(np.int32)
-        return DraftBatch(tokens, lengths, sources, m, neural_k)
+        caps = np.maximum(self._caps, 0) if self._any_cap else np.full(b, self.k, np.int32)
+        return DraftBatch(tokens, lengths, sources, m, neural_k, caps)
 
     def _batch_options(self, rids: list) -> None:
         """Each row's draft cap for a new batch: -1 never drafted for, else the cap (K without one)."""
@@ -395,6 +409,19 @@ class Drafter:
         self._last = None
         self._t_return = None
         self._prev = None
+
+    def mark_forward(self) -> None:
+        """The engine's target forward starts now (after its own drafting, say a neural drafter's call):
+        the next step's timing runs from here instead of from this step's return."""
+        self._t_return = self.clock()
+
+    def neural_drafted(self, lengths: Any) -> None:
+        """The neural draft tokens each row of this step's batch really proposed (int [B]), where that is
+        not the batch's length (the drafter made fewer, or the engine cut them): the next step scores
+        the neural drafter against these."""
+        if self._prev is not None:
+            n = _rows_array(lengths, "lengths", 1, self._prev.neural.shape[0])
+            self._prev = dataclasses.replace(self._prev, neural=n.astype(np.int64))
 
     def time_neural(self, seconds: float, read: int, drafted: int, rows: int = 1) -> None:
         """One neural drafter call of this step: ``seconds`` to read ``read`` tokens and draft

@@ -88,3 +88,60 @@ def parse_options(options: Any, where: str = "options") -> DraftOptions:
         hints = as_tokens(hints, f"{where}: hints")
         hints = hints if hints.shape[0] else None
     return DraftOptions(bool(enabled), cap, hints)
+
+
+#: The key of a request's fields (vLLM's ``SamplingParams.extra_args``, a server's request body) that
+#: holds its saspec options as a mapping.
+OPTIONS_KEY = "saspec"
+#: The prefix of the flat keys that carry them where a field holds only numbers, strings or lists (the
+#: OpenAI server's ``vllm_xargs``): ``saspec_enabled``, ``saspec_max_draft_tokens``, ``saspec_hints``.
+FLAT_PREFIX = "saspec_"
+
+
+def options_from_fields(extra_args: Any) -> DraftOptions:
+    """One request's :class:`DraftOptions` from its fields (a dict, e.g. vLLM's ``SamplingParams.extra_args``):
+    the mapping under ``"saspec"``, and/or the flat ``saspec_*`` keys (whose values are numbers, strings
+    or lists: ``saspec_enabled`` 0 / 1 / "false" / "true", ``saspec_max_draft_tokens`` an int or its
+    digits, ``saspec_hints`` a list of token ids or a string of them separated by commas or spaces).
+    Other keys are not saspec's and are ignored. None or empty: the defaults.
+
+    Raises:
+        TypeError, ValueError: an unknown saspec key or a bad value, naming it.
+    """
+    if not extra_args:
+        return parse_options(None)
+    if not isinstance(extra_args, dict):
+        raise TypeError(f"extra_args must be a dict, got {type(extra_args).__name__}")
+    nested = extra_args.get(OPTIONS_KEY)
+    if nested is not None and not isinstance(nested, dict):
+        raise TypeError(f"extra_args[{OPTIONS_KEY!r}] must be a mapping of saspec options, got {nested!r}")
+    merged = dict(nested or {})
+    for key, value in extra_args.items():
+        if not (isinstance(key, str) and key.startswith(FLAT_PREFIX)):
+            continue
+        name = key[len(FLAT_PREFIX):]
+        if name in merged:
+            raise ValueError(f"saspec option {name!r} is given twice (extra_args[{OPTIONS_KEY!r}] and {key!r})")
+        merged[name] = _flat_value(key, name, value)
+    return parse_options(merged, "saspec options")
+
+
+def _flat_value(key: str, name: str, value: Any) -> Any:
+    """A ``vllm_xargs`` value (numbers, strings, lists) as the option it stands for."""
+    if name == "enabled" and not isinstance(value, bool):
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{key} must be true or false (or 1 / 0), got {value!r}")
+    if name == "max_draft_tokens" and isinstance(value, str):
+        if not value.strip().isdigit():
+            raise ValueError(f"{key} must be an int >= 0, got {value!r}")
+        return int(value)
+    if name == "hints" and isinstance(value, str):
+        parts = value.replace(",", " ").split()
+        if not all(p.isdigit() for p in parts):
+            raise ValueError(f"{key} must be token ids (a list, or a string of ids separated by commas), got {value!r}")
+        return [int(p) for p in parts]
+    return value

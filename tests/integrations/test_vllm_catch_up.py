@@ -142,7 +142,7 @@ def drive(h: HybridDrafter, text: list[int], prompt: int, neural_right: bool) ->
     third of the target's cost of what they read and 30 ms per further drafting forward. Returns each step's
     (text position, source, neural K, plan starts or None)."""
     clock = [0.0]
-    h._clock = lambda: clock[0]
+    h.drafter.clock = lambda: clock[0]  # the time source of its step timings
     h.schedule([("r", text[:prompt], None)], [])
     known, emitted, trace = prompt, text[prompt: prompt + 1], []
     while known + len(emitted) < len(text) - 20:

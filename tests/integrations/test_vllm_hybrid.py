@@ -225,9 +225,8 @@ def test_the_policy_gives_long_copies_the_automaton_and_the_rest_the_neural_draf
 def test_the_policy_drops_a_neural_drafter_that_never_pays():
     """Every neural draft misses and each neural call is timed dear: after a few steps the policy gives the
     fresh rows no neural draft (K = 0: only the catch-up forward runs)."""
-    h = hybrid(policy=True, device="cpu")
     clock = [0.0]
-    h._clock = lambda: clock[0]
+    h = hybrid(policy=True, device="cpu", clock=lambda: clock[0])
     rng = np.random.default_rng(0)
     texts = [rng.integers(1000, 2000, 80).tolist() for _ in range(2)]
     ks = []
@@ -248,9 +247,8 @@ def test_the_policy_drops_a_neural_drafter_that_never_pays():
 def _neural_ks(ranks: int, neural_s: float, seed: int = 0) -> tuple[list[int], dict]:
     """The neural K the policy picks at each of 40 steps on fresh text, each neural call timed ``neural_s``
     per forward on this rank; and the policy's counters."""
-    h = hybrid(policy=True, device="cpu", ranks=ranks)
     clock = [0.0]
-    h._clock = lambda: clock[0]
+    h = hybrid(policy=True, device="cpu", ranks=ranks, clock=lambda: clock[0])
     rng = np.random.default_rng(seed)
     texts = [rng.integers(1000, 2000, 80).tolist() for _ in range(2)]
     ks = []

@@ -1,5 +1,5 @@
-"""Per-request options in the vLLM wing, without vLLM: ``config.saspec_options`` (the forms vLLM's
-``extra_args`` and the OpenAI server's ``vllm_xargs`` carry) and ``SAProposer.schedule`` (a request whose
+"""Per-request options as engines carry them, without vLLM: ``saspec.options.options_from_fields`` (the forms
+vLLM's ``extra_args`` and the OpenAI server's ``vllm_xargs`` carry) and ``SAProposer.schedule`` (a request whose
 options are bad is logged and never drafted for; the step goes on for the others)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from saspec.integrations.vllm import SAProposer
-from saspec.integrations.vllm.config import saspec_options
 from saspec.options import DraftOptions
+from saspec.options import options_from_fields
 
 K = 4
 
@@ -24,14 +24,14 @@ def vllm_config(k: int = K) -> SimpleNamespace:
 
 
 def test_options_from_extra_args_nested_and_flat():
-    assert saspec_options(None) == DraftOptions()
-    assert saspec_options({"other": 1}) == DraftOptions()
-    assert saspec_options({"saspec": {"enabled": False}}).enabled is False
-    assert saspec_options({"saspec_enabled": 0}).enabled is False
-    assert saspec_options({"saspec_enabled": "true"}).enabled is True
-    assert saspec_options({"saspec_max_draft_tokens": "3"}).max_draft_tokens == 3
-    assert saspec_options({"saspec_hints": "5, 6 7"}).hints.tolist() == [5, 6, 7]
-    assert saspec_options({"saspec_hints": [5, 6]}).hints.tolist() == [5, 6]
+    assert options_from_fields(None) == DraftOptions()
+    assert options_from_fields({"other": 1}) == DraftOptions()
+    assert options_from_fields({"saspec": {"enabled": False}}).enabled is False
+    assert options_from_fields({"saspec_enabled": 0}).enabled is False
+    assert options_from_fields({"saspec_enabled": "true"}).enabled is True
+    assert options_from_fields({"saspec_max_draft_tokens": "3"}).max_draft_tokens == 3
+    assert options_from_fields({"saspec_hints": "5, 6 7"}).hints.tolist() == [5, 6, 7]
+    assert options_from_fields({"saspec_hints": [5, 6]}).hints.tolist() == [5, 6]
 
 
 @pytest.mark.parametrize("extra, text", [
@@ -46,7 +46,7 @@ def test_options_from_extra_args_nested_and_flat():
 ])
 def test_bad_options_name_the_setting(extra, text):
     with pytest.raises((TypeError, ValueError), match=text):
-        saspec_options(extra)
+        options_from_fields(extra)
 
 
 def test_a_request_with_bad_options_is_logged_and_not_drafted_for(caplog, monkeypatch):

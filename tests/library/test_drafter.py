@@ -366,3 +366,39 @@ def test_closed_drafter_refuses_calls():
     d.close()
     with pytest.raises(RuntimeError, match="closed"):
         d.start("a", [1, 2])
+
+
+def test_a_pool_kept_across_drafters():
+    """A RequestPool given to successive drafters (an engine's successive calls) carries finished texts
+    from one to the next, and stays open when they close."""
+    from saspec import RequestPool
+
+    prompts, outputs = copy_task(8, n=1)
+    pool = RequestPool(100_000)
+    try:
+        with Drafter(K, length_rule="fixed", min_match=1, pool=pool) as d:
+            run(d, prompts, outputs, batch=1)
+        pool.flush(timeout=60)
+        assert pool.stats()["added"] == 1 and not pool.closed
+        with Drafter(K, length_rule="fixed", min_match=1, pool=pool) as d:
+            again = run(d, {"x": [7, 7, 7]}, {"x": outputs["r0"]}, batch=1)
+        assert again["x"]["accepted"] > len(outputs["r0"]) / 2
+    finally:
+        pool.close()
+    with pytest.raises(ValueError, match="pool_tokens or pool"):
+        Drafter(K, pool=RequestPool(10), pool_tokens=10)
+
+
+def test_without_the_automaton_only_the_neural_drafter_drafts_and_its_first_read_is_charged_once():
+    clock = Clock()
+    with Drafter(K, device="cuda", automaton=False, clock=clock) as d:
+        d.start("a", [1, 2, 3, 1, 2, 3, 1, 2])
+        new, lens = np.array([[3] + [0] * K], np.int32), np.ones(1, np.int32)
+        sources = []
+        for _ in range(6):
+            out = d.step(["a"], new, lens, neural_k=4, neural_behind=9)
+            clock.t += 0.01
+            sources.append(int(out.sources[0]))
+            assert out.sources[0] != AUTOMATON
+        assert 2 in sources and d.stats()["built"] + d.stats()["built_ahead"] == 0
+        assert d._first(["a"], 9, None) == 0  # noqa: SLF001 (drafted once: later catch-ups are gaps)

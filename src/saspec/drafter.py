@@ -100,6 +100,8 @@ class Drafter:
             calls; the caller closes it). Not with ``pool_tokens``.
         automaton: False: no automaton drafts (a neural drafter alone, under the same policy);
             requests are still built where a pool may take their texts.
+        max_step_tokens: the most tokens a row may gain in one step (default K + 1: the accepted drafts
+            and one more); more where another drafter of the engine may draft longer than K.
         ranks: tensor-parallel ranks drafting alike (see ``RequestDrafts``); with more than one the
             policy decides from its prior costs and acceptance alone (timings differ per rank).
         max_rows: the most rows of a step (sizes the policy's cost table).
@@ -125,7 +127,8 @@ class Drafter:
                  ranks: int = 1, max_rows: int = DEFAULT_MAX_ROWS, policy_settings: PolicySettings | None = None,
                  cost: StepCost | None = None, neural_catchup_sunk: bool = False,
                  log: Callable[[Decision], Any] | None = None, clock: Callable[[], float] = time.perf_counter,
-                 faults: Any = None, pool: RequestPool | None = None, automaton: bool = True) -> None:
+                 faults: Any = None, pool: RequestPool | None = None, automaton: bool = True,
+                 max_step_tokens: int | None = None) -> None:
         self.k = check_count(k, "k")
         check_int(min_match, "min_match", 1)
         check_int(pool_tokens, "pool_tokens", 0)
@@ -156,7 +159,10 @@ class Drafter:
                 raise TypeError(f"pool must be a saspec.RequestPool, got {type(pool).__name__}")
         engine = SpecEngine(pool=pool, faults=faults, **({} if occurrence is None else {"policy": occurrence})) \
             if pool is not None else None
-        self.drafts = RequestDrafts(self.k, min_match=min_match, length_rule="fixed" if self.policy else length_rule,
+        # The automata draft max_step_tokens - 1 tokens (the width a step may append); rows take at most K.
+        width = self.k if max_step_tokens is None else check_int(max_step_tokens, "max_step_tokens", self.k + 1) - 1
+        self._wide = width > self.k
+        self.drafts = RequestDrafts(width, min_match=min_match, length_rule="fixed" if self.policy else length_rule,
                                     length_scale=length_scale, occurrence=occurrence, pool_tokens=pool_tokens,
                                     ranks=self.ranks, faults=faults, engine=engine)
         self.pool = self.drafts.pool
@@ -315,6 +321,8 @@ class Drafter:
             texts = _rows_array(texts, "texts", 2, texts.shape[0] if hasattr(texts, "shape") else len(texts))
         w = int(width) if width is not None else (1 << 31) - 1
         match, draft, offered = self.drafts.step(rids, before, new, lens, texts, w)
+        if self._wide:
+            draft, offered = draft[:, : self.k], np.minimum(offered, self.k).astype(np.int32)
         if not self.automaton:
             offered = np.zeros_like(offered)
             lens = live

@@ -402,3 +402,13 @@ def test_without_the_automaton_only_the_neural_drafter_drafts_and_its_first_read
             assert out.sources[0] != AUTOMATON
         assert 2 in sources and d.stats()["built"] + d.stats()["built_ahead"] == 0
         assert d._first(["a"], 9, None) == 0  # noqa: SLF001 (drafted once: later catch-ups are gaps)
+
+
+def test_a_row_may_gain_more_than_k_plus_one_tokens_where_the_engine_says_so():
+    with Drafter(4, length_rule="fixed", min_match=1, max_step_tokens=20) as d:
+        d.start("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
+        out = d.step(["a"], np.array([list(range(1, 13))], np.int32), np.array([12], np.int32))
+        assert out.tokens.shape == (1, 4) and out.row(0) == [1, 2, 3, 4] and out.match[0] == 12
+    with Drafter(4) as d, pytest.raises(ValueError, match="new_lens must be in"):
+        d.start("a", [1, 2])
+        d.step(["a"], np.zeros((1, 6), np.int32), np.array([6], np.int32))

@@ -130,3 +130,57 @@ def test_the_engine_of_your_own_loop_runs_and_matches_greedy_decoding():
         off, forwards_off = scope["speculate"](model, prompt, 60, options={"enabled": False})
     assert got == want and off == want
     assert forwards < 45 and forwards_off == 60
+
+
+def section_text(path: Path, anchor: str) -> str:
+    """The text of the section of ``path`` whose heading has ``anchor``, up to the next heading of the same
+    or a higher level (its subsections included)."""
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^(#+) (.*)$", line)
+        if m and slug(m.group(2)) == anchor:
+            level, body = len(m.group(1)), []
+            for nxt in lines[i + 1:]:
+                h = re.match(r"^(#+) ", nxt)
+                if h and len(h.group(1)) <= level:
+                    break
+                body.append(nxt)
+            return "\n".join(body)
+    raise AssertionError(f"{path.name} has no section #{anchor}")
+
+
+def figure_drift(readme: Path, benchmarks: Path) -> tuple[int, list[str]]:
+    """Check the Results table of ``readme``: each row's figures must stand in the ``benchmarks`` section
+    its link names. Returns (rows checked, problems)."""
+    rows, problems = 0, []
+    for line in readme.read_text().split("## Results", 1)[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        link = re.search(r"\(BENCHMARKS\.md#([\w-]+)\)", line)
+        if len(cells) != 3 or not link:
+            continue
+        rows += 1
+        text = section_text(benchmarks, link.group(1))
+        for number in re.findall(r"\d+(?:[.,]\d+)*", cells[1]):
+            if not re.search(rf"(?<![\d.]){re.escape(number)}(?![\d])", text):
+                problems.append(f"README quotes {number} for {cells[0]!r}; BENCHMARKS.md #{link.group(1)} does not")
+    return rows, problems
+
+
+def test_every_figure_the_readme_quotes_stands_in_the_section_it_links():
+    rows, problems = figure_drift(README, BENCHMARKS)
+    assert rows >= 5 and problems == []
+
+
+def test_the_figure_check_finds_a_figure_that_drifted(tmp_path):
+    bench = tmp_path / "BENCHMARKS.md"
+    bench.write_text("# B\n\n## Served\n\nsaspec 20.08 tok/s against 18.99.\n\n## Other\n\n18.59\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("## Results\n\n| what | figure | section |\n|---|---|---|\n"
+                      "| served | 20.08 against 18.99 / 18.59 | [Served](BENCHMARKS.md#served) |\n\n## Next\n")
+    assert figure_drift(readme, bench) == (1, ["README quotes 18.59 for 'served'; BENCHMARKS.md #served does not"])
+
+
+def test_benchmarks_holds_no_before_and_after_pairs():
+    text = BENCHMARKS.read_text()
+    pairs = re.findall(r".*(?:\bbefore\b[^.|\n]{0,60}\bnow\b|\(before\b|\bwas \d[\d.,]*\b).*", text)
+    assert pairs == [], "BENCHMARKS.md keeps current results; what changed belongs in commits and closing notes"

@@ -480,8 +480,9 @@ class Drafter:
         ``disabled_rows`` (row-steps of requests started with drafting off), ``longest_draft``
         (tokens, the longest draft of any row so far), the automata's
         (``built``, ``built_ahead``, ``rebuilt``, ``waited``, ``finished``, ``pool_rows``,
-        ``build_failures``) and the policy's, prefixed ``policy_``."""
-        out = {**self._counts, **self.drafts.stats}
+        ``build_failures``), the engine's ``growth_failures`` and the policy's, prefixed ``policy_``."""
+        engine = self.drafts.engine.stats()
+        out = {**self._counts, **self.drafts.stats, "growth_failures": engine.get("growth_failures", 0)}
         if self.policy is not None:
             out.update({f"policy_{k}": v for k, v in self.policy.stats.items()})
         return out

@@ -44,3 +44,64 @@ def inject(faults: Faults | None, kind: str) -> None:
     """Raise ``MemoryError`` where ``faults`` (``None``: never) says the ``kind`` allocation fails."""
     if faults is not None and faults.should_fail(kind):
         raise MemoryError(f"saspec: injected fault: {kind}")
+
+
+#: The environment variable :func:`from_env` reads: a test hook for processes a test cannot reach into
+#: (vLLM's workers), e.g. ``SASPEC_FAULTS="build=3,grow_ahead=3,grow_in_step=3"``.
+FAULTS_ENV = "SASPEC_FAULTS"
+
+
+class EveryNth:
+    """Fail every ``n``-th allocation of each kind named in ``every`` (``{kind: n}``; thread-safe).
+
+    Raises:
+        ValueError: an unknown kind or an ``n`` below 1.
+    """
+
+    def __init__(self, every: dict[str, int]) -> None:
+        import threading
+
+        for kind, n in every.items():
+            if kind not in KINDS:
+                raise ValueError(f"unknown fault kind {kind!r}; the kinds are {', '.join(KINDS)}")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"fault kind {kind!r}: n must be an int >= 1, got {n!r}")
+        self.every = dict(every)
+        self.asked = {kind: 0 for kind in every}
+        self.failed = {kind: 0 for kind in every}
+        self._lock = threading.Lock()
+
+    def should_fail(self, kind: str) -> bool:
+        n = self.every.get(kind)
+        if n is None:
+            return False
+        with self._lock:
+            self.asked[kind] += 1
+            fail = self.asked[kind] % n == 0
+            self.failed[kind] += fail
+        return fail
+
+
+def from_env(name: str = FAULTS_ENV) -> EveryNth | None:
+    """The :class:`EveryNth` that ``$name`` describes (``kind=n`` pairs separated by commas), or None where
+    it is unset or empty.
+
+    Raises:
+        ValueError: a malformed value, naming the variable.
+    """
+    import os
+
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    every = {}
+    for part in value.split(","):
+        kind, _, n = part.partition("=")
+        if not n.strip().isdigit():
+            raise ValueError(f"${name} must be kind=n pairs separated by commas (kinds: {', '.join(KINDS)}), "
+                             f"got {value!r}")
+        every[kind.strip()] = int(n)
+    try:
+        return EveryNth(every)
+    except ValueError as e:
+        raise ValueError(f"${name}: {e}") from None

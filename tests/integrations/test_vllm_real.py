@@ -230,7 +230,7 @@ def _child(tmp: Path, model: Path, mode: str, n: int, env: dict | None = None) -
         causes = [line for line in proc.stderr.splitlines() if "Error" in line or "rror:" in line]
         raise AssertionError(f"{mode} run failed (exit {proc.returncode}); error lines:\n" + "\n".join(causes[-40:])
                              + f"\n... stderr tail:\n{proc.stderr[-3000:]}")
-    return json.loads(out.read_text())
+    return {**json.loads(out.read_text()), "log": proc.stderr}
 
 
 @pytest.fixture(scope="module")
@@ -302,6 +302,27 @@ def test_hints_raise_acceptance_where_the_prompt_lacks_the_text(tiny):
     assert without["outputs"] == with_hints["outputs"] == free["outputs"]
     acc = [r["metrics"].get("vllm:spec_decode_num_accepted_tokens", 0) for r in (without, with_hints)]
     assert acc[1] > 2 * acc[0] + 50, acc
+
+
+def test_failed_builds_and_growths_never_reach_vllm(tiny):
+    """One build in three and one growth in three fail (the ``$SASPEC_FAULTS`` hook), 20 requests, with the
+    plugin and without it (where requests are built without a size hint, so long ones grow): no exception
+    reaches vLLM, every output is plain's, and each failure is counted and logged once."""
+    tmp, model, _ = tiny
+    plain20 = _child(tmp, model, "plain", 20)
+    for plugins in (None, ""):
+        env = {"SASPEC_FAULTS": "build=3,grow_ahead=3,grow_in_step=3"}
+        if plugins is not None:
+            env["VLLM_PLUGINS"] = plugins
+        run = _child(tmp, model, "saspec", 20, env=env)
+        assert run["outputs"] == plain20["outputs"]
+        (stats,) = run["stats"]
+        assert stats["build_failures"] > 0 and stats["drafted"] > 0, stats
+        logged = run["log"].count("building the automaton of request")
+        assert logged == stats["build_failures"], (logged, stats)
+        if plugins == "":  # no size hints: the long requests grow
+            assert stats["growth_failures"] > 0, stats
+            assert run["log"].count("growing a request's automaton") == stats["growth_failures"], stats
 
 
 def test_saspec_in_vllm_without_the_plugin_matches_rows_by_fingerprint(tiny):

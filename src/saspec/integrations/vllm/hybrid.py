@@ -60,6 +60,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ... import faults
 from ...drafter import POLICY, Drafter
 from ...drafter import warm_up as warm_drafter
 from ...policy import AUTOMATON, NEURAL, DraftPolicy, PolicySettings
@@ -127,7 +128,7 @@ class HybridDrafter:
                                min_match=DEFAULT_MIN_MATCH if settings.policy else settings.threshold,
                                pool_tokens=settings.pool_tokens, ranks=ranks, max_rows=max(int(max_rows), 1),
                                policy_settings=policy_settings, neural_catchup_sunk=self.catch_up is None, log=log,
-                               clock=clock)
+                               clock=clock, faults=faults.from_env())
         self.policy: DraftPolicy | None = self.drafter.policy
         self.drafts = self.drafter.drafts
         self._step_tokens = 0  # the tokens the next forward verifies (rows and drafts)

@@ -68,6 +68,7 @@ import numpy as np
 from ... import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
+from ... import faults
 from ...drafter import Drafter
 from ...drafter import warm_up as warm_drafter
 from ...policy import DraftPolicy, PolicySettings
@@ -147,7 +148,8 @@ class SAProposer:
             ``reclaimed`` (moved or resumed rows found by fingerprint),
             ``freed``, ``drafted`` (rows given a draft), ``draft_tokens``,
             ``by_id`` (steps whose rows vLLM named), ``build_failures`` (automata whose
-            build failed: logged, drafting nothing until rebuilt), ``option_errors`` (requests
+            build failed: logged, drafting nothing until rebuilt), ``growth_failures`` (growths of an
+            automaton that failed: logged, the request retried), ``option_errors`` (requests
             whose saspec options were refused: logged, never drafted for), ``disabled_rows``
             (row-steps of requests with drafting off), and the policy's counters
             prefixed ``policy_`` (``policy_automaton_rows``, ``policy_none_rows``,
@@ -178,7 +180,7 @@ class SAProposer:
         self.drafter = Drafter(cfg.k, device=cfg.device, length_rule=cfg.length_rule, length_scale=cfg.length_scale,
                                min_match=cfg.min_match, occurrence=policy, pool_tokens=cfg.pool_tokens,
                                ranks=tensor_parallel_ranks(vllm_config), max_rows=cfg.max_rows,
-                               policy_settings=policy_settings, log=log, clock=clock)
+                               policy_settings=policy_settings, log=log, clock=clock, faults=faults.from_env())
         self.policy: DraftPolicy | None = self.drafter.policy
         self.drafts = self.drafter.drafts
         self._rows = FingerprintRows(self.max_detached, self._forget)
@@ -298,7 +300,8 @@ class SAProposer:
         out = {**self._stats, "new": d["built"] + d["built_ahead"] - d["rebuilt"], "continued": r["continued"],
                "reclaimed": r["reclaimed"], "freed": r["freed"] + d["finished"], "rebuilt": d["rebuilt"],
                "built_ahead": d["built_ahead"], "waited": d["waited"], "build_failures": d["build_failures"],
-               **{k: v for k, v in self.drafter.stats().items() if k in ("disabled_rows", "longest_draft")}}
+               **{k: v for k, v in self.drafter.stats().items()
+                  if k in ("disabled_rows", "longest_draft", "growth_failures")}}
         if self.policy is not None:
             out.update({f"policy_{k}": v for k, v in self.policy.stats.items()})
         return out

@@ -242,16 +242,16 @@ def test_import_saspec_is_light():
     assert out.strip() == "[]"
 
 
-def test_the_old_select_drafts_export_still_works_and_warns():
+def test_no_deprecated_names_are_left():
+    """The shims of earlier names are gone: the old name is an AttributeError naming saspec."""
     out = _run(
-        "import warnings\n"
-        "with warnings.catch_warnings(record=True) as w:\n"
-        "    warnings.simplefilter('always')\n"
-        "    from saspec import select_drafts\n"
-        "from saspec.rules import select_drafts as new\n"
-        "print(select_drafts is new, [str(x.message) for x in w if x.category is DeprecationWarning])"
+        "import saspec\n"
+        "try:\n"
+        "    saspec.select_drafts\n"
+        "except AttributeError as e:\n"
+        "    print('gone', e)\n"
     )
-    assert out.startswith("True") and "saspec.rules.select_drafts" in out
+    assert out.startswith("gone") and "select_drafts" in out
 
 
 def test_cpu_engine_loads_nothing_heavy():

@@ -29,20 +29,12 @@ from typing import Any
 _EXPORTS = {"POLICIES": "build", "SuffixAutomaton": "build", "SpecEngine": "engine", "NgramDrafter": "ngram",
             "RequestPool": "pool", "DraftPolicy": "policy", "SequencePolicy": "policy", "StepCost": "policy",
             "PolicySettings": "policy"}
-#: Names kept for old code: each warns once on first use and names its new home.
-_DEPRECATED = {"select_drafts": ("rules", "saspec.rules.select_drafts (the default choice is saspec.DraftPolicy)")}
 
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED:
-        module, instead = _DEPRECATED[name]
-        import warnings
-
-        warnings.warn(f"saspec.{name} is deprecated: use {instead}", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(f".{module}", __name__), name)
     if name not in _EXPORTS:
         raise AttributeError(f"module 'saspec' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

@@ -1,5 +1,5 @@
-"""select_drafts (torch) and select_drafts_np agree at the limits of a scalar threshold; the deprecated
-modules still work and warn."""
+"""select_drafts (torch) and select_drafts_np agree at the limits of a scalar threshold, and reject bad
+thresholds and length rules naming them."""
 
 from __future__ import annotations
 

@@ -22,8 +22,6 @@ DEFAULT_MIN_MATCH = 2
 DEFAULT_THRESHOLD = 4
 #: ``length_rule`` value (the default) that sizes drafts with ``saspec.policy.DraftPolicy`` (see ``SAProposer``).
 POLICY = "policy"
-#: The former name of the policy's ``length_rule`` (the cost gate it replaces); taken as :data:`POLICY`.
-GATE = "gate"
 #: The fixed rules ``length_rule`` also takes (``saspec.rules``): the policy off.
 FIXED_RULES = ("fixed", "per-match", "per-match-recent")
 #: The ``custom_class`` drafter's import path.
@@ -167,11 +165,9 @@ def resolve_proposer_settings(vllm_config: Any, *, min_match: int | None = None,
     if min_match is None:
         min_match, label = getattr(spec, "prompt_lookup_min", None) or DEFAULT_MIN_MATCH, "prompt_lookup_min"
     min_match = _int_setting(min_match, label, 1)
-    # The length rule: the policy unless a fixed rule is asked for ("gate", its former name, is the policy).
+    # The length rule: the policy unless a fixed rule is asked for.
     if length_rule is None:
         length_rule = os.environ.get("SASPEC_VLLM_LENGTH_RULE", "").strip() or POLICY
-    if length_rule == GATE:
-        length_rule = POLICY
     if length_rule != POLICY and length_rule not in FIXED_RULES:
         raise ValueError(f"unknown draft-length rule {length_rule!r}; choose from {', '.join((POLICY, *FIXED_RULES))}")
     if length_scale is None:

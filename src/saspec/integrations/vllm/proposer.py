@@ -115,8 +115,7 @@ class SAProposer:
         length_rule: ``"policy"`` (default; ``$SASPEC_VLLM_LENGTH_RULE``):
             each row's draft length from ``saspec.policy.DraftPolicy``; or a
             fixed rule of ``saspec.rules.draft_lengths`` (``fixed`` drafts K,
-            ``per-match`` ``ceil(length_scale * match)``, ...). ``"gate"`` (the
-            former cost gate) is taken as ``"policy"``.
+            ``per-match`` ``ceil(length_scale * match)``, ...).
         length_scale: the fixed rules' tokens per matched token
             (``$SASPEC_VLLM_LENGTH_SCALE``, default 2).
         policy_settings: the policy's :class:`saspec.policy.PolicySettings`

@@ -84,6 +84,37 @@ def test_proposer_cost_cells_time_saspec_without_vllm():
     assert "| 3 x 2k |" in report and "Builds during prefill" in report
 
 
+def test_proposer_cost_merges_children_and_reports_ratios():
+    """Children's results merge into the best time per cell and proposer; a baseline's columns keep their
+    marker, and each cost ratio is taken against the same child's denominator."""
+    from saspec_bench.commands import proposer_cost as pc
+    from saspec_bench.options import CliError
+
+    def one(sd, fx, ng):
+        t = lambda ms: {"steady_ms": ms, "first_ms": 10 * ms}  # noqa: E731
+        return {"proposers": ["saspec-defaults", "saspec-fixed", "ngram"], "vllm": "v", "arrival": [],
+                "cells": [{"rows": 1, "context": 2048, "saspec-defaults": t(sd), "saspec-fixed": t(fx),
+                           "ngram": t(ng)}]}
+
+    res = pc.merge(None, one(0.02, 0.01, 0.01))
+    res = pc.merge(res, one(0.04, 0.02, 0.02), pc.BASE)
+    res = pc.merge(res, one(0.01, 0.02, 0.02))  # a second round: the best of each is kept
+    res = pc.merge(res, one(0.03, 0.03, 0.01), pc.BASE)
+    c = res["cells"][0]
+    assert len(res["cells"]) == 1 and res["proposers"][3:] == ["saspec-defaults@base", "saspec-fixed@base", "ngram@base"]
+    assert c["saspec-defaults"]["steady_ms"] == 0.01 and c["saspec-defaults@base"]["steady_ms"] == 0.03
+    assert c["ngram@base"]["first_ms"] == 0.1
+    report = pc.format_report({"date": "d", "vllm": "v", "cpu": "x", "cpus": 2, "k": pc.K, "step_tokens": 3,
+                               "steps": 4, "rounds": 2, "commit": "abc", "baseline_commit": "def"}, res)
+    row = next(line for line in report.splitlines() if line.startswith("| 1 x 2k |"))
+    # defaults / ngram 1.00x and 3.00x (@base against its own ngram), policy / fixed 1.00x and 1.50x
+    assert row.endswith("| 10.0 | 10.0 | 10.0 | 30.0 | 20.0 | 10.0 | 1.00x | 3.00x | 1.00x | 1.50x |")
+    assert "baseline (@base) def" in report
+    assert pc._names(None) == list(pc.DEFAULT_PROPOSERS) and pc._names("ngram,saspec,ngram") == ["ngram", "saspec"]
+    with pytest.raises(CliError, match="--proposers must list names"):
+        pc._names("saspec,nope")
+
+
 def test_proposer_cost_rejects_bad_lists():
     from saspec_bench.commands import proposer_cost as pc
     from saspec_bench.options import CliError

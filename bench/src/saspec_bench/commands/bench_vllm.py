@@ -139,6 +139,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     cost.add_argument("--contexts", default="2048,8192,32768", help="prompt lengths C (tokens)")
     cost.add_argument("--steps", type=positive_int, default=30, help="steady steps per round")
     cost.add_argument("--rounds", type=positive_int, default=3, help="rounds (fresh proposers each); the best counts")
+    cost.add_argument("--proposers", default=None,
+                      help="comma-separated proposers (default saspec-defaults, saspec-defaults-noplugin, "
+                           "saspec-fixed, ngram, suffix; also saspec, saspec-noplugin: K = 8)")
+    cost.add_argument("--baseline-src", default=None,
+                      help="another checkout's src directory: its saspec timed too, a child per round in turn "
+                           "(columns marked @base)")
     cost.add_argument("--arrival-prefill-s", default="",
                       help="also: 16 requests of 32k tokens join a 64 x 8k batch, their builds overlapping an "
                            "emulated prefill of these many seconds (comma-separated; 0: no overlap)")

@@ -386,7 +386,7 @@ def test_extend_rejects_aliased_lengths_and_outputs():
     read of lens would see the outputs."""
     eng = SpecEngine()
     eng.add_request("long", list(range(50)) * 20)
-    eng.add_request("full", [1])
+    eng.add_request("full", [1], expected_new_tokens=255)  # its blob holds its hint: never grown ahead, it fills up
     _grow_until_full(eng, "full")
     eng.prepare(["long", "full"])
     acc = np.zeros((2, K), np.int32)

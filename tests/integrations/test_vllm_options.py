@@ -64,3 +64,28 @@ def test_a_request_with_bad_options_is_logged_and_not_drafted_for(caplog, monkey
     p.name_rows(["good", "bad", "capped"])
     out = p.propose([[4], [4], [4]], np.full(3, len(text) + 1, np.int32), ids)
     assert out[0] == [5, 6, 1, 2] and out[1] == [] and out[2] == [5]
+
+
+@pytest.mark.parametrize("policy", [False, True])
+def test_the_hybrid_caps_both_sources_per_request(monkeypatch, policy):
+    """A request with drafting off gets no draft from either source; one capped at 2 never more than 2."""
+    from saspec.integrations.vllm import HybridDrafter
+    from saspec.integrations.vllm.config import HybridSettings
+    from saspec.policy import PolicySettings
+
+    h = HybridDrafter(HybridSettings("draft_model", 4, 16, 3, 16, policy=policy), max_model_len=256, device="cuda",
+                      policy_settings=PolicySettings(neural_prior=0.9, neural_cost=0.01))
+    copy = list(range(100, 140)) * 2
+    fresh = list(range(500, 580))
+    h.schedule([("off", copy, 16, {"saspec": {"enabled": False}}), ("cap", copy, 16, {"saspec_max_draft_tokens": 2}),
+                ("cap-fresh", fresh, 16, {"saspec": {"max_draft_tokens": 2}}), ("free", copy, 16, None)], [])
+    texts = [copy, copy, fresh, copy]
+    ids = np.zeros((4, 256), np.int32)
+    for b, t in enumerate(texts):
+        ids[b, : len(t)] = t
+    sampled = np.full((4, 5), -1, np.int64)
+    sampled[:, 0] = [100, 100, 900, 100]
+    rids = ["off", "cap", "cap-fresh", "free"]
+    count, draft, k = h.sa_step(rids, sampled, np.zeros(4, bool), np.full(4, 80, np.int32), ids)
+    out = h.merge(rids, count, draft, [[7, 7, 7, 7]] * 4 if k else [])
+    assert out[0] == [] and 0 < len(out[1]) <= 2 and len(out[2]) <= 2 and len(out[3]) > 2

@@ -109,11 +109,10 @@ def test_a_symlinked_root_is_judged_where_it_points(tmp_path):
 
 def _compile_one_kernel(cache: Path) -> subprocess.CompletedProcess:
     """A fresh process that compiles one small cached kernel with ``$SASPEC_CACHE_DIR`` = ``cache``."""
-    code = ("import warnings, numpy as np\n"
+    code = ("import warnings\n"
             "warnings.simplefilter('always')\n"
-            "from saspec.step_cost import StepCost, cost_of\n"
-            "c = StepCost(max_tokens=8)\n"
-            "print(cost_of(3, *c.arrays()[:3]))\n")
+            "from saspec.step_cost import StepCost\n"
+            "print(StepCost(max_tokens=8).observe(3, 0.5))\n")  # observe_cost: a small cached kernel
     env = {**os.environ, "SASPEC_CACHE_DIR": str(cache), "PYTHONWARNINGS": "always"}
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
 
@@ -124,7 +123,7 @@ def test_a_cache_dir_others_may_write_is_warned_about_once_and_left_untouched(tm
     cache.mkdir()
     cache.chmod(0o777)
     out = _compile_one_kernel(cache)
-    assert float(out.stdout) == pytest.approx(7.0)  # cpu_like: 4 + 3 tokens
+    assert out.stdout.strip() == "True"  # the timing was taken: the kernel ran
     assert out.stderr.count("RuntimeWarning") == 1 and str(cache) in out.stderr, out.stderr
     assert "not caching compiled kernels there" in out.stderr
     assert not any(cache.rglob("*.nb*")), "nothing may be cached where another user can write"

@@ -36,6 +36,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernel below)
+from numba import njit
+
 from .engine import SpecEngine
 from .options import DEFAULT_OPTIONS, DraftOptions, parse_options
 from .policy import AUTOMATON, NEURAL, NONE, CatchUpShare, Decision, DraftPolicy, PolicySettings, StepCost
@@ -52,6 +55,40 @@ POLICY = "policy"
 DEFAULT_MIN_MATCH = 2
 #: The most rows of a step the cost model is sized for when the caller does not say.
 DEFAULT_MAX_ROWS = 256
+
+
+_I32 = np.dtype(np.int32)
+
+
+@njit(nogil=True, cache=True)
+def _finish_rows(draft, lengths, sources, derive, match, lens, caps, any_cap, k, tokens, lengths_out, sources_out,
+                 match_out, caps_out):
+    """A step's :class:`DraftBatch` arrays for its B rows: ``tokens[b]`` row b's ``draft`` up to its length where
+    its source is AUTOMATON, -1 after and elsewhere; its length; its source (with ``derive``: AUTOMATON where its
+    length is > 0, else NONE; else ``sources[b]``); its ``match`` (0 where ``lens[b]`` is 0); its cap
+    (``max(caps[b], 0)`` with ``any_cap``, else ``k``). Returns (rows drafted for, draft tokens, the longest
+    draft, rows of the neural drafter)."""
+    width = draft.shape[1]
+    drafted = total = longest = neural = 0
+    for i in range(draft.shape[0]):
+        n = lengths[i]
+        s = (AUTOMATON if n > 0 else NONE) if derive else sources[i]
+        cut = min(max(n, 0), width) if s == AUTOMATON else 0
+        for j in range(cut):
+            tokens[i, j] = draft[i, j]
+        for j in range(cut, width):
+            tokens[i, j] = -1
+        lengths_out[i] = n
+        sources_out[i] = s
+        match_out[i] = match[i] if lens[i] > 0 else 0
+        caps_out[i] = max(caps[i], 0) if any_cap else k
+        if n != 0:
+            drafted += 1
+            total += n
+            longest = max(longest, n)
+        if s == NEURAL:
+            neural += 1
+    return drafted, total, longest, neural
 
 
 @dataclass(frozen=True)
@@ -176,6 +213,9 @@ class Drafter:
         self._last: list[Hashable] | None = None  # the rows of the last step
         self._caps: np.ndarray = np.zeros(0, np.int32)  # the rows' draft caps (-1: never drafted for)
         self._any_cap = False
+        self._never = False  # a row of the batch is never drafted for (see _batch_options)
+        self._disabled = 0  # rows of the batch with drafting off
+        self._out: tuple | None = None  # (rows, neural_k, the DraftBatch over this drafter's output buffers)
         self._prev: _Offers | None = None  # the last step's offers, for a step with a neural drafter
         self._share = CatchUpShare()
         self._closed = False
@@ -303,10 +343,12 @@ class Drafter:
         rids = request_ids if isinstance(request_ids, list) else list(request_ids)
         b = len(rids)
         new, lens = _rows_array(new_tokens, "new_tokens", 2, b), _rows_array(new_lens, "new_lens", 1, b)
-        if rids != self._last:
+        same = rids == self._last
+        if not same:
+            self._last = None  # until this step succeeds: the options below are this batch's
             self._batch_options(rids)
         live = lens
-        if self._any_cap and (self._caps < 0).any():  # never drafted for (no automaton without a pool)
+        if self._never:  # never drafted for (no automaton without a pool)
             lens = live = np.where(self._caps < 0, 0, lens).astype(np.int32)
         if not self.automaton:  # rows stay live for the neural drafter; automata only where a pool wants them
             lens = lens if self.pool is not None else np.zeros_like(lens)
@@ -317,7 +359,8 @@ class Drafter:
             before = np.fromiter((self._lengths[r] for r in rids), np.int32, b)
         else:
             before = _rows_array(text_len, "text_len", 1, b)
-        if texts is not None:
+        if texts is not None and not (type(texts) is np.ndarray and texts.dtype is _I32 and texts.ndim == 2
+                                      and texts.flags.c_contiguous):
             texts = _rows_array(texts, "texts", 2, texts.shape[0] if hasattr(texts, "shape") else len(texts))
         w = int(width) if width is not None else (1 << 31) - 1
         match, draft, offered = self.drafts.step(rids, before, new, lens, texts, w)
@@ -335,21 +378,21 @@ class Drafter:
             seconds = now - self._t_return if self._t_return is not None and self._timed else math.nan
         elif not self._timed:
             seconds = math.nan
-        same = rids == self._last
         if self.policy is None:
-            lengths, sources, nk = offered, np.where(offered > 0, AUTOMATON, NONE).astype(np.int32), 0
+            lengths, sources, nk = offered, None, 0
         elif neural_k == 0 and self._prev is None:
             if not same:
                 self.policy.rows(rids)
             lengths = self.policy.step(match, offered, draft, new, lens, seconds, same, self.drafts.branched,
                                        int(step_tokens))
-            sources, nk = np.where(lengths > 0, AUTOMATON, NONE).astype(np.int32), 0
+            sources, nk = None, 0
         else:
             lengths, sources, nk = self._neural_step(rids, same, match, draft, offered, new, lens, seconds,
                                                      int(step_tokens), check_int(neural_k, "neural_k", 0),
                                                      neural_rows, check_int(neural_behind, "neural_behind", 0),
                                                      self._first(rids, neural_behind, neural_first), remaining)
-        self._last = rids
+        if not same:
+            self._last = list(rids)  # a copy: the caller may change its list before the next step
         out = self._finish_step(draft, lengths, sources, match, lens, nk)
         self._t_return = self.clock()
         return out
@@ -399,23 +442,35 @@ class Drafter:
 
     def _finish_step(self, draft: np.ndarray, lengths: np.ndarray, sources: np.ndarray, match: np.ndarray,
                      lens: np.ndarray, neural_k: int) -> DraftBatch:
-        """The step's batch: automaton rows keep their draft up to their length, other rows -1."""
+        """The step's batch: automaton rows keep their draft up to their length, other rows -1; ``sources``
+        None: a row's source is AUTOMATON where it drafts, else NONE. One jitted pass writes the batch's
+        arrays, buffers of this drafter kept (with the batch over them) while the rows' count and
+        ``neural_k`` stay."""
         b = draft.shape[0]
-        tokens = draft
-        auto = sources == AUTOMATON
-        cut = np.arange(draft.shape[1])[None, :] >= np.where(auto, lengths, 0)[:, None]
-        if cut.any():
-            tokens = np.where(cut, -1, draft).astype(np.int32)
+        out = self._out
+        if out is None or out[0] != b or out[1] != neural_k:
+            k = self.k
+            rows = np.zeros((4, b), np.int32)
+            out = self._out = (b, neural_k, DraftBatch(np.full((b, k), -1, np.int32), rows[0], rows[1], rows[2],
+                                                        neural_k, rows[3]))
+        batch = out[2]
+        derive = sources is None
+        drafted, tokens, longest, neural = _finish_rows(draft, lengths, lengths if derive else sources, derive, match,
+                                                        lens, self._caps, self._any_cap, self.k, batch.tokens,
+                                                        batch.lengths, batch.sources, batch.match, batch.max_lengths)
         c = self._counts
         c["steps"] += 1
         c["rows"] += b
-        c["drafted_rows"] += int(np.count_nonzero(lengths))
-        c["draft_tokens"] += int(lengths.sum())
-        c["longest_draft"] = max(c["longest_draft"], int(lengths.max(initial=0)))
-        c["neural_rows"] += int(np.count_nonzero(sources == NEURAL))
-        m = match if lens.all() else np.where(lens > 0, match, 0).astype(np.int32)
-        caps = np.maximum(self._caps, 0) if self._any_cap else np.full(b, self.k, np.int32)
-        return DraftBatch(tokens, lengths, sources, m, neural_k, caps)
+        if tokens:
+            c["drafted_rows"] += drafted
+            c["draft_tokens"] += tokens
+            if longest > c["longest_draft"]:
+                c["longest_draft"] = longest
+        if neural:
+            c["neural_rows"] += neural
+        if self._disabled:
+            c["disabled_rows"] += self._disabled
+        return batch
 
     def _batch_options(self, rids: list) -> None:
         """Each row's draft cap for a new batch: -1 never drafted for, else the cap (K without one)."""
@@ -435,7 +490,8 @@ class Drafter:
                 caps[i] = min(o.max_draft_tokens, self.k)
         self._caps = caps
         self._any_cap = bool((caps < self.k).any())
-        self._counts["disabled_rows"] += disabled
+        self._never = self._any_cap and bool((caps < 0).any())
+        self._disabled = disabled  # counted at each step of this batch
 
     def idle(self) -> None:
         """The engine ran a step with no row to draft for: the next step is neither timed nor scored
@@ -503,6 +559,9 @@ class _Offers:
 def _rows_array(x: Any, name: str, ndim: int, rows: int, dtype: Any = np.int32) -> np.ndarray:
     """``x`` (numpy array, CPU tensor or nested list of integers) as a C-contiguous ``dtype`` array of
     ``ndim`` dimensions and ``rows`` rows; ``TypeError`` / ``ValueError`` naming ``name`` otherwise."""
+    if (type(x) is np.ndarray and x.dtype is _I32 and dtype is np.int32 and x.ndim == ndim and x.shape[0] == rows
+            and x.flags.c_contiguous):
+        return x  # already what the step needs (the usual case): no conversion, no copy
     if not isinstance(x, np.ndarray) and hasattr(x, "numpy"):
         x = x.detach().numpy() if hasattr(x, "detach") else x.numpy()
     a = np.asarray(x)

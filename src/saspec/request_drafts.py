@@ -84,14 +84,18 @@ def _live_rows(text_len, new, new_lens, k1, row_end, n_last, rows, before, lens,
 
 
 @njit(nogil=True, cache=True)
-def _draft_counts(match, draft, min_match, rule, scale, lens, before, width, drafted, count, ends):
+def _draft_counts(match, draft, min_match, rule, scale, lens, before, width, drafted, count, ends, src):
     """count[i]: how many of ``draft[i]`` row ``i`` proposes: 0 below ``min_match``,
     else the draft-length rule's length (``lengths.draft_length``; the row's
     accepted drafts at its last step are ``lens[i] - 1`` where ``drafted[i] > 0``),
     at most the real draft tokens (in [0, HINT_SEPARATOR)) and the room left below ``width``.
-    Then ``ends[i] = before[i] + lens[i]`` and ``drafted[i] = count[i]``: the state the next step checks."""
+    Then ``ends[i] = before[i] + lens[i]`` and ``drafted[i] = count[i]``: the state the next step checks.
+    Returns how many rows' drafts are the pool's (``src[i] != 0``)."""
     k = draft.shape[1]
+    pooled = 0
     for i in range(match.shape[0]):
+        if src[i] != 0:
+            pooled += 1
         n = 0
         if match[i] >= min_match:
             last = lens[i] - 1 if drafted[i] > 0 else -1
@@ -103,6 +107,7 @@ def _draft_counts(match, draft, min_match, rule, scale, lens, before, width, dra
         count[i] = n
         ends[i] = before[i] + lens[i]
         drafted[i] = n
+    return pooled
 
 
 class _Build:
@@ -300,7 +305,8 @@ class RequestDrafts:
             and ``self.source`` (int32 [B]: 1 where the draft is the pool's), 0 for skipped rows.
         """
         b_all = len(rids)
-        self._grow(b_all)
+        if b_all > self._acc.shape[0]:
+            self._grow(b_all)
         if new_lens.shape[0] != b_all or text_len.shape[0] != b_all:
             raise ValueError(f"{b_all} rows need text_len and new_lens of {b_all} entries")
         n, same = _live_rows(text_len, new, new_lens, self.k + 1, self._ends, len(self._rows), self._live,
@@ -310,23 +316,24 @@ class RequestDrafts:
         act_rids = rids if n == b_all else [rids[i] for i in self._live[:n].tolist()]
         if not (same and act_rids == self._rows):  # else the hot path: the same requests, each where it stopped
             act_rids, n = self._catch_up(act_rids, n, texts)
-        rows, before, lens = self._live[:n], self._before[:n], self._lens[:n]
-        match, draft, count, drafted = self._match[:n], self._draft[:n], self._count[:n], self._drafted[:n]
-        if self.pool is not None and self.pool.manual:
+        v = self._views
+        if v[0] != n:  # the live rows' views into the buffers, kept while their count stays
+            v = self._views = (n, self._live[:n], self._before[:n], self._lens[:n], self._match[:n], self._draft[:n],
+                               self._count[:n], self._drafted[:n], self._src[:n], self._acc[:n], self._branch[:n])
+        _, rows, before, lens, match, draft, count, drafted, src, acc, branch = v
+        pool = self.pool
+        if pool is not None and pool.manual:
             if self._steps % POOL_PUBLISH_STEPS == 0:
-                self.pool.publish()
+                pool.publish()
             self._steps += 1
-        src = self._src[:n]
-        src[:] = 0
-        if n:
-            self.engine.extend(self._acc[:n], lens, match, draft, src if self.pool is not None else None,
-                               self._branch[:n])
-            if self.pool is not None:
-                self.stats["pool_rows"] += int(np.count_nonzero(src))
-        _draft_counts(match, draft, self.min_match, self._rule, self.length_scale, lens, before, width, drafted,
-                      count, self._ends)
+        if n:  # with a pool the step writes every row's src; without one src stays 0
+            self.engine.extend(acc, lens, match, draft, src if pool is not None else None, branch)
+        pooled = _draft_counts(match, draft, self.min_match, self._rule, self.length_scale, lens, before, width,
+                               drafted, count, self._ends, src)
+        if pooled:
+            self.stats["pool_rows"] += pooled
         if n == b_all:
-            self.branched, self.source = self._branch[:n], src
+            self.branched, self.source = branch, src
             return match, draft, count
         m_out, d_out, c_out = self._out_match[:b_all], self._out_draft[:b_all], self._out_count[:b_all]
         m_out[:], c_out[:], d_out[:] = 0, 0, -1
@@ -422,6 +429,7 @@ class RequestDrafts:
             return
         cap = max(rows, 2 * have, 8)
         k = self.k
+        self._views: tuple = (-1,)  # step's views of the buffers below, for a count of live rows
         old_ends, old_drafted = getattr(self, "_ends", np.zeros(0, np.int32)), getattr(self, "_drafted", np.zeros(0, np.int32))
         self._ends = np.zeros(cap, np.int32)
         self._ends[: old_ends.shape[0]] = old_ends

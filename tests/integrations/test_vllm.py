@@ -781,3 +781,19 @@ def test_the_plugin_tells_the_proposer_what_the_timed_forward_processed():
     wrapped(runner, SimpleNamespace(total_num_scheduled_tokens=517), [[7]])
     wrapped(runner, SimpleNamespace(total_num_scheduled_tokens=3), [[]])
     assert seen == [517, 3]
+
+
+def test_a_named_row_whose_request_finished_is_built_again_from_its_row():
+    """The proposer looks a batch's requests up in its drafter only when its rows change or a request
+    finished: a finished request named in a row again is built from the row, never refused."""
+    p = SAProposer(vllm_config(), length_rule="fixed", warm=False)
+    ids = np.zeros((1, 64), np.int32)
+    ids[0, :12] = [5, 6, 7, 8] * 3
+    p.schedule([("a", ids[0, :9], None)], [])
+    for n in (10, 11):
+        p.name_rows(["a"])
+        assert p.propose([[int(ids[0, n - 1])]], np.array([n], np.int32), ids) == [[[7, 8, 5, 6], [8, 5, 6, 7]][n - 10]]
+    p.schedule([], ["a"])
+    p.name_rows(["a"])
+    assert p.propose([[int(ids[0, 11])]], np.array([12], np.int32), ids) == [[5, 6, 7, 8]]
+    assert p.stats["built_ahead"] == 1 and p.stats["new"] == 2

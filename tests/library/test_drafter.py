@@ -412,3 +412,42 @@ def test_a_row_may_gain_more_than_k_plus_one_tokens_where_the_engine_says_so():
     with Drafter(4) as d, pytest.raises(ValueError, match="new_lens must be in"):
         d.start("a", [1, 2])
         d.step(["a"], np.zeros((1, 6), np.int32), np.array([6], np.int32))
+
+
+def test_rows_with_drafting_off_are_counted_at_every_step():
+    """``disabled_rows`` counts row-steps: a batch that stays the same counts its disabled rows each step."""
+    with Drafter(K, length_rule="fixed", min_match=1) as d:
+        d.start("off", [1, 2, 3, 1, 2], {"enabled": False})
+        d.start("on", [1, 2, 3, 1, 2])
+        new, lens = np.array([[3] + [0] * K] * 2, np.int32), np.array([1, 1], np.int32)
+        for _ in range(3):
+            d.step(["off", "on"], new, lens)
+        assert d.stats()["disabled_rows"] == 3
+
+
+def test_a_request_list_changed_in_place_is_a_new_batch():
+    """The drafter keeps its own copy of the last step's rows: a caller that reuses its list and changes
+    it between steps gets the new rows' options."""
+    with Drafter(K, length_rule="fixed", min_match=1) as d:
+        d.start("a", [1, 2, 3, 1, 2])
+        d.start("capped", [1, 2, 3, 1, 2], {"max_draft_tokens": 1})
+        rows = ["a"]
+        new, lens = np.array([[3] + [0] * K], np.int32), np.array([1], np.int32)
+        assert d.step(rows, new, lens).lengths[0] > 1
+        rows[0] = "capped"
+        out = d.step(rows, new, lens)
+        assert out.row(0) == [1] and out.max_lengths[0] == 1
+
+
+def test_a_refused_step_of_another_batch_leaves_the_last_batchs_options():
+    """A step refused after reading a new batch's options (a length out of range) changes nothing: the
+    next step of the last batch drafts under that batch's own options."""
+    with Drafter(K, length_rule="fixed", min_match=1) as d:
+        d.start("a", [1, 2, 3, 1, 2])
+        d.start("capped", [1, 2, 3, 1, 2], {"max_draft_tokens": 1})
+        lens = np.array([1], np.int32)
+        d.step(["a"], np.array([[3] + [0] * K], np.int32), lens)
+        with pytest.raises(ValueError, match="new_lens must be in"):
+            d.step(["capped"], np.array([[3] + [0] * K], np.int32), np.array([K + 2], np.int32))
+        out = d.step(["a"], np.array([[1] + [0] * K], np.int32), lens)
+        assert out.max_lengths[0] == K and out.lengths[0] > 1

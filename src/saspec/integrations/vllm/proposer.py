@@ -78,6 +78,7 @@ from .cpu_sampling import fix_sampled_verification
 from .fingerprint import FingerprintRows
 
 logger = logging.getLogger(__name__)
+_I32 = np.dtype(np.int32)
 _WARMED = False  # this process has run warm_up
 
 
@@ -99,6 +100,26 @@ def _gather(token_ids, num_tokens, lens, new, text_len):
                 lens[b] = 0
                 break
             new[b, j] = t
+
+
+@njit(nogil=True, cache=True)
+def _compact(tokens, lengths, flat, offsets):
+    """``flat[offsets[b]:offsets[b + 1]] = tokens[b, :lengths[b]]`` for each row ``b`` (``flat`` holds at
+    least ``tokens.size``, ``offsets`` B + 1 entries): one list conversion for the step. Returns how many
+    rows draft."""
+    width = tokens.shape[1]
+    o = 0
+    drafted = 0
+    offsets[0] = 0
+    for b in range(lengths.shape[0]):
+        n = min(max(lengths[b], 0), width)
+        for j in range(n):
+            flat[o + j] = tokens[b, j]
+        o += n
+        offsets[b + 1] = o
+        if n > 0:
+            drafted += 1
+    return drafted
 
 
 class SAProposer:
@@ -186,6 +207,9 @@ class SAProposer:
         self._ids: list[Hashable] | None = None  # the next step's request ids, from the plugin
         self._step_tokens = 0  # the tokens the forward before the next propose processed, from the plugin
         self._new = np.zeros((0, self.k + 1), np.int32)  # this step's new tokens per row
+        self._checked: list[Hashable] | None = None  # the last step's rows, each started in the drafter
+        self._flat = np.zeros(0, np.int32)  # the step's drafts one after another (see _compact)
+        self._offsets = np.zeros(1, np.int64)  # and where each row's starts
         self._text_len = np.zeros(0, np.int32)  # and each row's text length before them
         self._stats = {"steps": 0, "drafted": 0, "draft_tokens": 0, "by_id": 0, "option_errors": 0}
         fix_sampled_verification()  # point proposals need exact sampled verification, with or without the plugin
@@ -206,6 +230,7 @@ class SAProposer:
 
     def _forget(self, rid: Hashable) -> None:
         self.drafter.finish(rid)
+        self._checked = None  # the next step looks its rows up again
 
     def name_rows(self, req_ids: Sequence[Hashable], step_tokens: int = 0) -> None:
         """The request id of each row for the next ``propose``, and the tokens the forward before it
@@ -275,20 +300,36 @@ class SAProposer:
             for rid, b, n in self._rows.started:  # prefill chunks: build while vLLM prefills
                 if rid not in self.drafter:
                     self.drafter.start(rid, token_ids[b, :n])
-        for rid in rids:  # a request the plugin did not announce: built from its row in the step
-            if rid not in self.drafter:
-                self.drafter.start(rid, None)
+        if rids != self._checked:  # new rows (else each was started and none finished since)
+            for rid in rids:  # a request the plugin did not announce: built from its row in the step
+                if rid not in self.drafter:
+                    self.drafter.start(rid, None)
+            self._checked = list(rids)
         _gather(token_ids, num_tokens, lens, new, text_len)
         width = token_ids.shape[1] if self.max_model_len is None else min(self.max_model_len, token_ids.shape[1])
         step_tokens, self._step_tokens = self._step_tokens, 0
         batch = self.drafter.step(rids, new, lens, text_len=text_len, texts=token_ids, width=width,
                                   step_tokens=step_tokens)
-        tokens = int(batch.lengths.sum())
-        if not tokens:
+        if b_live == 1:
+            n = int(batch.lengths[0])
+            if not n:
+                return [[]]
+            self._stats["drafted"] += 1
+            self._stats["draft_tokens"] += n
+            return [batch.tokens[0, :n].tolist()]
+        if self._flat.shape[0] < batch.tokens.size:
+            self._flat = np.zeros(batch.tokens.size, np.int32)
+            self._offsets = np.zeros(b_live + 1, np.int64)
+        elif self._offsets.shape[0] <= b_live:
+            self._offsets = np.zeros(b_live + 1, np.int64)
+        drafted = _compact(batch.tokens, batch.lengths, self._flat, self._offsets)
+        if not drafted:
             return [[] for _ in range(b_live)]
-        self._stats["drafted"] += int(np.count_nonzero(batch.lengths))
-        self._stats["draft_tokens"] += tokens
-        return [row[:c] for row, c in zip(batch.tokens.tolist(), batch.lengths.tolist())]
+        offsets = self._offsets[: b_live + 1].tolist()
+        flat = self._flat[: offsets[-1]].tolist()
+        self._stats["drafted"] += drafted
+        self._stats["draft_tokens"] += len(flat)
+        return [flat[a:e] for a, e in zip(offsets, offsets[1:])]
 
     # -- inspection -----------------------------------------------------------------
 
@@ -337,6 +378,8 @@ def start_requests(drafter: Drafter, new_requests: Sequence[tuple]) -> int:
 def _int32_2d(x: Any, name: str) -> np.ndarray:
     """``x`` as a C-contiguous int32 2-D numpy array, without a copy when it already is one
     (numpy array or CPU torch tensor)."""
+    if type(x) is np.ndarray and x.dtype is _I32 and x.ndim == 2 and x.flags.c_contiguous:
+        return x
     if not isinstance(x, np.ndarray) and hasattr(x, "numpy"):
         x = x.numpy()
     a = np.asarray(x)

@@ -301,7 +301,9 @@ def test_hints_raise_acceptance_where_the_prompt_lacks_the_text(tiny):
     with_hints = _child(tmp, model, "saspec-hints", N_PROMPTS, env={"SASPEC_TEST_HINTS": str(hints)})
     assert without["outputs"] == with_hints["outputs"] == free["outputs"]
     acc = [r["metrics"].get("vllm:spec_decode_num_accepted_tokens", 0) for r in (without, with_hints)]
-    assert acc[1] > 2 * acc[0] + 50, acc
+    # a step emits at most K drafts and one token of its own: with its output as hints, a request is near that
+    bound = K / (K + 1) * sum(len(o) for o in free["outputs"])
+    assert acc[1] >= 0.9 * bound and acc[1] > 1.3 * acc[0], (acc, bound)
 
 
 def test_failed_builds_and_growths_never_reach_vllm(tiny):

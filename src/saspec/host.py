@@ -8,7 +8,8 @@ Three small pieces, composed:
 * ``HostSlots`` holds the blobs in numbered slots, with the address table the
   kernels read (see ``extend``) and the per-slot arrays (prompt length, pool match);
 * ``HostBackend`` runs the steps over them: the prepared batch's rows, the fused
-  fast path, growth of full blobs, and the cross-request pool's side of a step.
+  fast path, and the cross-request pool's side of a step; the growth of full
+  blobs (ahead of need, inside a step, or parked) is its ``growth.Growth``'s.
 
 The engine keeps the request ids, validation order and threading rules and calls
 these under its lock (``build`` excepted: it runs without the lock and the GIL).
@@ -16,10 +17,7 @@ these under its lock (``build`` excepted: it runs without the lock and the GIL).
 
 from __future__ import annotations
 
-import logging
-import weakref
 from collections.abc import Hashable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -29,10 +27,9 @@ from numba import int32, int64, njit
 from . import build, core
 from . import extend as kx
 from .arena import Allocator, BlobArena, address, blob_bytes
-from .faults import inject
+from .growth import STEP_GROWTH_WORDS, Growth  # noqa: F401  (STEP_GROWTH_WORDS: docs name it host.STEP_GROWTH_WORDS)
 from .validate import BRANCH_PAIRS, SOURCE_PAIRS, as_int32_array, check_no_overlap, overlap_message
 
-_log = logging.getLogger(__name__)
 EMPTY_BLOB = build.new_blob(0)  # what a free slot holds
 _I32 = np.dtype(np.int32)  # native byte order
 _STEP_EXACT = None  # kx.step compiled for exactly the argument types of the fast path (see _exact_step)
@@ -128,7 +125,7 @@ class HostSlots:
     ``ahead`` (marked for growth ahead of need, the tokens its request is
     expected to reach; see ``extend.rows_past_mark``), which a new blob resets,
     and ``parked``: for a slot whose full blob waits for the background thread
-    (see ``HostBackend``), the tokens it could not take yet, in order.
+    (see ``growth.Growth``), the tokens it could not take yet, in order.
     """
 
     def __init__(self) -> None:
@@ -182,41 +179,6 @@ class HostSlots:
         self._free.append(slot)
 
 
-_GROWER: ThreadPoolExecutor | None = None  # the process's one growth-ahead thread (started on first use)
-
-
-def _grower() -> ThreadPoolExecutor:
-    global _GROWER
-    if _GROWER is None:
-        _GROWER = ThreadPoolExecutor(1, thread_name_prefix="saspec-grow")
-    return _GROWER
-
-
-def _grow_ahead(ref: weakref.ref, slots: list[int]) -> None:
-    """Grow each marked slot of the backend ``ref()`` (the thread holds the backend
-    only while it grows one: an engine dropped meanwhile is collected)."""
-    for slot in slots:
-        backend = ref()
-        if backend is None:
-            return
-        backend.grow_slot(slot)
-        del backend
-
-
-def _report_growth_failure(exc: Exception, tokens: int, where: str) -> None:
-    """Log one failed growth (``HostBackend``): a warning, since the row is retried; the traceback
-    only for what is not a plain ``MemoryError``."""
-    _log.warning("saspec: growing a request's automaton of %d tokens %s failed (%s: %s); it is retried at a "
-                 "later step, its row drafting nothing while its blob is full", tokens, where,
-                 type(exc).__name__, str(exc),  # a string: a kept record keeps no frame (and no blob) alive
-                 exc_info=None if isinstance(exc, MemoryError) else exc)
-
-
-# The most int32 words of blobs one step copies to grow full rows (1 MiB, a few
-# hundred microseconds of copying); other full rows are parked (see HostBackend).
-STEP_GROWTH_WORDS = 1 << 18
-
-
 def _grown(a: np.ndarray, slots: int, fill: int) -> np.ndarray:
     """``a`` (per slot along its last axis) widened to ``slots`` slots, the new ones ``fill``."""
     out = np.full((*a.shape[:-1], slots), fill, dtype=a.dtype)
@@ -227,35 +189,9 @@ def _grown(a: np.ndarray, slots: int, fill: int) -> np.ndarray:
 class HostBackend:
     """``SpecEngine``'s CPU backend: host blobs of ``kind``, one jitted call per step.
 
-    Growth ahead of need: a blob that must grow mid-step is copied inside that
-    ``extend`` call, and rows of one prompt length fill up in the same step, so
-    one step would pay every row's copy at once. Instead, after each step the
-    rows whose blobs passed their fill mark (``extend.rows_past_mark``) are
-    handed to one process-wide background thread, which rebuilds each from its
-    text into a larger blob without the engine's lock (and without the GIL), then
-    takes the lock only to append the tokens the row gained meanwhile (no more
-    than the new blob has room for) and swap it in. The automaton is the same
-    (the same tokens through the same ``core.extend``), so drafts are too.
-
-    A row that fills up before its turn is grown inside the step while the
-    step's copies stay within ``step_growth_words`` (a small blob's copy costs
-    less than waiting for it). Past that budget the row is *parked*: its blob is
-    sealed (token capacity set to its count, so the kernels append nothing to it),
-    the tokens it cannot take wait in ``slots.parked``, it reports match 0 and no
-    draft, and the background thread appends them when it swaps the grown blob
-    in; each step also grows parked rows itself, earliest first, with what is
-    left of its budget. So no step copies more than ``step_growth_words`` words,
-    however many rows fill up at once and however close the steps come, and a
-    parked row drafts again within a few steps.
-
-    A growth that fails (``MemoryError``, on the thread or inside a step) is
-    reported, never raised: logged once on the ``saspec.host`` logger and counted
-    (``growth_failures``). A row whose growth ahead failed is unmarked, so the next
-    step that sees it nearly full hands it to the thread again, and a parked one
-    goes back to the thread at the next step (``_unpark``), which also grows it
-    itself within its budget; a full row whose growth inside a step failed is
-    parked. So one failure costs a row a few undrafted steps, never the rest of its
-    life, and once no row is parked every step takes the fast path again.
+    Full blobs grow ahead of need on a background thread, or inside a step
+    within a copy budget, else their rows are parked until grown: ``growth``,
+    a ``growth.Growth``, does all of it, called at a few points of each step.
 
     Args:
         kind: the blobs' kind (``SABlobs`` or ``ngram.NgramBlobs``).
@@ -263,11 +199,11 @@ class HostBackend:
             control words carry (``extend.step``).
         parallel_from: batch size from which steps run ``prange`` kernels.
 
-    ``step_growth_words`` (default ``STEP_GROWTH_WORDS``) may be set per backend.
-    ``lock`` is the engine's lock (set by the engine); growth ahead takes it.
-    ``faults`` is the engine's fault-injection hook (``saspec.faults``; set by the
-    engine, None: off), asked before each growth: ``"grow_ahead"`` on the thread,
-    without the lock, and ``"grow_in_step"``.
+    ``step_growth_words`` (default ``STEP_GROWTH_WORDS``) may be set per backend;
+    ``grown_ahead`` and ``grown_in_step`` count the blobs grown on the thread and
+    inside steps. ``lock`` is the engine's lock and ``faults`` its fault-injection
+    hook (``saspec.faults``; None: off), both set by the engine and used by growth
+    (see ``growth.Growth``). All five are ``growth``'s.
     """
 
     device = False
@@ -285,16 +221,52 @@ class HostBackend:
         self._ctl[kx.C_LOOKAHEAD] = kx.LOOKAHEAD_MIN_BYTES
         self._source = np.zeros(0, dtype=np.int32)  # source_out when the caller gives none
         self._no_branch = np.zeros(0, dtype=np.int32)  # branch_out when the caller gives none (never written)
-        self.lock: Any = None
-        self.faults: Any = None
-        self._marked = np.zeros(0, dtype=np.int32)  # slots rows_past_mark marked this step
-        self._growth: list[Future] = []  # growth ahead handed to the background thread, not yet seen done
-        self.step_growth_words = STEP_GROWTH_WORDS
-        self.grown_ahead = 0  # blobs grown ahead of need
-        self.grown_in_step = 0  # blobs grown inside a step (full before their turn)
-        self.parked_rows = 0  # rows parked (full before their turn, past the step's budget)
+        self.growth = Growth(self.slots, kind)
         self.slow_steps = 0  # steps run on the checked path rather than the fused fast path
-        self.growth_failures = 0  # growths that failed (each logged), ahead or inside a step
+
+    # -- growth's settings and counters, by the names the engine and tests use ----------
+
+    @property
+    def lock(self) -> Any:
+        """The engine's lock (set by the engine): growth ahead takes it."""
+        return self.growth.lock
+
+    @lock.setter
+    def lock(self, lock: Any) -> None:
+        self.growth.lock = lock
+
+    @property
+    def faults(self) -> Any:
+        """The engine's fault-injection hook (set by the engine; None: off), asked before each growth."""
+        return self.growth.faults
+
+    @faults.setter
+    def faults(self, faults: Any) -> None:
+        self.growth.faults = faults
+
+    @property
+    def step_growth_words(self) -> int:
+        """The most int32 words of blobs one step copies to grow full rows (default ``STEP_GROWTH_WORDS``)."""
+        return self.growth.step_growth_words
+
+    @step_growth_words.setter
+    def step_growth_words(self, words: int) -> None:
+        self.growth.step_growth_words = words
+
+    @property
+    def grown_ahead(self) -> int:
+        """Blobs grown ahead of need, on the background thread."""
+        return self.growth.grown_ahead
+
+    @property
+    def grown_in_step(self) -> int:
+        """Blobs grown inside a step (full before their turn)."""
+        return self.growth.grown_in_step
+
+    def wait_growth(self) -> None:
+        """Wait until the growth handed to the background thread is done, including
+        what it hands on to itself (for tests)."""
+        self.growth.wait()
 
     # -- requests (the engine holds its lock, except in ``build``) ------------------
 
@@ -324,8 +296,7 @@ class HostBackend:
         rp[0] = slots
         self._rp = rp
         self._parallel = len(ids) >= self._parallel_from
-        if self._marked.shape[0] < len(ids):
-            self._marked = np.zeros(len(ids), dtype=np.int32)
+        self.growth.prepare(len(ids))
 
     # -- the step --------------------------------------------------------------------
 
@@ -343,7 +314,7 @@ class HostBackend:
         if branch_out is not None:
             bout = self._check_row_out(branch_out, "branch_out", b, (*outs, source_out), BRANCH_PAIRS)
         parked = self.slots.parked
-        budget = self.step_growth_words  # words this step may copy to grow blobs
+        budget = None  # words this step may still copy to grow blobs (None: all of step_growth_words)
         code = None
         if (
             self.kind.fused
@@ -372,186 +343,25 @@ class HostBackend:
             dout = as_int32_array(draft_out, "draft_out", 2, writable=True)
             code = kx.check_step(table, rp, acc, lens, mout, dout, self._ctl, self.kind.n_word)
             if code == kx.OK and parked:
-                code = self._check_parked(lens)
+                code = self.growth.check_parked(rp, lens, self._ctl)
             if code == kx.OK:
                 self.slow_steps += 1
                 if parked:
-                    budget = self._unpark(budget)
+                    budget = self.growth.unpark()
                 code = self._step(parallel, acc, lens, mout, dout, bout)
         if code < 0:
             raise self._rejection(code, batch, acc, lens, dout, mout)
         if code > 0:
-            self._grow_full_rows(parallel, acc, lens, mout, dout, bout, budget)
-        if self.kind.grows_ahead:
-            n = kx.rows_past_mark(self.slots.table, rp, self.slots.ahead, self._marked)
+            self.growth.grow_full_rows(rp, lens, budget, lambda: self._step(parallel, acc, lens, mout, dout, bout))
+        if self.kind.grows_ahead:  # rows past their fill mark go to the thread (the kernel runs here: no extra call)
+            growth = self.growth
+            n = kx.rows_past_mark(self.slots.table, rp, self.slots.ahead, growth.marked)
             if n:
-                self._grow_later(self._marked[:n].tolist())
+                growth.grow_marked(n)
         if request_pool is not None:
             self._draft_from_pool(request_pool, rp, acc, lens, mout, dout, src, bout)
         if parked:
-            self._park(acc, lens, mout, dout, src, bout)
-
-    # -- full rows: grown inside the step within its budget, else parked (see the class docstring) --
-
-    def _grow_full_rows(self, parallel: bool, acc, lens, mout, dout, bout, budget: int) -> None:
-        """Grow the blobs of the rows that stopped for lack of room and resume them,
-        while the step's copies fit ``budget`` words; park the others."""
-        s, rows, progress = self.slots, self._rp[0], self._rp[1]
-        while True:
-            grew = False
-            for r in np.flatnonzero(progress < lens).tolist():
-                slot = int(rows[r])
-                if slot in s.parked:
-                    continue
-                blob = s.blobs[slot]
-                if blob.shape[0] <= budget or not self.kind.grows_ahead:
-                    try:
-                        inject(self.faults, "grow_in_step")
-                        new = self.kind.grow(blob, int(lens[r] - progress[r]), s.arena)
-                    except MemoryError as exc:
-                        if not self.kind.grows_ahead:
-                            raise  # nothing else would ever grow it
-                        self._growth_failed(exc, blob, "inside a step")
-                    else:
-                        budget -= blob.shape[0]
-                        s.put(slot, new)
-                        self.grown_in_step += 1
-                        grew = True
-                        continue
-                self._seal(slot)
-                self.parked_rows += 1
-            if not grew:
-                return
-            self._step(parallel, acc, lens, mout, dout, bout)
-
-    def _unpark(self, budget: int) -> int:
-        """Before a step: grow parked rows (the earliest parked first) while their copies fit ``budget``
-        words, appending their parked tokens, so that the steps themselves drain what the background
-        thread has not reached; returns the budget left. A parked row whose growth failed (no longer
-        marked) goes to the background thread again."""
-        s = self.slots
-        again = []
-        for slot in list(s.parked):
-            blob = s.blobs[slot]
-            if blob.shape[0] <= budget:
-                waiting = s.parked[slot]
-                try:
-                    inject(self.faults, "grow_in_step")
-                    new = self.kind.grow(blob, waiting.shape[0], s.arena)
-                except MemoryError as exc:
-                    self._growth_failed(exc, blob, "inside a step")
-                else:
-                    budget -= blob.shape[0]
-                    del s.parked[slot]
-                    took = self.kind.append_fitting(new, waiting)
-                    s.put(slot, new)
-                    s.pool_state[2, slot] = -1  # its pool match may have been synced from the sealed text
-                    self.grown_in_step += 1
-                    if took < waiting.shape[0]:
-                        self._seal(slot)
-                        s.parked[slot] = waiting[took:].copy()
-                    continue
-            if not s.ahead[0, slot]:
-                s.ahead[0, slot] = 1
-                again.append(slot)
-        if again:
-            self._grow_later(again)
-        return budget
-
-    def _growth_failed(self, exc: Exception, blob: np.ndarray, where: str) -> None:
-        """A growth inside a step failed (under the engine's lock): counted and reported."""
-        self.growth_failures += 1
-        _report_growth_failure(exc, self.kind.tokens(blob), where)
-
-    def _seal(self, slot: int) -> None:
-        """Park slot ``slot``: its blob takes no more tokens (they wait in ``slots.parked``)
-        until the background thread swaps in a grown one."""
-        s = self.slots
-        blob = s.blobs[slot]
-        blob[core.H_CAP_TOK] = blob[core.H_N]  # core.extend finds no room, and writes nothing
-        s.parked[slot] = np.zeros(0, dtype=np.int32)
-        if not s.ahead[0, slot]:
-            s.ahead[0, slot] = 1
-            self._grow_later([slot])
-
-    def _parked_rows(self) -> np.ndarray:
-        """The batch rows whose slots are parked."""
-        parked = self.slots.parked
-        return np.flatnonzero(np.isin(self._rp[0], np.fromiter(parked, np.int32, len(parked))))
-
-    def _check_parked(self, lens: np.ndarray) -> int:
-        """``check_step``'s token limit for parked rows, counting their parked tokens."""
-        s, limit = self.slots, self._ctl[kx.C_LIMIT]
-        for r in self._parked_rows().tolist():
-            slot = int(self._rp[0, r])
-            total = self.kind.tokens(s.blobs[slot]) + s.parked[slot].shape[0] + int(lens[r])
-            if total > limit:
-                self._ctl[kx.C_ERR], self._ctl[kx.C_ERR + 1] = r, total
-                return kx.TOO_LONG
-        return kx.OK
-
-    def _park(self, acc, lens, mout, dout, src, bout) -> None:
-        """After the step: parked rows keep the tokens their blobs did not take and draft nothing."""
-        s, rows, progress = self.slots, self._rp[0], self._rp[1]
-        for r in self._parked_rows().tolist():
-            slot = int(rows[r])
-            if progress[r] < lens[r]:
-                s.parked[slot] = np.concatenate((s.parked[slot], acc[r, progress[r]: lens[r]]))
-            mout[r] = 0
-            dout[r] = -1
-            if src is not None:
-                src[r] = 0
-            if bout.shape[0] > r:
-                bout[r] = 0
-
-    # -- growth ahead of need (see the class docstring) --------------------------------
-
-    def _grow_later(self, slots: list[int]) -> None:
-        self._growth = [f for f in self._growth if not f.done()]
-        self._growth.append(_grower().submit(_grow_ahead, weakref.ref(self), slots))
-
-    def wait_growth(self) -> None:
-        """Wait until the growth handed to the background thread is done, including
-        what it hands on to itself (for tests)."""
-        while self._growth:
-            self._growth.pop(0).result()
-
-    def grow_slot(self, slot: int) -> None:
-        """Grow slot ``slot``'s blob if it is still marked: rebuilt from its text without
-        the lock, then caught up and swapped in under it (the engine's lock is not held)."""
-        s = self.slots
-        with self.lock:
-            if slot >= s.ahead.shape[1] or not s.ahead[0, slot]:
-                return  # freed or grown since it was marked
-            blob = s.blobs[slot]
-            text = self.kind.text(blob)
-            waiting = s.parked[slot].shape[0] if slot in s.parked else 0
-        n = text.shape[0]
-        try:
-            inject(self.faults, "grow_ahead")
-            new = self.kind.build(text, max(1, int((build.GROWTH - 1) * n), 2 * waiting), s.arena)
-        except Exception as exc:  # reported, not raised (nobody would see it): the row is retried
-            with self.lock:
-                if s.blobs[slot] is blob:  # unmarked: the next step that sees it marks it again
-                    s.ahead[0, slot] = 0
-                self.growth_failures += 1
-            _report_growth_failure(exc, n, "on the growth thread")  # not under the engine's lock
-            return
-        with self.lock:
-            if s.blobs[slot] is not blob:
-                return  # grown inside a step, or freed, meanwhile
-            o = int(blob[core.H_O_TEXT])
-            late = blob[o + n: o + int(blob[core.H_N])]  # appended since the copy
-            parked = s.parked.pop(slot, None)
-            if parked is not None:
-                late = np.concatenate((late, parked))
-                s.pool_state[2, slot] = -1  # its pool match may have been synced from the sealed text
-            took = self.kind.append_fitting(new, late)  # only what fits: no copy under the lock
-            s.put(slot, new)
-            self.grown_ahead += 1
-            if took < late.shape[0]:  # more came than the grown blob holds: park the rest, grow again
-                self._seal(slot)
-                s.parked[slot] = late[took:].copy()
+            self.growth.park(rp, acc, lens, mout, dout, src, bout)
 
     def _step(self, parallel: bool, acc, lens, mout, dout, bout) -> int:
         s = self.slots
@@ -631,11 +441,8 @@ class HostBackend:
     def stats(self, slot_of: dict[Hashable, int]) -> dict[str, int]:
         blobs = [self.slots.blobs[s] for s in slot_of.values()]
         return {"requests": len(blobs), "tokens": sum(self.tokens(r, s) for r, s in slot_of.items()),
-                "bytes": sum(blob_bytes(b) for b in blobs), "overflowed": 0,
-                "grown_ahead": self.grown_ahead, "grown_in_step": self.grown_in_step,
-                "parked": self.parked_rows, "parked_now": sum(s in self.slots.parked for s in slot_of.values()),
-                "growth_failures": self.growth_failures, "slow_steps": self.slow_steps,
-                "slots": len(self.slots.blobs), "free_slots": self.slots.free_count}
+                "bytes": sum(blob_bytes(b) for b in blobs), "overflowed": 0, **self.growth.stats(slot_of.values()),
+                "slow_steps": self.slow_steps, "slots": len(self.slots.blobs), "free_slots": self.slots.free_count}
 
     def blob_copies(self, slot_of: dict[Hashable, int]) -> dict[Hashable, np.ndarray]:
         return {r: self.slots.blobs[s].copy() for r, s in slot_of.items()}

@@ -74,10 +74,10 @@ class _HeldGrowth:
 
     def __init__(self, eng, where):
         self.gate = threading.Event()
-        backend, kind = eng._backend, eng._backend.kind
+        growth, kind = eng._backend.growth, eng._backend.kind
         if where == "start":
-            real = backend.grow_slot
-            backend.grow_slot = lambda slot: self.gate.wait() and real(slot)
+            real = growth.grow_slot
+            growth.grow_slot = lambda slot: self.gate.wait() and real(slot)
         else:
             real = kind.build
             kind.build = lambda *a: self.wait_then(real(*a))

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 from test_generate import COUNT, CYCLE, PROMPTS, V, perturbed, walk  # noqa: E402
 
-from saspec import SpecEngine  # noqa: E402
+from saspec.drafter import Drafter  # noqa: E402
 from saspec.integrations import hf as sahf  # noqa: E402
 
 ARCHS = ("qwen2", "llama")
@@ -162,11 +162,40 @@ def test_hybrid_uses_both_drafters(models):
     assert (t_hy.n, d_hy.n) == (t_hf.n, d_hf.n)
 
 
-@pytest.mark.parametrize("gate", [False, True])
-def test_hybrid_where_the_automaton_drafts_first(models, gate):
-    """The automaton matches at once and the assistant takes over later: its
-    first call must still come at the first step (it expects the prompt alone)."""
-    from saspec.policy import PolicySettings, SequencePolicy
+def test_fixed_rules_let_the_assistant_follow_its_schedule_up_to_the_drafters_widest_step(models):
+    """With the fixed rules the assistant drafts as transformers schedules it, past K, up to
+    MAX_ASSISTANT_TOKENS a step (the drafter is built for such steps), or a given drafter's widest step
+    (its max_step_tokens less one), and never past the request's cap. An assistant identical to the
+    target drafts 100 tokens a step, all accepted, where the automaton never matches."""
+    target = models["qwen2", "count"]
+    draft = tiny("qwen2", 2, COUNT)  # the target's twin (the fixture's seed)
+    draft.generation_config.num_assistant_tokens = 100
+    draft.generation_config.assistant_confidence_threshold = 0.0  # no early stop
+    prompt = PROMPTS["count"][1]
+    expected = plain(target, prompt, max_new_tokens=150)
+    with Forwards(target) as f:
+        assert torch.equal(plain(target, prompt, max_new_tokens=150, assistant_model=draft), expected)
+    assert f.n == 2 and sahf.MAX_ASSISTANT_TOKENS == 64  # 101 tokens, then the 49 left
+
+    def forwards(**kw):
+        with Forwards(target) as f:
+            assert torch.equal(spec(target, prompt, max_new_tokens=150, assistant_model=draft, **kw), expected), kw
+        return f.n
+
+    assert forwards(saspec_policy=False) == 3  # 65, 65, then 20 tokens a step
+    assert forwards(saspec_policy=False, saspec_options={"max_draft_tokens": 5}) == 25  # 6 tokens a step
+    with Drafter(8, length_rule="fixed", min_match=4) as narrow, \
+            Drafter(8, length_rule="fixed", min_match=4, max_step_tokens=31) as wide:
+        assert forwards(saspec_drafter=narrow) == 17  # K + 1 tokens a step
+        assert forwards(saspec_drafter=wide) == 5  # 31 tokens a step
+
+
+@pytest.mark.parametrize("policy", [False, True])
+def test_hybrid_where_the_automaton_drafts_first(models, policy):
+    """The automaton matches at once and the assistant takes over later: with the fixed rules its first
+    call must still come at the first step (it expects the prompt alone); the policy starts it later,
+    extending its attention mask to the text it first reads."""
+    from saspec.policy import NEURAL, PolicySettings
 
     target, draft = models["qwen2", "count"], models["qwen2", "draft-count"]
     prompt = [200, 201, 202, *range(50, 66), 210, 211, *range(50, 56)]  # matched at once; counting runs past 65
@@ -175,11 +204,17 @@ def test_hybrid_where_the_automaton_drafts_first(models, gate):
     # the assistant pays once the automaton has nothing to offer.
     good = PolicySettings(neural_prior=0.9, neural_cost=0.05)
     with ModelClock(target, CHEAP, draft, draft_s=0.001) as clock, Forwards(draft) as d:
-        out = spec(target, prompt, max_new_tokens=30, assistant_model=draft,
-                   saspec_policy=SequencePolicy(8, settings=good, clock=clock) if gate else False,
-                   attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+        sources = []
+        drafter = Drafter(8, min_match=1, policy_settings=good, clock=clock,
+                          log=lambda decision: sources.append(int(decision.sources[0])))
+        kw = {"saspec_drafter": drafter} if policy else {"saspec_policy": False}
+        with drafter:
+            out = spec(target, prompt, max_new_tokens=30, assistant_model=draft,
+                       attention_mask=torch.ones(1, len(prompt), dtype=torch.long), **kw)
     assert torch.equal(out, expected)
     assert d.n > 0
+    if policy:  # the policy drafted from the automaton first, then started the assistant
+        assert sources[0] != NEURAL and NEURAL in sources and drafter.stats()["neural_rows"] > 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -313,22 +348,27 @@ def test_refusals(models):
 
 
 def test_draft_length_rule():
-    text = [5, 6, 7, 8, 9, 1, 2, 3, 4, 0, 6, 7, 8, 9]  # the suffix 6 7 8 9 (4 tokens) occurred before
+    """The drafter's fixed rules reach the candidates: ``per-match-recent`` drafts 2 tokens after an
+    automaton draft missed at once, where ``per-match`` drafts all K after the same match."""
+    text = [6, 7, 8, 9, 3, 1, 1, 6, 7, 8, 9, 1, 2, 3, 4, 0, 6, 7, 8, 9]  # the suffix 6 7 8 9 occurred twice
 
-    def lookup(**kw):
-        gen = sahf.SACandidateGenerator(ids_of(text), engine=SpecEngine(), k=8, threshold=1, max_length=100,
-                                        eos_token_ids=[], **kw)
-        return gen, gen.lookup(ids_of(text))
+    def draft(ids, gen):
+        return gen.get_candidates(ids_of(ids))[0][0, len(ids):].tolist()
 
-    assert lookup(length_rule="fixed")[1] == (4, [1, 2, 3, 4, 0, 6, 7, 8])
-    assert lookup(length_scale=0.5)[1] == (4, [1, 2])
-    assert lookup()[1] == (4, [1, 2, 3, 4, 0, 6, 7, 8])  # default: 2 per matched token, at most K
-    gen, _ = lookup(length_rule="per-match-recent")
-    gen.get_candidates(ids_of(text))
-    gen.update_candidate_strategy(ids_of(text), None, 0)  # the automaton's draft missed at once
-    assert gen.lookup(ids_of(text)) == (4, [1, 2])  # so it drafts 2 * 0 + 2 next
-    with pytest.raises(ValueError, match="draft-length rule 'longest'"):
-        lookup(length_rule="longest")
+    def steps(**kw):
+        with Drafter(8, min_match=1, **kw) as d:
+            gen = sahf.SACandidateGenerator(ids_of(text), drafter=d, max_length=100, eos_token_ids=[])
+            first = draft(text, gen)
+            gen.update_candidate_strategy(ids_of(text), None, 0)  # the draft missed at once: the target
+            miss = [3 if first[0] == 1 else 1]  # wrote the other occurrence's next token
+            return first, draft(text + miss, gen)
+
+    assert steps(length_rule="fixed")[0] in ([1, 2, 3, 4, 0, 6, 7, 8], [3, 1, 1, 6, 7, 8, 9, 1])
+    assert len(steps(length_rule="per-match", length_scale=0.5)[0]) == 2  # half a token per matched token
+    first, after = steps(length_rule="per-match")
+    assert len(first) == 8 and len(after) == 8  # a match of 5 after the miss: 2 per matched token, at most K
+    first, after = steps(length_rule="per-match-recent")
+    assert len(first) == 8 and len(after) == 2  # 2 * 0 + 2 after a draft with nothing accepted
 
 
 def test_length_options_reach_the_loop(models):
@@ -344,6 +384,10 @@ def test_length_options_reach_the_loop(models):
     assert f_fixed.n <= 5 and f_short.n > f_fixed.n  # scale 0.01: 1 draft token per step while matches are short
     with pytest.raises(ValueError, match="scale"):
         spec(target, prompt, max_new_tokens=5, saspec_length_scale=-1.0)
+    with pytest.raises(ValueError, match="draft-length rule 'longest'"):
+        spec(target, prompt, max_new_tokens=5, saspec_length_rule="longest", saspec_policy=False)
+    with pytest.raises(ValueError, match="saspec_threshold"):
+        spec(target, prompt, max_new_tokens=5, saspec_threshold=0, saspec_policy=False)
 
 
 def test_version_pin():
@@ -385,6 +429,22 @@ def test_readme_example(models):
     scope = {"model": model, "draft": draft, "ids": ids_of(prompt)}
     exec(compile(code.replace("256", "24"), "README.md", "exec"), scope)
     assert torch.equal(scope["out"], plain(model, prompt, max_new_tokens=24))
+
+
+def test_integrations_doc_example(models):
+    """docs/integrations.md's drafter kept across calls runs as written, each output greedy's."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "integrations.md").read_text()
+    code = re.search(r"```python\n(with sahf\.drafter_for.*?)```", doc, re.S).group(1)
+    model = models["llama", "cycle"]
+    prompts = [ids_of(PROMPTS["enter-loop"][1]), ids_of(PROMPTS["loop"][1])]
+    printed = []
+    scope = {"sahf": sahf, "model": model, "prompts": prompts, "print": printed.append}
+    exec(compile(code.replace("256", "24"), "docs/integrations.md", "exec"), scope)
+    assert torch.equal(scope["out"], plain(model, PROMPTS["loop"][1], max_new_tokens=24))
+    assert printed[0]["finished"] == 2 and printed[0]["policy_steps"] > 0
 
 
 def test_fast_verify_is_scoped_to_the_call(models):
@@ -431,22 +491,32 @@ def test_fast_verify_leaves_foreign_forwards_alone(models):
         del lin.forward
 
 
-def test_generators_sharing_an_engine():
-    """Each generator extends and drafts its own request when they share one engine."""
-    engine = SpecEngine()
-    kw = dict(k=4, threshold=1, max_length=100, eos_token_ids=[])
-    a, b = ids_of([5, 6, 7, 8, 9, 5, 6, 7]), ids_of([1, 2, 3, 1, 2])
-    ga = sahf.SACandidateGenerator(a, engine=engine, **kw)
-    gb = sahf.SACandidateGenerator(b, engine=engine, **kw)
-    alone_a = sahf.SACandidateGenerator(a, engine=SpecEngine(), **kw).lookup(a, capped=False)
-    alone_b = sahf.SACandidateGenerator(b, engine=SpecEngine(), **kw).lookup(b, capped=False)
-    assert ga.lookup(a, capped=False) == alone_a == (3, [8, 9, 5, 6])
-    assert gb.lookup(b, capped=False) == alone_b
-    assert engine.batch == (gb.request_id,)
+def test_generators_sharing_a_drafter():
+    """Each generator feeds and drafts its own request when they share one drafter, steps interleaved."""
+    kw = dict(max_length=100, eos_token_ids=[])
+    a, b = [5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3, 4, 1, 2]
+
+    def tail(gen, ids):
+        return gen.get_candidates(ids_of(ids))[0][0, len(ids):].tolist()
+
+    fixed = dict(length_rule="fixed", min_match=1)
+    with Drafter(4, **fixed) as alone_a, Drafter(4, **fixed) as alone_b:
+        ga = sahf.SACandidateGenerator(ids_of(a), drafter=alone_a, **kw)
+        gb = sahf.SACandidateGenerator(ids_of(b), drafter=alone_b, **kw)
+        want = [tail(ga, a), tail(gb, b), tail(ga, a + [8]), tail(gb, b + [3])]
+    assert want[0] == [8, 9, 5, 6] and want[1] == [3, 4, 1, 2]
+    with Drafter(4, **fixed) as d:
+        ga = sahf.SACandidateGenerator(ids_of(a), drafter=d, **kw)
+        gb = sahf.SACandidateGenerator(ids_of(b), drafter=d, **kw)
+        assert [tail(ga, a), tail(gb, b), tail(ga, a + [8]), tail(gb, b + [3])] == want
+        assert len(d) == 2
+        ga.close()
+        ga.close()
+        assert ga.request_id not in d and gb.request_id in d
 
 
-def test_gate_drafts_respect_the_length_limit(models):
-    """A fresh gate verifies a near-certain copy in full from its first step, cut to the room left; without
+def test_policy_drafts_respect_the_length_limit(models):
+    """A fresh policy verifies a near-certain copy in full from its first step, cut to the room left; without
     one it warms up with plain steps."""
     for name, expected_sizes in (("loop", lambda p: [len(p) + 2]), ("random", lambda p: [len(p), 1, 1])):
         kind, prompt = PROMPTS[name]
@@ -472,49 +542,102 @@ CHEAP = lambda n: 1.0 + 0.01 * (n - 1)  # noqa: E731  (verifying is nearly free:
 
 
 def test_policy_drafts_only_where_it_pays(models):
-    from saspec.policy import SequencePolicy
-
     target, draft = models["qwen2", "cycle"], models["qwen2", "draft-cycle"]
     prompt = PROMPTS["loop"][1]
     expected = plain(target, prompt, max_new_tokens=40)
     for kw in ({}, {"assistant_model": draft}):
-        with ModelClock(target, DEAR, draft, draft_s=0.3) as clock, Forwards(target) as f:
-            out = spec(target, prompt, max_new_tokens=40, saspec_policy=SequencePolicy(8, clock=clock), **kw)
+        with ModelClock(target, DEAR, draft, draft_s=0.3) as clock, Forwards(target) as f, \
+                sahf.drafter_for(assistant=bool(kw), clock=clock) as drafter:  # the defaults, on the clock
+            out = spec(target, prompt, max_new_tokens=40, saspec_drafter=drafter, **kw)
         assert torch.equal(out, expected), kw
         decode = clock.t - len(prompt)  # the prefill's forward costs len(prompt)
         assert decode <= 1.03 * 39, (kw, decode, f.n)  # about what plain decoding costs: 39 one-token forwards
-    with ModelClock(target, CHEAP) as clock, Forwards(target) as f:
-        out = spec(target, prompt, max_new_tokens=40, saspec_policy=SequencePolicy(8, clock=clock))
+    with ModelClock(target, CHEAP) as clock, Forwards(target) as f, sahf.drafter_for(clock=clock) as drafter:
+        out = spec(target, prompt, max_new_tokens=40, saspec_drafter=drafter)
     assert torch.equal(out, expected) and f.n <= 10  # the long match is drafted in full
     with Forwards(target) as f:  # the default policy times the steps with the real clock
         assert torch.equal(spec(target, prompt, max_new_tokens=40), expected)
     assert f.n < 40
+
+
+def test_refused_policy_and_drafter_settings(models):
+    target = models["qwen2", "cycle"]
+    prompt = PROMPTS["loop"][1]
     with pytest.raises(ValueError, match="saspec_policy"):
         spec(target, prompt, max_new_tokens=5, saspec_policy="yes")
-    with pytest.raises(ValueError, match="k_max"):
-        spec(target, prompt, max_new_tokens=5, saspec_policy=SequencePolicy(2))
+    with pytest.raises(ValueError, match="saspec_policy.*saspec_drafter"):  # an object of its own goes there
+        spec(target, prompt, max_new_tokens=5, saspec_policy=object())
+    with pytest.raises(TypeError, match="saspec_drafter must be a saspec.drafter.Drafter"):
+        spec(target, prompt, max_new_tokens=5, saspec_drafter=object())
+    with Drafter(8) as drafter:
+        with pytest.raises(ValueError, match="drop saspec_k, saspec_pool"):
+            spec(target, prompt, max_new_tokens=5, saspec_drafter=drafter, saspec_k=4, saspec_pool=object())
+        assert len(drafter) == 0 and drafter.stats()["steps"] == 0  # refused before it was used
+    with pytest.raises(ValueError, match="saspec_kk"):  # transformers refuses keywords nobody takes
+        spec(target, prompt, max_new_tokens=5, saspec_kk=4)
+    assert "_get_candidate_generator" not in vars(target)
+
+
+def test_drafter_for_builds_what_generate_builds():
+    from saspec.policy import PolicySettings
+    from saspec.step_cost import cpu_like, gpu_like
+
+    with sahf.drafter_for() as cpu, sahf.drafter_for("cuda", saspec_k=4) as gpu:
+        assert cpu.k == sahf.DEFAULT_K == 8 and gpu.k == 4 and cpu.drafts.k == 8
+        n = np.arange(1, 10, dtype=np.float64)
+        np.testing.assert_allclose(cpu.policy.cost.shape[1:10], cpu_like(n))  # the prior shape by the device
+        np.testing.assert_allclose(gpu.policy.cost.shape[1:5], gpu_like(n[:4]))
+    settings = PolicySettings(neural_prior=0.9)
+    with sahf.drafter_for(saspec_policy=settings) as d:
+        assert d.policy.settings is settings
+    with sahf.drafter_for(saspec_policy=False) as alone, sahf.drafter_for(assistant=True, saspec_policy=False) as hy:
+        assert alone.policy is None and alone.length_rule == "per-match" and alone.drafts.min_match == 1
+        assert alone.drafts.k == 8 and hy.drafts.k == sahf.MAX_ASSISTANT_TOKENS and hy.drafts.min_match == 4
+    for bad, name in (({"saspec_k": 0}, "saspec_k"), ({"saspec_k": True}, "saspec_k"),
+                      ({"saspec_threshold": 1.5}, "saspec_threshold"), ({"saspec_length_scale": 0}, "scale"),
+                      ({"saspec_policy": "yes"}, "saspec_policy"), ({"saspec_pool": 10}, "saspec_pool")):
+        with pytest.raises(ValueError, match=name):
+            sahf.drafter_for(**bad)
 
 
 def test_policy_times_every_step_but_the_prefill_and_is_offered_every_draft(models):
-    from saspec.policy import SequencePolicy
+    class Recording(Drafter):
+        """Records each step's timing: the ``seconds`` given, else the drafter's clock from the last step's
+        return (or ``mark_forward``) to the call, as ``Drafter.step`` documents."""
 
-    class Recording(SequencePolicy):
-        def observe_forward(self, n_tokens, seconds):
-            timed.append((n_tokens, seconds))
-            super().observe_forward(n_tokens, seconds)
+        mark = None
 
-        def offer(self, match, draft, branched=False):
-            offers.append(len(draft))
-            super().offer(match, draft, branched)
+        def step(self, *args, **kw):
+            seconds = kw.get("seconds")
+            if seconds is None and self.mark is not None:
+                seconds = self.clock() - self.mark
+            timed.append((kw.get("step_tokens"), seconds))
+            out = super().step(*args, **kw)
+            self.mark = self.clock()
+            return out
 
-    target = models["qwen2", "cycle"]
-    prompt = PROMPTS["loop"][1]
-    timed, offers = [], []
+        def mark_forward(self):
+            super().mark_forward()
+            self.mark = self.clock()
+
+    target, draft = models["qwen2", "cycle"], models["qwen2", "draft-cycle"]
+    prompt = PROMPTS["enter-loop"][1]  # a lap of the cycle with nothing to copy first, then long copies
     expected = plain(target, prompt, max_new_tokens=40)
-    with ModelClock(target, CHEAP) as clock, Forwards(target) as f:
-        assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_policy=Recording(8, clock=clock)), expected)
-    assert len(timed) == f.n - 1 and len(offers) == f.n  # every step offers; the prefill is not timed
-    assert all(s == pytest.approx(CHEAP(n)) for n, s in timed)  # a step's time is its forward's
+    from saspec.policy import PolicySettings
+
+    good = PolicySettings(neural_prior=0.9, neural_cost=0.05)  # a cheap and good assistant: it drafts
+    for kw in ({}, {"assistant_model": draft}):
+        timed = []
+        with ModelClock(target, CHEAP, draft, draft_s=0.5) as clock, Forwards(target) as f, \
+                Recording(8, clock=clock, min_match=1, policy_settings=good) as drafter:
+            assert torch.equal(spec(target, prompt, max_new_tokens=40, saspec_drafter=drafter, **kw), expected)
+        st = drafter.stats()
+        # every forward's step drafts (or not), and a last step hands over the last forward's tokens
+        assert st["steps"] == len(timed) == f.n + 1
+        assert st["policy_timed"] == f.n - 1 and st["policy_ignored_timings"] == 1  # the prefill is not timed
+        assert timed[0] == (0, None) and timed[1][1] != timed[1][1]  # the first step, then the prefill's: NaN
+        assert all(s == pytest.approx(CHEAP(n)) for n, s in timed[2:]), timed  # a step's time is its forward's
+        assert st["drafted_rows"] > 0 and (st["neural_rows"] > 0) == bool(kw), st
 
 
 def test_policy_on_a_random_model_takes_few_more_forwards_than_the_fixed_rules():
@@ -522,8 +645,6 @@ def test_policy_on_a_random_model_takes_few_more_forwards_than_the_fixed_rules()
     automaton's copies stop paying soon after the prompt ends. With the step
     costs of such a model (a fixed overhead, then a little per token) the policy
     takes at most 1.3x the forwards of the fixed rules."""
-    from saspec.policy import SequencePolicy
-
     torch.manual_seed(3)
     common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False, use_cache=True,
@@ -535,22 +656,19 @@ def test_policy_on_a_random_model_takes_few_more_forwards_than_the_fixed_rules()
     with Forwards(model) as fixed:
         expected = spec(model, prompt, max_new_tokens=60, saspec_policy=False)
     tiny = lambda n: 1.0 if n == 1 else 1.4 + 0.03 * (n - 2)  # noqa: E731  (as timed on this model, whole steps)
-    with ModelClock(model, tiny) as clock, Forwards(model) as gated:
-        assert torch.equal(spec(model, prompt, max_new_tokens=60, saspec_policy=SequencePolicy(8, clock=clock)), expected)
-    assert gated.n <= 1.3 * fixed.n, (gated.n, fixed.n)
+    with ModelClock(model, tiny) as clock, Forwards(model) as policy, sahf.drafter_for(clock=clock) as drafter:
+        assert torch.equal(spec(model, prompt, max_new_tokens=60, saspec_drafter=drafter), expected)
+    assert policy.n <= 1.3 * fixed.n, (policy.n, fixed.n)
 
 
-def test_a_step_timed_at_zero_seconds_is_skipped_and_the_old_gate_argument_warns(models):
-    from saspec.policy import SequencePolicy
-
+def test_a_step_timed_at_zero_seconds_is_skipped(models):
     target = models["qwen2", "cycle"]
     prompt = PROMPTS["loop"][1]
     expected = plain(target, prompt, max_new_tokens=20)
-    policy = SequencePolicy(8, clock=lambda: 0.0)  # a clock that never moves: every step takes 0 s
-    assert torch.equal(spec(target, prompt, max_new_tokens=20, saspec_policy=policy), expected)
-    assert policy.stats["timed"] == 0 and policy.stats["sa"] > 0
-    with pytest.warns(DeprecationWarning, match="saspec_gate"):
-        assert torch.equal(spec(target, prompt, max_new_tokens=20, saspec_gate=False), expected)
+    with Drafter(8, clock=lambda: 0.0) as drafter:  # a clock that never moves: every step takes 0 s
+        assert torch.equal(spec(target, prompt, max_new_tokens=20, saspec_drafter=drafter), expected)
+    st = drafter.stats()
+    assert st["policy_timed"] == 0 and st["policy_ignored_timings"] > 0 and st["policy_automaton_rows"] > 0
 
 
 def test_a_pool_kept_across_calls_drafts_from_the_earlier_outputs(models):
@@ -560,12 +678,38 @@ def test_a_pool_kept_across_calls_drafts_from_the_earlier_outputs(models):
     prompt = PROMPTS["enter-loop"][1]  # its first lap of the cycle has nothing to copy from in its own text
     expected = plain(target, prompt, max_new_tokens=60)
     pool = RequestPool(10_000)
-    with Forwards(target) as first:
-        assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_policy=False, saspec_pool=pool), expected)
-    pool.flush()
-    assert pool.stats()["texts"] == 1 and pool.tokens == 61, pool.stats()  # the whole output and a separator
-    with Forwards(target) as second:
-        assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_policy=False, saspec_pool=pool), expected)
-    assert second.n < first.n, "the second call copies the first one's lap of the cycle from the pool"
+    try:
+        with Forwards(target) as first:
+            assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_policy=False, saspec_pool=pool),
+                               expected)
+        pool.flush()
+        # the whole output (with the prompt's last token: the first step hands it over) and a separator
+        assert pool.stats()["texts"] == 1 and pool.tokens == 62, pool.stats()
+        with Forwards(target) as second:
+            assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_policy=False, saspec_pool=pool),
+                               expected)
+        assert second.n < first.n, "the second call copies the first one's lap of the cycle from the pool"
+    finally:
+        pool.close()
     with pytest.raises(ValueError, match="saspec_pool"):
         spec(target, prompt, max_new_tokens=5, saspec_pool=object())
+
+
+def test_a_drafter_serves_several_calls(models):
+    """One drafter across calls: each call is a new request, finished when it ends; its pool and the
+    policy's evidence carry over (the second call copies the first one's output from the pool)."""
+    target = models["qwen2", "cycle"]
+    prompt = PROMPTS["enter-loop"][1]
+    expected = plain(target, prompt, max_new_tokens=60)
+    with ModelClock(target, CHEAP) as clock, Drafter(8, clock=clock, min_match=1, pool_tokens=10_000) as drafter:
+        with Forwards(target) as first:
+            assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_drafter=drafter), expected)
+        st = drafter.stats()
+        assert len(drafter) == 0 and st["finished"] == 1 and st["policy_timed"] == first.n - 1
+        drafter.pool.flush(timeout=60)
+        with Forwards(target) as second:
+            assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_drafter=drafter), expected)
+        st2 = drafter.stats()
+    assert second.n < first.n and st2["pool_rows"] > 0
+    assert st2["finished"] == 2 and st2["policy_timed"] == st["policy_timed"] + second.n - 1
+    assert drafter.pool.closed  # the drafter made its pool and closed it; generate never closes a given drafter

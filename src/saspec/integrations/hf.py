@@ -11,40 +11,53 @@ inputs, cache, logits processors and stopping criteria as usual and then calls
 it in place of its decoding loop. It runs transformers' own assisted-decoding
 loop (``GenerationMixin._assisted_decoding``: verification, EOS, max length,
 logits processors, cache crops) with one change, the candidate generator: a
-:class:`SACandidateGenerator` whose drafts come from a
-:class:`~saspec.SpecEngine` suffix automaton over the prompt and the tokens
-generated so far. With ``assistant_model=draft`` it is the hybrid: the
-automaton's draft when its match (the longest suffix of the text that occurred
-earlier, in tokens) is at least ``saspec_threshold``, otherwise the draft
-model's, through the candidate generator transformers itself builds for that
-assistant.
+:class:`SACandidateGenerator`, engine glue over a :class:`saspec.drafter.Drafter`
+(the library's drafting session: a suffix automaton over the prompt and the
+tokens generated so far, the drafting policy, the step timings, the assistant's
+acceptance and cost, the pool). With ``assistant_model=draft`` it is the
+hybrid: each step the automaton's draft, the draft model's (through the
+candidate generator transformers itself builds for that assistant) or none.
 
-Options (keyword arguments of ``model.generate``):
+Options (keyword arguments of ``model.generate``; None: the default):
 
-* ``saspec_k`` (int, default 8): automaton draft tokens per step.
+* ``saspec_k`` (int, default 8): the most automaton draft tokens of a step
+  (and, with the policy, of the assistant's).
 * ``saspec_policy`` (default True): each step's source (the automaton, the
-  assistant, or none) and draft length from :class:`saspec.policy.SequencePolicy`,
-  for the most tokens per second: whole steps are timed on the policy's
-  ``clock`` as they run (a cost model that no single slow or fast timing, burst
-  or cold start moves for good), the automaton's draft is scored against the
-  text that follows on every step, drafted or not, and the assistant's
-  acceptance and cost are learnt from its calls. The assistant runs only on the
-  steps it drafts: it skips the automaton's steps and reads the skipped tokens
-  in one forward when it is next chosen, a catch-up the policy charges over the
-  steps it is expected to serve. Where verifying several tokens costs about one
-  forward (a GPU, or fp32 linears routed by ``saspec_fast_verify``) it drafts
-  nearly always; where each verified token costs a forward it decodes plainly.
-  Pass a :class:`saspec.policy.PolicySettings` to change its settings, a
-  fresh ``SequencePolicy`` (``k_max >= saspec_k``) to inject a clock or read
-  its ``stats`` afterwards, or False for the fixed rules below.
+  assistant, or none) and draft length from the drafter's policy
+  (:class:`saspec.policy.DraftPolicy`), for the most tokens per second: the
+  target's forwards are timed on the drafter's ``clock`` as they run, the
+  prefill and the assistant's calls apart (a cost model that no single slow or
+  fast timing, burst or cold start moves for good), the automaton's draft is
+  scored against the text that follows on every step, drafted or not, and the
+  assistant's acceptance and cost are learnt from its calls. The assistant runs
+  only on the steps it drafts: it skips the automaton's steps and reads the
+  skipped tokens in one forward when it is next chosen, a catch-up the policy
+  charges over the steps it is expected to serve. Where verifying several
+  tokens costs about one forward (a GPU, or fp32 linears routed by
+  ``saspec_fast_verify``) it drafts nearly always; where each verified token
+  costs a forward it decodes plainly. The prior cost shape follows the model's
+  device (``"cpu"`` or not). Pass a :class:`saspec.policy.PolicySettings` to
+  change its settings, or False for the fixed rules below.
 * ``saspec_threshold`` and ``saspec_length_rule`` / ``saspec_length_scale``:
   the fixed rules, used with ``saspec_policy=False``: the automaton drafts when
   its match is at least ``saspec_threshold`` tokens (default 1 alone, 4 with an
-  assistant), ``per-match`` drafts ``ceil(scale * m)`` of its ``saspec_k``
-  tokens after a match of ``m`` (``saspec.rules.draft_length``; ``fixed``
-  always ``saspec_k``).
-* ``saspec_gate``: deprecated, the former name of ``saspec_policy`` (a bool,
-  or an object with the policy's calls, such as the bench's former gate, ``saspec_bench.former_gate.CostGate``).
+  assistant), ``per-match`` (the default) drafts ``ceil(scale * m)`` of its
+  ``saspec_k`` tokens after a match of ``m`` (scale default 2;
+  ``saspec.rules.draft_length``; ``fixed`` always ``saspec_k``), and the
+  assistant drafts where the automaton does not, from the first step on, with
+  transformers' own schedule of ``num_assistant_tokens`` (at most
+  :data:`MAX_ASSISTANT_TOKENS` a step).
+* ``saspec_drafter`` (a :class:`saspec.drafter.Drafter`, default None): the
+  drafter to use instead of a new one per call, built by the caller (e.g. with
+  an injected ``clock=``, a ``cost=`` profiled on the model, a ``pool``); it may
+  serve several ``generate`` calls in turn, each as a new request, and keeps its
+  cost model, acceptance evidence and pool across them; read its ``stats()``
+  and ``policy`` afterwards; the caller closes it. :func:`drafter_for` builds
+  the one ``generate`` would build from the keywords. It brings its own settings:
+  not with ``saspec_k``, ``saspec_policy``, ``saspec_threshold``,
+  ``saspec_length_rule``, ``saspec_length_scale`` or ``saspec_pool``
+  (``ValueError``). With a fixed rule and an assistant, build it with
+  ``max_step_tokens`` above the assistant's longest draft.
 * ``saspec_options`` (a mapping or :class:`saspec.options.DraftOptions`, default
   None): the request's drafting options. ``{"enabled": False}``: no drafts at
   all (plain decoding through the same loop); ``{"max_draft_tokens": n}``: no
@@ -52,8 +65,8 @@ Options (keyword arguments of ``model.generate``):
   token ids (a file the output will edit, say) the automaton's drafts may copy
   from beside the request's own text. A bad option raises ``ValueError`` or
   ``TypeError`` naming it before anything runs.
-* ``saspec_pool`` (a :class:`saspec.RequestPool`, default None): memory
-  across calls: pass the same pool to every ``generate`` call, and each call
+* ``saspec_pool`` (a :class:`saspec.RequestPool`, default None; the
+  drafter's ``pool``): memory across calls: pass the same pool to every ``generate`` call, and each call
   drafts from the earlier calls' outputs too (where the match there is longer
   than in its own text), then adds its own when it ends.
 * ``saspec_fast_verify`` (bool, default True): for the duration of the
@@ -91,7 +104,8 @@ and the ``_get_candidate_generator`` hook it calls (overridden on the model
 instance for the duration of the call, so one model must not run two
 ``generate`` calls at once); the candidate-generator interface
 (``requires_model_outputs``, ``get_candidates``, ``update_candidate_strategy``);
-the assistant's candidate generator's ``assistant_kwargs`` (its cache, and,
+the assistant's candidate generator's ``num_assistant_tokens`` (set to each
+step's length) and ``assistant_kwargs`` (its cache, and,
 for a first call that the policy defers past the prompt, its attention mask and
 position ids, extended with transformers' own ``_prepare_*`` helpers).
 transformers does not pass ``assistant_model`` or ``streamer`` to a
@@ -105,19 +119,19 @@ torch and transformers are imported when ``generate`` runs, never at import.
 from __future__ import annotations
 
 import inspect
+import itertools
+import math
 import re
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..engine import SpecEngine
+from ..drafter import DraftBatch, Drafter
+from ..options import parse_options
+from ..policy import AUTOMATON, NEURAL, PolicySettings
 from ..pool import RequestPool
-from ..policy import PolicySettings, SequencePolicy
-from ..rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, HYBRID_THRESHOLD, check_length_rule, draft_length
-from ..options import DEFAULT_OPTIONS, HINT_SEPARATOR, DraftOptions, parse_options
-from ..single import SingleSequence
+from ..rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE, HYBRID_THRESHOLD, check_length_rule
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -128,8 +142,17 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 #: 5.25 and later are untested.
 TESTED_TRANSFORMERS: tuple[tuple[int, int], tuple[int, int]] = ((5, 18), (5, 25))
 
+#: ``saspec_k``'s default: the most automaton draft tokens of a step.
+DEFAULT_K = 8
+#: With the fixed rules (``saspec_policy=False``) the assistant follows transformers' schedule of
+#: ``num_assistant_tokens`` (its heuristic schedule adds 2 after every fully accepted draft, without a
+#: bound), clamped to this many tokens a step (at least ``saspec_k``): a step may emit that many and one more,
+#: and the drafter is built for such steps.
+MAX_ASSISTANT_TOKENS = 64
+
 # The automaton is sized for up to this many new tokens at the start (it grows past them).
 _MAX_RESERVED_TOKENS = 1 << 16
+_request_ids = itertools.count()  # the requests this module starts in a drafter
 
 
 def _range_text() -> str:
@@ -213,36 +236,53 @@ def _small_rows_forward(mod: Any) -> Any:
 
 
 class SACandidateGenerator:
-    """Draft candidates for transformers' assisted-decoding loop from a suffix automaton.
+    """transformers' candidate generator over a :class:`~saspec.drafter.Drafter` (batch 1).
 
     Implements transformers' ``CandidateGenerator`` interface (duck-typed, so
     this module does not import transformers): ``get_candidates`` and
-    ``update_candidate_strategy``. One sequence (batch 1); the request lives
-    in ``engine`` from construction to :meth:`close`.
+    ``update_candidate_strategy``. It is engine glue only: each step it hands
+    ``drafter`` the tokens the sequence gained since the last step (one
+    :meth:`Drafter.step <saspec.drafter.Drafter.step>`) and runs the source the
+    drafter chose; the drafter keeps the policy, the offers and their scores,
+    the step timings and the assistant's acceptance and cost. The sequence is
+    the drafter's request ``request_id`` from construction to :meth:`end` or
+    :meth:`close`.
+
+    The first step drafts from the prompt (its candidates are verified with the
+    prefill): the request starts with the prompt but its last token, which the
+    first step hands over as the step's new token. The first forward (the
+    prefill) is not timed.
+
+    With the drafter's policy (``drafter.policy`` not None) each step's source
+    and length are the policy's: the automaton's draft, the assistant's
+    (``fallback``, run with ``num_assistant_tokens`` set to the policy's length;
+    its calls are timed on the drafter's clock and handed to
+    :meth:`Drafter.time_neural <saspec.drafter.Drafter.time_neural>`, and the
+    target forward is timed from after them) or none. With a fixed rule the
+    automaton drafts where the drafter offers a draft (its match at least the
+    drafter's ``min_match``, cut by its length rule), the assistant elsewhere,
+    and the assistant drafts at the first step (transformers' assisted
+    decoding starts it on the prompt), following transformers' own schedule of
+    ``num_assistant_tokens`` clamped to the drafter's widest step (its
+    ``max_step_tokens`` less one).
 
     Args:
         input_ids: int64 tensor [1, L], the prompt.
-        engine: the CPU :class:`~saspec.SpecEngine` that holds the automaton.
-        k: draft tokens per automaton step (>= 1).
-        threshold: the automaton drafts when its match is at least this many
-            tokens (>= 1); below it ``fallback`` drafts, or nothing does.
+        drafter: the :class:`~saspec.drafter.Drafter` to drive (CPU; any K).
         max_length: transformers' ``generation_config.max_length`` (prompt
             included); drafts never reach past ``max_length - 1``.
         eos_token_ids: EOS ids; an automaton draft ends at its first EOS.
         fallback: transformers' candidate generator for the draft model, or None.
-        length_rule, length_scale: the draft-length rule
-            (``saspec.rules.draft_length``; ``per-match-recent`` uses the
-            automaton's accepted tokens at its previous step).
-        gate: a :class:`~saspec.policy.SequencePolicy` (``k_max >= k``; or
-            an object with its calls) that chooses each step's source and
-            length instead of ``threshold`` and the length rule, or None. It
-            is offered the automaton's draft every step, and told each step's
-            time on its ``clock`` (from one ``update_candidate_strategy`` to
-            the next, less the draft model's drafting), the draft model's
-            calls, the draft model's outcome and the tokens each step emitted.
+        options: the request's :class:`~saspec.options.DraftOptions` (or a
+            mapping of them; the drafter checks it).
+        request_id: the request's id in ``drafter`` (default: a new one).
+
+    Raises:
+        KeyError: ``request_id`` is started in ``drafter`` and not finished.
+        TypeError, ValueError: a bad option (named).
 
     ``stats`` counts steps, drafted and accepted tokens per draft source
-    (``"sa"``, ``"pool"``: the automaton's draft from ``engine``'s pool,
+    (``"sa"``, ``"pool"``: the automaton's draft from the drafter's pool,
     ``"assistant"``, ``"none"``).
     """
 
@@ -252,151 +292,125 @@ class SACandidateGenerator:
         self,
         input_ids: torch.Tensor,
         *,
-        engine: SpecEngine,
-        k: int,
-        threshold: int,
+        drafter: Drafter,
         max_length: int,
         eos_token_ids: list[int],
         fallback: Any = None,
-        length_rule: str = DEFAULT_LENGTH_RULE,
-        length_scale: float = DEFAULT_LENGTH_SCALE,
-        gate: Any = None,
-        options: DraftOptions = DEFAULT_OPTIONS,
+        options: Any = None,
+        request_id: Any = None,
     ) -> None:
-        rule = check_length_rule(length_rule, length_scale)
-        if k < 1:
-            raise ValueError(f"saspec_k must be >= 1, got {k}")
-        if gate is not None and gate.k_max < k:
-            raise ValueError(f"the policy's k_max ({gate.k_max}) must be >= saspec_k ({k})")
-        if threshold < 1:
-            raise ValueError(f"saspec_threshold must be >= 1, got {threshold}")
-        self.engine, self.k, self.threshold = engine, int(k), int(threshold)
+        if not isinstance(drafter, Drafter):
+            raise TypeError(f"drafter must be a saspec.drafter.Drafter, got {type(drafter).__name__}")
+        self.drafter = drafter
         self.max_length = int(max_length)
         self.eos = set(int(e) for e in eos_token_ids)
         self.fallback = fallback
-        self._rule, self.length_scale = rule, float(length_scale)
-        self._last_sa = -1  # draft tokens accepted at the last automaton step; -1 when the last step was not one
-        self.gate = gate
-        if isinstance(gate, SequencePolicy):
-            gate.begin()  # a given policy may have served an earlier generate call
+        self.request_id = request_id if request_id is not None else ("saspec.integrations.hf", next(_request_ids))
+        prompt = input_ids[0].cpu().numpy()
+        new_tokens = min(max(0, self.max_length - int(prompt.shape[0])), _MAX_RESERVED_TOKENS)
+        drafter.start(self.request_id, prompt[:-1], options, max_new_tokens=new_tokens + 1)
+        self._open = True
+        opts = drafter.options(self.request_id)
+        # The request's cap on a step's draft holds for the assistant too (None: none of its own).
+        self._cap = 0 if not opts.drafts else opts.max_draft_tokens
+        self._fed = int(prompt.shape[0]) - 1  # tokens the drafter holds
+        self._steps = 0
         self._fallback_started = False
-        self._step_end: float | None = None  # when the last step ended (gate clock); None before the prefill's
-        self._assist_s = 0.0  # the draft model's time this step (counted as drafting, not as the step)
-        self._step_len = 0  # input_ids' length when this step began
-        new_tokens = min(max(0, self.max_length - int(input_ids.shape[1])), _MAX_RESERVED_TOKENS)
-        self.options = options
-        self._cap = self.k if options.max_draft_tokens is None else min(self.k, options.max_draft_tokens)
-        if not options.drafts:
-            self.gate = self.fallback = None
-        prompt = input_ids[0].cpu().numpy().astype(np.int64)
-        if options.hints is not None:  # the hints first, then a separator no match spans (see request_drafts)
-            prompt = np.concatenate((options.hints, [HINT_SEPARATOR], prompt))
-        self._seq = SingleSequence(engine, prompt, self.k, new_tokens)
-        self._fed = int(input_ids.shape[1])  # tokens the automaton holds
         self._source = "none"
         self._drafted = 0
         self.stats: dict[str, dict[str, int]] = {
             s: {"steps": 0, "drafted": 0, "accepted": 0} for s in ("sa", "pool", "assistant", "none")
         }
 
-    def lookup(self, input_ids: torch.Tensor, capped: bool = True) -> tuple[int, list[int]]:
-        """Feed the tokens of ``input_ids`` [1, L] the automaton has not seen;
-        return (match length in tokens, up to ``k`` draft tokens, cut by the
-        length rule unless ``capped`` is False)."""
-        m, draft = self._seq.extend(input_ids[0, self._fed:].tolist())
+    def _step(self, input_ids: torch.Tensor, **kwargs: Any) -> DraftBatch:
+        """Hand the drafter the tokens of ``input_ids`` [1, L] it has not seen (one step)."""
+        new = input_ids[0, self._fed:].cpu().numpy().astype(np.int32)
+        # The last forward verified the last step's drafts and one token of its own; the first is the prefill.
+        timing = {"seconds": math.nan} if self._steps == 1 else {}
+        batch = self.drafter.step([self.request_id], new.reshape(1, -1), np.array([new.shape[0]], np.int32),
+                                  step_tokens=1 + self._drafted if self._steps else 0, **timing, **kwargs)
         self._fed = int(input_ids.shape[1])
-        if HINT_SEPARATOR in draft:  # a draft copied from the hints ends with them
-            draft = draft[: draft.index(HINT_SEPARATOR)]
-        draft = draft[: self._cap] if self.options.drafts else []
-        if capped:
-            draft = draft[: draft_length(m, self.k, self._rule, self.length_scale, self._last_sa)]
-        return m, draft
+        self._steps += 1
+        return batch
 
     def get_candidates(self, input_ids: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``input_ids`` [1, L] int64 -> (``input_ids`` followed by the drafts,
         [1, L + n] int64; draft logits [1, n, vocab] float from the fallback, or None)."""
         import torch
 
-        match, draft = self.lookup(input_ids, capped=self.gate is None)
-        room = self.max_length - int(input_ids.shape[1]) - 1  # the target adds one token of its own
-        for i, t in enumerate(draft):
-            if t in self.eos:
-                draft = draft[: i + 1]
-                break
-        self._step_len, self._assist_s = int(input_ids.shape[1]), 0.0
-        if self.gate is not None:
-            self.gate.offer(match, draft, self._seq.branched)  # scored against what follows, verified or not
-        draft = draft[: max(room, 0)]
-        use_sa, use_fallback = bool(draft) and match >= self.threshold, self.fallback is not None and room > 0
-        if use_fallback and not self._fallback_started and self.gate is None:
-            use_sa = False  # the fixed rules start the assistant at the first step, as transformers does
-        behind = int(input_ids.shape[1]) - _cached(self.fallback) if use_fallback else 0  # tokens it has not read
-        if self.gate is not None:  # the gate starts the assistant only when its draft pays (it reads the prompt then)
-            source, n = self._choose(match, len(draft), self.k if use_fallback else 0, behind,
-                                     self.max_length - int(input_ids.shape[1]))
-            if source == "probe" and room <= 0:  # no room for a draft token
-                source, n = "none", 0
-            elif source == "probe":  # one token, to time a multi-token verify: the automaton's, else a guess
-                draft = draft[:1] or input_ids[0, -1:].tolist()
-                source = "sa"
-            draft = draft[:n]
-            use_sa, use_fallback = source == "sa", source == "draft"
-            if use_fallback and hasattr(self.fallback, "num_assistant_tokens"):
-                self.fallback.num_assistant_tokens = n  # the gate's length (transformers' schedule adapts it after)
-        if use_sa:
-            self._source, self._drafted = "pool" if self._seq.from_pool else "sa", len(draft)
+        length = int(input_ids.shape[1])
+        room = self.max_length - length - 1  # the target adds one token of its own
+        assistant = self.fallback is not None and room > 0
+        behind = max(length - _cached(self.fallback), 1) if assistant else 0  # tokens the assistant has not read
+        d = self.drafter
+        batch = self._step(input_ids, width=self.max_length - 1, neural_k=d.k if assistant else 0,
+                           neural_behind=behind, remaining=self.max_length - length)
+        source, n = int(batch.sources[0]), int(batch.lengths[0])
+        if d.policy is None:  # a fixed rule: the automaton's draft where it offers one, else the assistant
+            assistant = assistant and self._cap != 0
+            source = NEURAL if assistant and (source != AUTOMATON or not self._fallback_started) else source
+        if source == AUTOMATON:
+            draft = batch.row(0)
+            for i, t in enumerate(draft):
+                if t in self.eos:
+                    draft = draft[: i + 1]
+                    break
+            self._source, self._drafted = "pool" if d.drafts.source[0] else "sa", len(draft)
             tail = torch.tensor([draft], dtype=input_ids.dtype, device=input_ids.device)
             return torch.cat([input_ids, tail], dim=1), None
-        if use_fallback:
-            if not self._fallback_started:
-                _mask_to(self.fallback, int(input_ids.shape[1]))
-                self._fallback_started = True
-            clock = self.gate.clock if self.gate is not None else time.perf_counter
-            t0 = clock()
-            ids, logits = self.fallback.get_candidates(input_ids, **kwargs)
-            self._assist_s = clock() - t0
-            if ids.shape[1] - input_ids.shape[1] > self._cap:  # the request's cap holds for the assistant too
-                ids = ids[:, : input_ids.shape[1] + self._cap]
-                logits = logits[:, : self._cap] if logits is not None else None
-            self._source, self._drafted = "assistant", int(ids.shape[1] - input_ids.shape[1])
-            if self.gate is not None and self._drafted and self._assist_s > 0:
-                self.gate.observe_draft_call(self._assist_s, read=max(behind, 1), drafted=self._drafted)
-            return ids, logits
+        if source == NEURAL:
+            return self._assist(input_ids, n if d.policy is not None else None, behind, **kwargs)
         self._source, self._drafted = "none", 0
         return input_ids, None
 
-    def _choose(self, match: int, sa_len: int, model_k: int, behind: int, remaining: int) -> tuple[str, int]:
-        if isinstance(self.gate, SequencePolicy):
-            return self.gate.choose(match, sa_len, model_k, behind, remaining=remaining)
-        return self.gate.choose(match, sa_len, model_k, behind)  # an object with the old gate's calls
+    def _assist(self, input_ids: torch.Tensor, n: int | None, behind: int,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the assistant for ``n`` tokens (None: its own schedule, within the drafter's widest step and
+        the request's cap); hand its time and its draft's length to the drafter."""
+        d, fb = self.drafter, self.fallback
+        cap = d.drafts.k if self._cap is None else min(self._cap, d.drafts.k)
+        if hasattr(fb, "num_assistant_tokens"):  # no draft forwards past what the step may take
+            fb.num_assistant_tokens = n if n is not None else max(min(fb.num_assistant_tokens, cap), 1)
+        if not self._fallback_started:
+            _mask_to(fb, int(input_ids.shape[1]))
+            self._fallback_started = True
+        t0 = d.clock()
+        ids, logits = fb.get_candidates(input_ids, **kwargs)
+        seconds = d.clock() - t0
+        if ids.shape[1] - input_ids.shape[1] > cap:
+            ids = ids[:, : input_ids.shape[1] + cap]
+            logits = logits[:, :cap] if logits is not None else None
+        drafted = int(ids.shape[1] - input_ids.shape[1])
+        self._source, self._drafted = "assistant", drafted
+        if drafted:
+            d.time_neural(seconds, read=behind, drafted=drafted)
+        if n is not None and drafted != n:
+            d.neural_drafted([drafted])
+        d.mark_forward()  # the target forward starts now: the assistant's time is not the step's
+        return ids, logits
 
     def update_candidate_strategy(self, input_ids: torch.Tensor, scores: torch.Tensor, num_matches: int) -> None:
-        """Record the step's outcome; the fallback adapts after its own steps."""
-        if self.gate is not None:
-            now = self.gate.clock()
-            step_s = None if self._step_end is None else now - self._step_end - self._assist_s
-            if step_s is not None and step_s > 0:  # not the prefill; a clock that did not move tells nothing
-                self.gate.observe_forward(1 + self._drafted, step_s)  # the whole step, less the draft model's
-            self._step_end = now
-            if self._source == "assistant" and self._drafted:
-                self.gate.observe("draft", 0, self._drafted, min(int(num_matches), self._drafted))
-            self.gate.observe_tokens(input_ids[0, self._step_len:].tolist())
+        """Count the step's outcome per source; the assistant adapts after its own steps."""
         st = self.stats[self._source]
         st["steps"] += 1
         st["drafted"] += self._drafted
         st["accepted"] += int(num_matches)
-        self._last_sa = int(num_matches) if self._source in ("sa", "pool") else -1
         if self._source == "assistant":
             self.fallback.update_candidate_strategy(input_ids, scores, num_matches)
 
-    @property
-    def request_id(self) -> Any:
-        """The automaton's id in ``engine`` (None once closed)."""
-        return self._seq.request_id
+    def end(self, output_ids: torch.Tensor) -> None:
+        """The sequence ended as ``output_ids`` [1, T]: hand the drafter the tokens of its last step (one
+        step with no room left, which times the last forward, scores the last offer and drafts nothing)
+        and finish the request (its whole text joins the drafter's pool, if any)."""
+        if self._open and self._steps and int(output_ids.shape[1]) > self._fed:
+            self._step(output_ids, width=int(output_ids.shape[1]), remaining=0)
+        self.close()
 
     def close(self) -> None:
-        """Free the request's automaton (idempotent)."""
-        self._seq.close()
+        """Finish the request in the drafter (idempotent)."""
+        if self._open:
+            self._open = False
+            self.drafter.finish(self.request_id)
 
 
 def _cached(assistant: Any) -> int:
@@ -479,15 +493,15 @@ def generate(
     streamer: Any = None,
     inputs_tensor: torch.Tensor | None = None,
     assistant_model: Any = None,
-    saspec_k: int = 8,
+    saspec_k: int | None = None,
     saspec_threshold: int | None = None,
-    saspec_length_rule: str = DEFAULT_LENGTH_RULE,
-    saspec_length_scale: float = DEFAULT_LENGTH_SCALE,
-    saspec_policy: bool | SequencePolicy | PolicySettings = True,
+    saspec_length_rule: str | None = None,
+    saspec_length_scale: float | None = None,
+    saspec_policy: bool | PolicySettings | None = None,
     saspec_fast_verify: bool = True,
     saspec_pool: RequestPool | None = None,
-    saspec_gate: Any = None,
     saspec_options: Any = None,
+    saspec_drafter: Drafter | None = None,
     **model_kwargs: Any,
 ) -> Any:
     """Speculative ``generate`` with suffix-automaton drafts (see the module doc).
@@ -502,7 +516,11 @@ def generate(
     Raises:
         RuntimeError: transformers outside :data:`TESTED_TRANSFORMERS`.
         ValueError: batch size other than 1, beam search, an encoder-decoder or
-            stateful model, or an assistant with another vocabulary.
+            stateful model, an assistant with another vocabulary, a ``saspec_*``
+            setting out of range or of the wrong type, a bad ``saspec_options``
+            value, or ``saspec_drafter`` with settings of its own.
+        TypeError: a ``saspec_options`` entry of the wrong type, or a
+            ``saspec_drafter`` that is not a ``Drafter``.
     """
     check_transformers_version()
     options = parse_options(saspec_options, "saspec_options")
@@ -533,42 +551,39 @@ def generate(
                 f"the assistant model's vocabulary ({v_draft}) differs from the target's ({v_target}); "
                 "saspec's hybrid needs a draft model with the target's tokenizer"
             )
-    threshold = saspec_threshold if saspec_threshold is not None else (HYBRID_THRESHOLD if assistant_model is not None else 1)
     eos = generation_config._eos_token_tensor
     eos_ids = [] if eos is None else [int(e) for e in eos.reshape(-1).tolist()]
-
-    if saspec_gate is not None:  # the former name
-        import warnings
-
-        warnings.warn("saspec_gate is deprecated: pass saspec_policy (True, False, a PolicySettings or a "
-                      "SequencePolicy)", DeprecationWarning, stacklevel=3)
-        saspec_policy = saspec_gate
-    if not (isinstance(saspec_policy, (bool, SequencePolicy, PolicySettings)) or hasattr(saspec_policy, "choose")):
-        raise ValueError("saspec_policy must be a bool, a saspec.policy.PolicySettings or a saspec.policy."
-                         f"SequencePolicy, got {type(saspec_policy).__name__}")
-    if saspec_pool is not None and not isinstance(saspec_pool, RequestPool):
-        raise ValueError(f"saspec_pool must be a saspec.RequestPool, got {type(saspec_pool).__name__}")
+    settings = {"saspec_k": saspec_k, "saspec_threshold": saspec_threshold, "saspec_length_rule": saspec_length_rule,
+                "saspec_length_scale": saspec_length_scale, "saspec_policy": saspec_policy, "saspec_pool": saspec_pool}
+    if saspec_drafter is not None:
+        if not isinstance(saspec_drafter, Drafter):
+            raise TypeError(f"saspec_drafter must be a saspec.drafter.Drafter, got {type(saspec_drafter).__name__}")
+        given = [name for name, value in settings.items() if value is not None]
+        if given:
+            raise ValueError(f"saspec_drafter brings its own settings: drop {', '.join(given)} (or saspec_drafter)")
+        drafter = saspec_drafter
+    else:
+        device = getattr(getattr(model, "device", None), "type", "cpu")
+        drafter = drafter_for(device, assistant_model is not None, **settings)
     made: list[SACandidateGenerator] = []
     original = model._get_candidate_generator  # bound method (or an instance override)
 
     def candidate_generator(**kwargs: Any) -> SACandidateGenerator:
         fallback = original(**kwargs) if kwargs.get("assistant_model") is not None and options.drafts else None
-        gate = _policy_for(saspec_policy, saspec_k, model) if options.drafts else None
-        gen = SACandidateGenerator(kwargs["input_ids"], engine=SpecEngine(pool=saspec_pool), k=saspec_k, threshold=threshold,
-                                   max_length=generation_config.max_length, eos_token_ids=eos_ids, fallback=fallback,
-                                   length_rule=saspec_length_rule, length_scale=saspec_length_scale, gate=gate,
-                                   options=options)
+        gen = SACandidateGenerator(kwargs["input_ids"], drafter=drafter, max_length=generation_config.max_length,
+                                   eos_token_ids=eos_ids, fallback=fallback, options=options)
         made.append(gen)
         return gen
 
     stop = _StopPerToken(stopping_criteria, int(input_ids.shape[1]), streamer)
     had_override = "_get_candidate_generator" in vars(model)
-    model._get_candidate_generator = candidate_generator
-    routed = [m for m in model.modules() if getattr(m, "_saspec_small_rows", None) is None] if saspec_fast_verify else []
-    if saspec_fast_verify:
-        fast_small_linears(model)
-    routed = [m for m in routed if getattr(m, "_saspec_small_rows", None) is not None]
+    plain = [m for m in model.modules() if getattr(m, "_saspec_small_rows", None) is None] if saspec_fast_verify else []
+    routed: list[Any] = []
     try:
+        model._get_candidate_generator = candidate_generator
+        if saspec_fast_verify:
+            fast_small_linears(model)
+        routed = [m for m in plain if getattr(m, "_saspec_small_rows", None) is not None]
         out = model._assisted_decoding(
             input_ids,
             logits_processor=logits_processor,
@@ -581,8 +596,8 @@ def generate(
             **model_kwargs,
         )
         out = _cut(out, stop.stop_at, stop.prompt_len)
-        if saspec_pool is not None and made:  # the pool gets the whole output, its last step's tokens too
-            made[-1].lookup(getattr(out, "sequences", out))
+        for gen in made:  # the drafter gets the whole output, the last step's tokens too
+            gen.end(getattr(out, "sequences", out))
     finally:
         if had_override:
             model._get_candidate_generator = original
@@ -590,6 +605,8 @@ def generate(
             del model._get_candidate_generator
         for gen in made:
             gen.close()
+        if saspec_drafter is None:
+            drafter.close()
         for mod in routed:  # undo this call's routing
             del mod.forward, mod._saspec_small_rows
     if streamer is not None:
@@ -597,16 +614,47 @@ def generate(
     return out
 
 
-def _policy_for(setting: Any, k: int, model: Any) -> Any:
-    """The step policy ``generate`` uses: None (off), the given one, or a fresh ``SequencePolicy`` whose
-    prior cost shape follows the model's device (compute-bound on a CPU, memory-bound elsewhere)."""
-    if setting is False:
-        return None
-    if setting is not True and not isinstance(setting, PolicySettings):
-        return setting
-    device = getattr(getattr(model, "device", None), "type", "cpu")
-    return SequencePolicy.for_engine(max(int(k), 1), device=device,
-                                     settings=setting if isinstance(setting, PolicySettings) else None)
+def drafter_for(device: str = "cpu", assistant: bool = False, *, saspec_k: int | None = None,
+                saspec_threshold: int | None = None, saspec_length_rule: str | None = None,
+                saspec_length_scale: float | None = None, saspec_policy: bool | PolicySettings | None = None,
+                saspec_pool: RequestPool | None = None, **drafter_kwargs: Any) -> Drafter:
+    """The :class:`~saspec.drafter.Drafter` that ``generate`` builds for a call with these ``saspec_*``
+    keywords (None: the default; see the module doc): the policy with its prior cost shape by the model's
+    ``device`` type (``"cpu"``: compute-bound, any other: memory-bound), or the fixed rules; with an
+    ``assistant`` and the fixed rules, steps as wide as the assistant's drafts (:data:`MAX_ASSISTANT_TOKENS`).
+    Build one to pass as ``saspec_drafter`` (to keep it across calls or read its ``stats()``); the caller
+    closes it.
+
+    Args:
+        device: the target model's device type (``model.device.type``).
+        assistant: whether the calls have an ``assistant_model``.
+        drafter_kwargs: more :class:`~saspec.drafter.Drafter` arguments (``clock``, ``cost``, ``log``, ...).
+
+    Raises:
+        ValueError: a setting out of range or of the wrong type (named as the ``generate`` keyword).
+    """
+    k = DEFAULT_K if saspec_k is None else saspec_k
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"saspec_k must be an int >= 1, got {k!r}")
+    threshold = saspec_threshold if saspec_threshold is not None else (HYBRID_THRESHOLD if assistant else 1)
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+        raise ValueError(f"saspec_threshold must be an int >= 1, got {threshold!r}")
+    rule = DEFAULT_LENGTH_RULE if saspec_length_rule is None else saspec_length_rule
+    scale = DEFAULT_LENGTH_SCALE if saspec_length_scale is None else saspec_length_scale
+    check_length_rule(rule, scale)
+    policy = True if saspec_policy is None else saspec_policy
+    if not isinstance(policy, (bool, PolicySettings)):
+        raise ValueError("saspec_policy must be True, False or a saspec.policy.PolicySettings (a Drafter of your "
+                         f"own goes in saspec_drafter), got {type(policy).__name__}")
+    if saspec_pool is not None and not isinstance(saspec_pool, RequestPool):
+        raise ValueError(f"saspec_pool must be a saspec.RequestPool, got {type(saspec_pool).__name__}")
+    if policy is False:
+        wide = {"max_step_tokens": max(k, MAX_ASSISTANT_TOKENS) + 1} if assistant else {}
+        return Drafter(k, device=device, length_rule=rule, length_scale=float(scale), min_match=threshold,
+                       pool=saspec_pool, **wide, **drafter_kwargs)
+    # The policy weighs every match the automaton offers (min_match 1) on its evidence.
+    return Drafter(k, device=device, min_match=1, pool=saspec_pool,
+                   policy_settings=policy if isinstance(policy, PolicySettings) else None, **drafter_kwargs)
 
 
 def _cut(out: Any, stop_at: int | None, prompt_len: int) -> Any:

@@ -28,7 +28,7 @@ prompt = np.random.default_rng(0).integers(1, 512, 30).tolist() * 4
 count = [0]
 model.register_forward_hook(lambda *a: count.__setitem__(0, count[0] + 1))
 out = {}
-for name, policy in (("gate", True), ("no-gate", False)):
+for name, policy in (("policy", True), ("fixed", False)):
     count[0] = 0
     ids = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=60,
                          custom_generate=sahf.generate, saspec_policy=policy)
@@ -53,8 +53,8 @@ def run(n: int) -> None:
     for i in range(n):
         res = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True)
         r = json.loads(res.stdout.strip().splitlines()[-1])
-        same = r["gate"]["tokens"] == r["no-gate"]["tokens"]
-        rows.append((r["gate"]["forwards"], r["no-gate"]["forwards"], same))
+        same = r["policy"]["tokens"] == r["fixed"]["tokens"]
+        rows.append((r["policy"]["forwards"], r["fixed"]["forwards"], same))
         print(f"process {i}: policy {rows[-1][0]} forwards, fixed rule {rows[-1][1]}, "
               f"ratio {rows[-1][0] / rows[-1][1]:.2f}, same output {same}", flush=True)
     worst = max(g / f for g, f, _ in rows)

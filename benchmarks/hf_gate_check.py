@@ -31,7 +31,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import saspec.integrations.hf as sahf
 from saspec_bench import models
-from saspec.policy import SequencePolicy
 
 EDITS = (
     ("rename", "Rename the parameter `path` to `search_path` everywhere in this function and return the full updated "
@@ -48,9 +47,10 @@ METHODS = {  # name -> extra generate() keywords; "assistant" is replaced by the
     "hf-prompt-lookup": {"prompt_lookup_num_tokens": 10},
     "hf-assisted": {"assistant_model": "assistant"},
     "saspec": {"custom_generate": sahf.generate},
-    "saspec-no-gate": {"custom_generate": sahf.generate, "saspec_policy": False},
+    "saspec-no-policy": {"custom_generate": sahf.generate, "saspec_policy": False},
     "saspec-hybrid": {"custom_generate": sahf.generate, "assistant_model": "assistant"},
-    "saspec-hybrid-no-gate": {"custom_generate": sahf.generate, "assistant_model": "assistant", "saspec_policy": False},
+    "saspec-hybrid-no-policy": {"custom_generate": sahf.generate, "assistant_model": "assistant",
+                                "saspec_policy": False},
 }
 
 
@@ -83,26 +83,29 @@ class Counter:
 
 def run(target, draft, ids: list[int], new_tokens: int, method: str) -> dict:
     kw = {k: (draft if v == "assistant" else v) for k, v in METHODS[method].items()}
-    gate = None
-    if kw.get("custom_generate") and kw.get("saspec_policy", True):
-        from saspec.integrations.hf import _policy_for  # what saspec_policy=True builds, kept to read its counts
-
-        gate = kw["saspec_policy"] = _policy_for(True, 8, target)
+    drafter = None
+    if kw.get("custom_generate"):  # the drafter the call would build, given to it to read its counts
+        drafter = kw["saspec_drafter"] = sahf.drafter_for(target.device.type, "assistant_model" in kw,
+                                                          saspec_policy=kw.pop("saspec_policy", None))
     x = torch.tensor([ids])
-    with Counter(target) as f, Counter(draft) as d:
-        t0 = time.perf_counter()
-        out = target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=new_tokens,
-                              temperature=None, top_p=None, top_k=None, **kw)
-        wall = time.perf_counter() - t0
+    try:
+        with Counter(target) as f, Counter(draft) as d:
+            t0 = time.perf_counter()
+            out = target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=new_tokens,
+                                  temperature=None, top_p=None, top_k=None, **kw)
+            wall = time.perf_counter() - t0
+    finally:
+        if drafter is not None:
+            drafter.close()
     tokens = out[0, len(ids):].tolist()
+    stats = drafter.stats() if drafter is not None and drafter.policy is not None else None
     return {"method": method, "tokens": tokens, "new_tokens": len(tokens), "wall_s": wall,
-            "tok_per_s": len(tokens) / wall, "target_forwards": f.n, "draft_forwards": d.n,
-            "gate": dict(gate.stats) if gate is not None else None}
+            "tok_per_s": len(tokens) / wall, "target_forwards": f.n, "draft_forwards": d.n, "policy": stats}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="benchmarks/hf/gate-defaults", help="output directory")
+    p.add_argument("--out", default="benchmarks/hf/policy-defaults", help="output directory")
     p.add_argument("--new-tokens", type=int, default=160)
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--prompts", default=None, help="comma-separated prompt names (default: all)")
@@ -137,7 +140,8 @@ def main() -> None:
             runs.append(r)
             print(f"{name:16s} {method:22s} {r['new_tokens']:4d} tok {r['tok_per_s']:6.2f} tok/s {r['x_plain']:5.2f}x "
                   f"plain, {r['target_forwards']:4d} target / {r['draft_forwards']:4d} draft forwards, "
-                  f"same {r['same_as_plain']}{'' if r['gate'] is None else ', gate ' + str(r['gate'])}", flush=True)
+                  f"same {r['same_as_plain']}{'' if r['policy'] is None else ', policy ' + str(r['policy'])}",
+                  flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -149,8 +153,8 @@ def main() -> None:
              f"| prompt | method | tokens | tok/s | x {methods[0]} | target forwards | draft forwards | same as {methods[0]} | policy "
              "steps (automaton / neural / none) |", "|---|---|---:|---:|---:|---:|---:|---|---|"]
     for r in runs:
-        g = r["gate"]
-        steps = "" if g is None else f"{g['sa']} / {g['draft']} / {g['none']}"
+        g = r["policy"]  # one row a step; the last step (the last forward's tokens) drafts nothing
+        steps = "" if g is None else f"{g['policy_automaton_rows']} / {g['policy_neural_rows']} / {g['policy_none_rows']}"
         lines.append(f"| {r['prompt']} | {r['method']} | {r['new_tokens']} | {r['tok_per_s']:.2f} | "
                      f"{r['x_plain']:.2f}x | {r['target_forwards']} | {r['draft_forwards']} | {r['same_as_plain']} | "
                      f"{steps} |")

@@ -45,6 +45,7 @@ from .policy import AUTOMATON, NEURAL, NONE, CatchUpShare, Decision, DraftPolicy
 from .pool import RequestPool
 from .request_drafts import RequestDrafts
 from .rules import DRAFT_LENGTH_RULES
+from .step_cost import MAX_STEP_TOKENS
 from .validate import as_tokens, check_count, check_int
 
 logger = logging.getLogger(__name__)
@@ -182,7 +183,7 @@ class Drafter:
         self.policy: DraftPolicy | None = None
         if length_rule == POLICY:
             self.policy = DraftPolicy.for_engine(self.k, device=device, settings=policy_settings,
-                                                 max_tokens=max_rows * (self.k + 1),
+                                                 max_tokens=min(max_rows * (self.k + 1), MAX_STEP_TOKENS),
                                                  neural_catchup_sunk=neural_catchup_sunk, log=log, clock=clock)
             if cost is not None:
                 if not isinstance(cost, StepCost):

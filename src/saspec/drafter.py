@@ -158,6 +158,7 @@ class Drafter:
         policy: the :class:`~saspec.policy.DraftPolicy` (None with a fixed rule).
         drafts: the :class:`~saspec.request_drafts.RequestDrafts` holding the automata.
         pool: the cross-request pool (a ``RequestPool``) or None.
+        max_step_tokens: the most tokens a row may gain in one step.
     """
 
     def __init__(self, k: int, *, device: str = "cpu", length_rule: str = POLICY, length_scale: float = 2.0,
@@ -200,6 +201,7 @@ class Drafter:
         # The automata draft max_step_tokens - 1 tokens (the width a step may append); rows take at most K.
         width = self.k if max_step_tokens is None else check_int(max_step_tokens, "max_step_tokens", self.k + 1) - 1
         self._wide = width > self.k
+        self.max_step_tokens = width + 1
         self.drafts = RequestDrafts(width, min_match=min_match, length_rule="fixed" if self.policy else length_rule,
                                     length_scale=length_scale, occurrence=occurrence, pool_tokens=pool_tokens,
                                     ranks=self.ranks, faults=faults, engine=engine)

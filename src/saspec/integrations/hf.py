@@ -368,7 +368,8 @@ class SACandidateGenerator:
         """Run the assistant for ``n`` tokens (None: its own schedule, within the drafter's widest step and
         the request's cap); hand its time and its draft's length to the drafter."""
         d, fb = self.drafter, self.fallback
-        cap = d.drafts.k if self._cap is None else min(self._cap, d.drafts.k)
+        widest = d.max_step_tokens - 1  # a step gains its drafts and one token of its own
+        cap = widest if self._cap is None else min(self._cap, widest)
         if hasattr(fb, "num_assistant_tokens"):  # no draft forwards past what the step may take
             fb.num_assistant_tokens = n if n is not None else max(min(fb.num_assistant_tokens, cap), 1)
         if not self._fallback_started:

@@ -1,14 +1,22 @@
 """The allocation kernels: each row's cumulative acceptance chances, the one threshold per step that
 gives the most tokens per second under the step-cost table, and each row's draft length and source
-(see :mod:`saspec.policy`)."""
+(see :mod:`saspec.policy`).
+
+The per-row and per-step pieces are ``register_jitable`` functions without allocation, compiled for the
+host (:func:`allocate`, ``DraftPolicy``) and for CUDA (``saspec.device.decide``, the automaton-only step)
+from this one source. The histogram's sums are fixed-point integers held in float64 (:data:`FIX`): sums of
+integers below 2**53 are exact in any order, so device threads may add them in any order and the host and
+the device rank the same tokens the same way.
+"""
 
 from __future__ import annotations
 
-import numpy as np
 from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
-from numba import njit
+from numba import int64, njit
+from numba.extending import register_jitable
 
 from .acceptance import token_run
+from .portable import add_at, add_at2, fmul
 from .step_cost import cost_of
 
 #: Row sources, as :meth:`DraftPolicy.decide` returns them.
@@ -17,145 +25,228 @@ SOURCE_NAMES = ("none", "automaton", "neural")
 
 #: Bins of the per-token acceptance histogram the allocation ranks by.
 N_BINS = 64
+#: The histogram's sums hold each token's chance times ``FIX``, floored: exact while a bin's tokens number
+#: below 2**21 (``DevicePolicy`` checks rows x K against that).
+FIX = 2.0 ** 32
+INV_FIX = 1.0 / FIX
+#: The histogram's rows (float64 [HIST_ROWS, N_BINS]): the step's counts and sums per bin, the rate down to
+#: each bin, the automaton's own counts and sums, and the neural drafter's (all scratch).
+H_CNT, H_SUM, H_RATE, H_AUTO_CNT, H_AUTO_SUM, H_NN_CNT, H_NN_SUM = range(7)
+HIST_ROWS = 7
 
 #: DraftPolicy.stats' counters, in the order the kernels count them.
 STATS = ("steps", "rows", "automaton_rows", "neural_rows", "none_rows", "automaton_tokens", "neural_tokens",
          "neural_steps", "plain_steps", "timed", "ignored_timings")
 
 
-@njit(cache=True)
-def row_probs(match, offered, branched, rowf, odds_bucket, k_max, probs, ends, hist):
-    """probs[b, i]: the chance that the automaton's draft tokens 0..i of row b are all accepted (0 at
-    ``ends[b]``, where each row's candidates end, when that is below ``k_max``); the expected accepted
-    tokens of each row's whole draft into probs[:, k_max]; every row's candidates counted into the
-    automaton histogram ``hist[3:5]`` (counts and sums per bin). The tokens of one match bucket share its
-    per-token chance: one division per bucket; ``p`` falls along a row, so its bins do too, and a bin
-    changes only where ``p`` drops below the bin's floor."""
-    hist[3:5, :] = 0.0
-    for b in range(match.shape[0]):
-        p = 1.0
-        e = 0.0
-        d = min(offered[b], k_max) if match[b] > 0 else 0
-        ends[b] = d
-        run_bin, cnt, tot = N_BINS - 1, 0.0, 0.0
-        i = 0
-        while i < d:
-            j, stop = token_run(match[b], i, branched[b], d)
-            odds = odds_bucket[j] * rowf[0, b]
-            a = odds / (1.0 + odds)
-            a2 = a * a
-            a3, a4 = a2 * a, a2 * a2
-            while i < stop:
-                if i + 4 <= stop and p * a4 * N_BINS >= run_bin:
-                    # four tokens of one bin at a time, off one product: no chain of multiplications
-                    p1, p2, p3, p4 = p * a, p * a2, p * a3, p * a4
-                    probs[b, i], probs[b, i + 1], probs[b, i + 2], probs[b, i + 3] = p1, p2, p3, p4
-                    add = (p1 + p2) + (p3 + p4)
-                    e += add
-                    cnt += 4.0
-                    tot += add
-                    p = p4
-                    i += 4
-                    continue
-                p *= a
-                probs[b, i] = p
-                e += p
-                if p * N_BINS < run_bin:  # a new bin
-                    if cnt > 0.0:
-                        hist[3, run_bin] += cnt
-                        hist[4, run_bin] += tot
-                    run_bin, cnt, tot = min(int(p * N_BINS), N_BINS - 1), 0.0, 0.0
-                cnt += 1.0
-                tot += p
-                i += 1
-        if cnt > 0.0:
-            hist[3, run_bin] += cnt
-            hist[4, run_bin] += tot
-        if d < k_max:
-            probs[b, d] = 0.0
-        probs[b, k_max] = e
+@register_jitable
+def fixed(p):
+    """``p`` in the histogram's fixed point (see :data:`FIX`)."""
+    return float(int64(fmul(p, FIX)))
 
 
-@njit(cache=True)
+@register_jitable
+def clear_automaton_hist(hist, j):
+    """Empty bin ``j`` of the automaton's histogram (before :func:`row_probs_row` counts a step)."""
+    hist[H_AUTO_CNT, j] = 0.0
+    hist[H_AUTO_SUM, j] = 0.0
+
+
+@register_jitable
+def row_probs_row(b, s, match, offered, branched, rowf, odds_bucket, k_max, probs, hist):
+    """Row ``b``'s automaton candidates (returned: ``offered`` cut to ``k_max``, none without a match):
+    probs[b, i], the chance that its draft tokens 0..i are all accepted (0 at the candidates' end, when that
+    is below ``k_max``), and the expected accepted tokens of its whole draft in probs[b, k_max]; its
+    candidates counted into the automaton histogram (``hist[H_AUTO_CNT]``, ``hist[H_AUTO_SUM]``, with
+    ``add_at2``). The row's odds factor is ``rowf[0, s]``. The tokens of one match bucket share its per-token
+    chance: one division per bucket; ``p`` falls along a row, so its bins do too, and a bin changes only
+    where ``p`` drops below the bin's floor."""
+    p = 1.0
+    e = 0.0
+    d = max(min(int64(offered), int64(k_max)), int64(0)) if match > 0 else int64(0)
+    run_bin = int64(N_BINS - 1)
+    cnt = 0.0
+    tot = 0.0
+    i = int64(0)
+    while i < d:
+        j, stop = token_run(match, i, branched, d)
+        odds = fmul(odds_bucket[j], rowf[0, s])
+        a = odds / (1.0 + odds)
+        a2 = fmul(a, a)
+        a3 = fmul(a2, a)
+        a4 = fmul(a2, a2)
+        while i < stop:
+            if i + 4 <= stop and fmul(fmul(p, a4), N_BINS) >= run_bin:
+                # four tokens of one bin at a time, off one product: no chain of multiplications
+                p1 = fmul(p, a)
+                p2 = fmul(p, a2)
+                p3 = fmul(p, a3)
+                p4 = fmul(p, a4)
+                probs[b, i] = p1
+                probs[b, i + 1] = p2
+                probs[b, i + 2] = p3
+                probs[b, i + 3] = p4
+                e += (p1 + p2) + (p3 + p4)
+                cnt += 4.0
+                tot += (fixed(p1) + fixed(p2)) + (fixed(p3) + fixed(p4))
+                p = p4
+                i += 4
+                continue
+            p = fmul(p, a)
+            probs[b, i] = p
+            e += p
+            if fmul(p, N_BINS) < run_bin:  # a new bin
+                if cnt > 0.0:
+                    add_at2(hist, H_AUTO_CNT, run_bin, cnt)
+                    add_at2(hist, H_AUTO_SUM, run_bin, tot)
+                run_bin = min(int64(fmul(p, N_BINS)), int64(N_BINS - 1))
+                cnt = 0.0
+                tot = 0.0
+            cnt += 1.0
+            tot += fixed(p)
+            i += 1
+    if cnt > 0.0:
+        add_at2(hist, H_AUTO_CNT, run_bin, cnt)
+        add_at2(hist, H_AUTO_SUM, run_bin, tot)
+    if d < k_max:
+        probs[b, d] = 0.0
+    probs[b, k_max] = e
+    return d
+
+
+@register_jitable
 def best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, knot, hist, tol):
-    """The histogram pass: (rate, bin) of the best threshold over the rows' candidate tokens (automaton
-    rows: probs; neural rows (src == 2): q_nn ** (i + 1), i < k_nn); bin N_BINS means no draft. With
-    more than one row and ``tol > 0``, the highest threshold (the fewest tokens) whose rate is within
-    ``tol`` of the best. Without neural rows the automaton histogram of :func:`row_probs` is the
-    histogram (every row with candidates has src 1 then)."""
-    hist[0:3, :] = 0.0
-    if k_nn == 0:
-        hist[0:2, :] = hist[3:5, :]
-    else:
+    """The histogram pass over a step of ``base`` rows: (rate, bin) of the best threshold over the rows'
+    candidate tokens (automaton rows: probs; neural rows (src == 2): q_nn ** (i + 1), i < k_nn); bin N_BINS
+    means no draft. With more than one row and ``tol > 0``, the highest threshold (the fewest tokens) whose
+    rate is within ``tol`` of the best. Without neural rows (``k_nn == 0``) the automaton histogram of
+    :func:`row_probs_row` is the histogram (every row with candidates has src 1 then) and neither ``probs``
+    nor ``src`` is read."""
+    for j in range(N_BINS):
+        hist[H_RATE, j] = 0.0
+        if k_nn == 0:
+            hist[H_CNT, j] = hist[H_AUTO_CNT, j]
+            hist[H_SUM, j] = hist[H_AUTO_SUM, j]
+        else:
+            hist[H_CNT, j] = 0.0
+            hist[H_SUM, j] = 0.0
+            hist[H_NN_CNT, j] = 0.0
+            hist[H_NN_SUM, j] = 0.0
+    if k_nn > 0:
         # the neural rows' candidates are alike: counted once, added per row
-        nn_cnt = np.zeros(N_BINS)
-        nn_tot = np.zeros(N_BINS)
         p = 1.0
         for i in range(k_nn):
-            p *= q_nn
-            j = min(int(p * N_BINS), N_BINS - 1)
-            nn_cnt[j] += 1.0
-            nn_tot[j] += p
-        for b in range(probs.shape[0]):
+            p = fmul(p, q_nn)
+            j = min(int64(fmul(p, N_BINS)), int64(N_BINS - 1))
+            hist[H_NN_CNT, j] += 1.0
+            hist[H_NN_SUM, j] += fixed(p)
+        for b in range(base):
             if src[b] == 2:
                 for j in range(N_BINS):
-                    hist[0, j] += nn_cnt[j]
-                    hist[1, j] += nn_tot[j]
+                    hist[H_CNT, j] += hist[H_NN_CNT, j]
+                    hist[H_SUM, j] += hist[H_NN_SUM, j]
             elif src[b] == 1:
                 # p falls along a row, so its bins do too: add each run of one bin at once
-                run_bin, cnt, tot = -1, 0.0, 0.0
+                run_bin = int64(-1)
+                cnt = 0.0
+                tot = 0.0
                 for i in range(k_max):
                     p = probs[b, i]
                     if p <= 0.0:
                         break
-                    j = min(int(p * N_BINS), N_BINS - 1)
+                    j = min(int64(fmul(p, N_BINS)), int64(N_BINS - 1))
                     if j != run_bin:
                         if cnt > 0.0:
-                            hist[0, run_bin] += cnt
-                            hist[1, run_bin] += tot
-                        run_bin, cnt, tot = j, 0.0, 0.0
+                            hist[H_CNT, run_bin] += cnt
+                            hist[H_SUM, run_bin] += tot
+                        run_bin = j
+                        cnt = 0.0
+                        tot = 0.0
                     cnt += 1.0
-                    tot += p
+                    tot += fixed(p)
                 if cnt > 0.0:
-                    hist[0, run_bin] += cnt
-                    hist[1, run_bin] += tot
+                    hist[H_CNT, run_bin] += cnt
+                    hist[H_SUM, run_bin] += tot
     plain = base / (cost_of(base, curve, index, knot) + fixed_s)
     best = plain
-    best_bin = N_BINS
-    n = base
-    e = float(base)
+    best_bin = int64(N_BINS)
+    n = int64(base)
+    e_fix = 0.0
     for j in range(N_BINS - 1, -1, -1):
-        if hist[0, j] == 0.0:
+        if hist[H_CNT, j] == 0.0:
             continue
-        n += int(hist[0, j])
-        e += hist[1, j]
-        r = e / (cost_of(n, curve, index, knot) + fixed_s)
-        hist[2, j] = r
+        n += int64(hist[H_CNT, j])
+        e_fix += hist[H_SUM, j]
+        r = (base + fmul(e_fix, INV_FIX)) / (cost_of(n, curve, index, knot) + fixed_s)
+        hist[H_RATE, j] = r
         if r > best:
             best = r
-            best_bin = j
+            best_bin = int64(j)
     if tol > 0.0 and base > 1 and best_bin < N_BINS:
         # Where the rate is flat near its best (a compute-bound step), the extra tokens buy next to nothing
         # and make the step longer for every row in it and for the prefills that wait for it.
-        floor = (1.0 - tol) * best
+        floor = fmul(1.0 - tol, best)
         if plain >= floor:
-            return plain, N_BINS
+            return plain, int64(N_BINS)
         for j in range(N_BINS - 1, best_bin, -1):
-            if hist[0, j] > 0.0 and hist[2, j] >= floor:
-                return hist[2, j], j
+            if hist[H_CNT, j] > 0.0 and hist[H_RATE, j] >= floor:
+                return hist[H_RATE, j], int64(j)
     return best, best_bin
+
+
+@register_jitable
+def automaton_length(probs, b, cands, best_bin):
+    """Row ``b``'s automaton draft length at the step's threshold bin ``best_bin``: its tokens in a bin
+    >= ``best_bin`` are a prefix of its ``cands`` candidates (p falls along the row): bisect for its end."""
+    if best_bin >= N_BINS:
+        return int64(0)
+    lo = int64(0)
+    hi = int64(cands)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if fmul(probs[b, mid], N_BINS) < best_bin:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@register_jitable
+def count_row(st, src, d):
+    """Count a row's choice (source ``src``, ``d`` tokens; none where ``d == 0``) into the counters ``st``
+    (the order of :data:`STATS`), with ``add_at``."""
+    if d == 0:
+        add_at(st, 4, 1)
+    elif src == AUTOMATON:
+        add_at(st, 2, 1)
+        add_at(st, 5, d)
+    else:
+        add_at(st, 3, 1)
+        add_at(st, 6, d)
+
+
+@register_jitable
+def count_step(st, rows, neural, tokens):
+    """Count a step of ``rows`` rows, ``tokens`` draft tokens (``neural``: the neural drafter drafted)."""
+    st[0] += 1
+    st[1] += rows
+    st[7] += neural
+    st[8] += tokens == 0
 
 
 @njit(cache=True)
 def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, bk, probs, ri, hist, st,
-              count, curve, index, knot, tol):
+             count, curve, index, knot, tol):
     """Each row's draft length (ri[2]) and source (ri[0]); see the module doc. Counts the step into ``st``
-    where ``count``. Returns (rate, plain rate, neural k, draft tokens)."""
+    where ``count``. Returns (rate, plain rate, neural k, draft tokens). Without the neural drafter
+    (``k_nn == 0``) this is the sequence of calls the device step makes (``saspec.device.decide``)."""
     rows = match.shape[0]
     src, alt, lengths = ri[0], ri[1], ri[2]
-    row_probs(match, offered, branched, rowf, bk[4], k_max, probs, lengths, hist)  # lengths: each row's candidates
+    for j in range(N_BINS):
+        clear_automaton_hist(hist, j)
     for b in range(rows):
-        src[b] = 1 if lengths[b] > 0 else 0
+        lengths[b] = row_probs_row(b, b, match[b], offered[b], branched[b], rowf, bk[4], k_max, probs, hist)
+        src[b] = AUTOMATON if lengths[b] > 0 else NONE
     plain = rows / cost_of(rows, curve, index, knot)
     best, best_bin = best_threshold(probs, k_max, src, q_nn, 0, rows, 0.0, curve, index, knot, hist, tol)
     best_k = 0
@@ -171,12 +262,12 @@ def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_ma
             for b in range(rows):
                 alt[b] = src[b]
                 if nn_ok[b] and e_nn > probs[b, k_max]:
-                    alt[b] = 2
+                    alt[b] = NEURAL
                     any_nn = True
             if not any_nn:
                 continue
-            fixed = nn_fwd * (nn_catch + (kk - 1) * one)
-            r, bn = best_threshold(probs, k_max, alt, q_nn, kk, rows, fixed, curve, index, knot, hist, tol)
+            fixed_s = nn_fwd * (nn_catch + (kk - 1) * one)
+            r, bn = best_threshold(probs, k_max, alt, q_nn, kk, rows, fixed_s, curve, index, knot, hist, tol)
             if r > best:
                 best, best_bin, best_k = r, bn, kk
         if best_k > 0:
@@ -187,45 +278,26 @@ def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_ma
                 e_nn += p
             for b in range(rows):
                 if nn_ok[b] and e_nn > probs[b, k_max]:
-                    src[b] = 2
-    n_auto = n_nn = t_auto = t_nn = 0
+                    src[b] = NEURAL
+    tokens = 0
     for b in range(rows):
         d = 0
-        if best_bin < N_BINS:
-            if src[b] == 2:
+        if src[b] == NEURAL:
+            if best_bin < N_BINS:
                 p = 1.0
                 for i in range(best_k):
-                    p *= q_nn
-                    if min(int(p * N_BINS), N_BINS - 1) < best_bin:
+                    p = fmul(p, q_nn)
+                    if min(int64(fmul(p, N_BINS)), int64(N_BINS - 1)) < best_bin:
                         break
                     d += 1
-            elif src[b] == 1:
-                # the row's tokens in a bin >= best_bin are a prefix (p falls along the row): bisect for its end
-                lo, hi = 0, lengths[b]
-                while lo < hi:
-                    mid = (lo + hi) >> 1
-                    if probs[b, mid] * N_BINS < best_bin:
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                d = lo
+        elif src[b] == AUTOMATON:
+            d = automaton_length(probs, b, lengths[b], best_bin)
         lengths[b] = d
         if d == 0:
-            src[b] = 0
-        elif src[b] == 1:
-            n_auto += 1
-            t_auto += d
-        else:
-            n_nn += 1
-            t_nn += d
+            src[b] = NONE
+        tokens += d
+        if count:
+            count_row(st, src[b], d)
     if count:
-        st[0] += 1  # the order of STATS
-        st[1] += rows
-        st[2] += n_auto
-        st[3] += n_nn
-        st[4] += rows - n_auto - n_nn
-        st[5] += t_auto
-        st[6] += t_nn
-        st[7] += best_k > 0
-        st[8] += t_auto + t_nn == 0
-    return best, plain, best_k, t_auto + t_nn
+        count_step(st, rows, best_k > 0, tokens)
+    return best, plain, best_k, tokens

@@ -11,9 +11,9 @@ import numpy as np
 from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
-from .acceptance import BRANCHED_PRIOR_ODDS, N_BUCKETS, bucket_floor, estimate, match_bucket, score
-from .allocation import N_BINS, STATS, allocate
-from .policy_settings import Decision, PolicySettings, check_positive, check_prob, engine_cost, env_log
+from .acceptance import N_BUCKETS, bucket_priors, estimate, keep_offer, match_bucket, score, score_kept
+from .allocation import HIST_ROWS, N_BINS, STATS, allocate
+from .policy_settings import Decision, PolicySettings, check_settings, engine_cost, env_log
 from .slab import slab, view1, view2
 from .step_cost import StepCost, cost_arrays, observe_cost
 from .validate import check_count, check_timing
@@ -25,8 +25,7 @@ from .validate import check_count, check_timing
 #          the second third: a branched match's first token; the last: tokens beyond the match's length
 #   probs  float64 [rows, k_max + 1]: the row's cumulative acceptance chances, and its expected tokens (scratch)
 #   ri     int32 [3, rows]: each row's source, a trial source (scratch) and draft length (at first: its candidates)
-#   hist   float64 [5, N_BINS]: the histogram's counts and sums, the rate down to each bin, and the automaton's
-#          own counts and sums (all scratch)
+#   hist   float64 [HIST_ROWS, N_BINS]: the histogram (saspec.allocation's H_* rows; scratch)
 #   st     int64 [len(STATS)]: the counters (DraftPolicy.stats)
 #   prev   int32 [rows, k_max + 3]: for DraftPolicy.step, each row's last match, offer, branched and offered draft
 #   last   int64 [2]: the rows and the tokens (rows plus draft tokens) of the last step
@@ -55,21 +54,30 @@ def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, sam
             st[9] += 1
         else:
             st[10] += 1
-        score(prev[:b, 0], prev[:b, 1], prev[:b, 2], prev[:b, 3:], new, lens, rowf, bk, decay, w)
+        for r in range(b):
+            score_kept(prev, r, new, r, lens[r], rowf, bk, decay)
+        estimate(bk, w)
     nn_ok = np.zeros(0, np.bool_)
     rate, plain, _, tokens = allocate(match, offered, branched, nn_ok, 0.0, 0, 0.0, 0.0, k_max, rowf, bk, probs, ri,
                                        hist, st, True, curve, index, knot, tol)
     width = min(drafts.shape[1], k)
-    for r in range(b):  # score reads no further than the offer
-        n = min(offered[r], width)
-        prev[r, 0] = match[r]
-        prev[r, 1] = n
-        prev[r, 2] = branched[r]
-        for i in range(n):
-            prev[r, 3 + i] = drafts[r, i]
+    for r in range(b):
+        keep_offer(prev, r, match[r], offered[r], branched[r], drafts, r, width)
     last[0] = b
     last[1] = b + tokens
     return rate, plain
+
+
+@njit(cache=True)
+def _score(match, offered, branched, drafts, new, lens, rowf, bk, decay, w):
+    """:func:`saspec.acceptance.score`, compiled for DraftPolicy.observe."""
+    score(match, offered, branched, drafts, new, lens, rowf, bk, decay, w)
+
+
+@njit(cache=True)
+def _estimate(bk, w):
+    """:func:`saspec.acceptance.estimate`, compiled."""
+    estimate(bk, w)
 
 
 class DraftPolicy:
@@ -114,16 +122,9 @@ class DraftPolicy:
         s = settings if settings is not None else PolicySettings()
         self.settings = s
         self.neural_k = 0
-        self.prior_weight = check_positive(s.prior_weight, "prior_weight")
-        self.neural_prior = check_prob(s.neural_prior, "neural_prior", open_top=True)
-        self.neural_cost = check_positive(s.neural_cost, "neural_cost")
-        self.step_tolerance = check_prob(s.step_tolerance, "step_tolerance", open_top=True)
-        if self.step_tolerance >= 0.5:
-            raise ValueError(f"step_tolerance must be in [0, 0.5), got {s.step_tolerance!r}")
-        for name in ("neural_memory", "row_memory"):
-            v = check_prob(getattr(s, name), name)
-            if v == 0.0:
-                raise ValueError(f"{name} must be in (0, 1], got 0")
+        v = check_settings(s)
+        self.prior_weight, self.neural_prior = v["prior_weight"], v["neural_prior"]
+        self.neural_cost, self.step_tolerance = v["neural_cost"], v["step_tolerance"]
         if not callable(clock):
             raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
         if log is not None and not callable(log):
@@ -144,9 +145,8 @@ class DraftPolicy:
         self._cap = 0
         self._step_tail: tuple | None = None
         self._grow(1)
-        odds = np.concatenate((bucket_floor(), BRANCHED_PRIOR_ODDS * bucket_floor(), bucket_floor()))
-        self._bk[2] = odds / (odds + 1.0)
-        estimate(self._bk, self.prior_weight)
+        self._bk[2] = bucket_priors()
+        _estimate(self._bk, self.prior_weight)
 
     @classmethod
     def for_engine(cls, k_max: int, *, device: str = "cpu", settings: PolicySettings | None = None,
@@ -188,7 +188,7 @@ class DraftPolicy:
             return
         cap = max(rows, 2 * self._cap)
         specs = {"rowf": (np.float64, (3, cap)), "bk": (np.float64, (5, 3 * N_BUCKETS)),
-                 "probs": (np.float64, (cap, self.k_max + 1)), "hist": (np.float64, (5, N_BINS)),
+                 "probs": (np.float64, (cap, self.k_max + 1)), "hist": (np.float64, (HIST_ROWS, N_BINS)),
                  "ri": (np.int32, (3, cap)), "prev": (np.int32, (cap, self.k_max + 3)),
                  "st": (np.int64, (len(STATS),)), "last": (np.int64, (2,))}
         self._buffers, v = slab({name: specs[name] for name in _SLABS})
@@ -405,7 +405,7 @@ class DraftPolicy:
         b = int(match_len.shape[0])
         if not (offered.shape == new_lens.shape == (b,) and drafts.shape[0] == b and new.shape[0] == b):
             raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
-        score(match_len, offered, self._branched(branched, b), drafts, new, new_lens, self._batch(b)[1], self._bk,
+        _score(match_len, offered, self._branched(branched, b), drafts, new, new_lens, self._batch(b)[1], self._bk,
                self.settings.row_memory, self.prior_weight)
 
     def _branched(self, branched: Any, b: int) -> np.ndarray:

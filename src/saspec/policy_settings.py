@@ -106,6 +106,27 @@ class PolicySettings:
     quantile: float = 0.25
 
 
+def check_settings(settings: PolicySettings) -> dict[str, float]:
+    """The numbers of ``settings`` a policy uses, checked: ``prior_weight``, ``neural_prior``, ``neural_cost``,
+    ``step_tolerance``, ``neural_memory`` and ``row_memory`` (as floats).
+
+    Raises:
+        ValueError: one out of range (named in the message).
+    """
+    s = settings
+    out = {"prior_weight": check_positive(s.prior_weight, "prior_weight"),
+           "neural_prior": check_prob(s.neural_prior, "neural_prior", open_top=True),
+           "neural_cost": check_positive(s.neural_cost, "neural_cost"),
+           "step_tolerance": check_prob(s.step_tolerance, "step_tolerance", open_top=True)}
+    if out["step_tolerance"] >= 0.5:
+        raise ValueError(f"step_tolerance must be in [0, 0.5), got {s.step_tolerance!r}")
+    for name in ("neural_memory", "row_memory"):
+        v = out[name] = check_prob(getattr(s, name), name)
+        if v == 0.0:
+            raise ValueError(f"{name} must be in (0, 1], got 0")
+    return out
+
+
 def engine_cost(settings: PolicySettings, device: str = "cpu", max_tokens: int | None = None) -> StepCost:
     """The :class:`StepCost` of an engine on ``device`` (``"cpu"``: the :func:`cpu_like` prior shape, else
     :func:`gpu_like`) unless ``settings.cost_shape`` is set, with ``settings``' refresh rule and

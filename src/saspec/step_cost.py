@@ -39,8 +39,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
-from numba import njit
+from numba import int64, njit
+from numba.extending import register_jitable
 
+from .portable import fmul
 from .slab import slab, view1, view2
 from .validate import check_count, check_timing
 
@@ -132,19 +134,19 @@ _SLABS = ("curve", "index", "knot", "knot_i", "ratios", "steps", "scale_buf", "s
 _CURVE, _INDEX, _KNOT, _KNOT_I, _RATIOS, _STEPS, _SCALE_BUF, _SCRATCH, _CTR = range(len(_SLABS))
 
 
-@njit(cache=True)
+@register_jitable
 def cost_of(n, curve, index, knot):
-    """Estimated cost of a step of ``n`` tokens (see StepCost.seconds)."""
-    if n < 1:
-        n = 1
+    """Estimated cost of a step of ``n`` tokens (see StepCost.seconds). Compiled for the host and for CUDA
+    (``saspec.device.decide``), with the same bits on both (``saspec.portable``)."""
+    n = max(int64(n), int64(1))
     extra = 0.0
     top = curve.shape[1] - 1
     if n > top:
-        extra = (curve[0, top] - curve[0, top - 1]) * (n - top)
-        n = top
+        extra = fmul(curve[0, top] - curve[0, top - 1], float(n - top))
+        n = int64(top)
     lo = index[0, n]
     w = curve[1, n]
-    return (curve[0, n] + extra) * ((1.0 - w) * knot[2, lo] + w * knot[2, lo + 1])
+    return fmul(curve[0, n] + extra, fmul(1.0 - w, knot[2, lo]) + fmul(w, knot[2, lo + 1]))
 
 
 @njit(cache=True)

@@ -447,11 +447,11 @@ def test_the_first_hybrid_of_a_process_compiles_its_kernels_before_any_request()
     import sys
 
     code = (
-        "from saspec import extend, policy\n"
+        "from saspec import allocation, draft_policy, extend\n"
         "from saspec.integrations.vllm import catch_up\n"
         "from saspec.integrations.vllm.config import HybridSettings\n"
         "from saspec.integrations.vllm.hybrid import HybridDrafter\n"
-        "kernels = (extend.pool_rows, policy._allocate, policy._score, catch_up._gather)\n"
+        "kernels = (extend.pool_rows, allocation.allocate, draft_policy._score, catch_up._gather)\n"
         "assert not any(k.signatures for k in kernels)\n"
         "h = HybridDrafter(HybridSettings('draft_model', 4, 32, 4, 36, pool_tokens=1 << 16), 512, device='cpu',\n"
         "                  catch_up_capacity=1024)\n"

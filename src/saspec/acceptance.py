@@ -13,6 +13,7 @@ import numpy as np
 from numba import int64
 from numba.extending import register_jitable
 
+from .core import host_inline
 from .portable import add_at2, fmul
 
 #: Match-length buckets: 0..7 exactly, then one per doubling. The bucket table holds them three times: a
@@ -76,7 +77,7 @@ def token_run(match, i, branched, d):
     return 2 * N_BUCKETS + j, min(d, bucket_end(j) - m)
 
 
-@register_jitable
+@host_inline
 def score_row(match, branched, n, drafts, dr, d0, new, b, rowf, s, bk, decay):
     """Score one row's offered automaton draft (made at a match of ``match``, ``branched``; its tokens
     ``drafts[dr, d0:]``) against the tokens it emitted (``new[b]``), over the first ``n`` of both: the row's
@@ -108,7 +109,7 @@ def score_row(match, branched, n, drafts, dr, d0, new, b, rowf, s, bk, decay):
     rowf[0, s] = (1.0 + hit) / (1.0 + miss)
 
 
-@register_jitable
+@host_inline
 def estimate_bucket(bk, j, w):
     """Bucket ``j``'s acceptance: its counts with ``w`` pseudo-tokens of its prior, kept inside (0, 1), and its
     odds (which the kernels scale by a row's factor)."""
@@ -135,7 +136,7 @@ def score(match, offered, branched, drafts, new, lens, rowf, bk, decay, w):
     estimate(bk, w)
 
 
-@register_jitable
+@host_inline
 def keep_offer(prev, s, match, offered, branched, drafts, b, width):
     """Keep row ``b``'s automaton offer for :func:`score_kept` at the next step: ``prev[s]`` (int32
     [k_max + 3]) = its match, its length (``offered`` cut to ``width``), ``branched``, and its tokens
@@ -148,7 +149,7 @@ def keep_offer(prev, s, match, offered, branched, drafts, b, width):
         prev[s, 3 + i] = drafts[b, i]
 
 
-@register_jitable
+@host_inline
 def score_kept(prev, s, new, b, n_new, rowf, bk, decay):
     """:func:`score_row` for the offer kept at ``prev[s]`` against the ``n_new`` tokens ``new[b]`` emitted,
     into the evidence at state index ``s``."""

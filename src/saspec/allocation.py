@@ -16,6 +16,7 @@ from numba import int64, njit
 from numba.extending import register_jitable
 
 from .acceptance import token_run
+from .core import NO_NRT, host_inline
 from .portable import add_at, add_at2, fmul
 from .step_cost import cost_of
 
@@ -45,14 +46,14 @@ def fixed(p):
     return float(int64(fmul(p, FIX)))
 
 
-@register_jitable
+@host_inline
 def clear_automaton_hist(hist, j):
     """Empty bin ``j`` of the automaton's histogram (before :func:`row_probs_row` counts a step)."""
     hist[H_AUTO_CNT, j] = 0.0
     hist[H_AUTO_SUM, j] = 0.0
 
 
-@register_jitable
+@host_inline
 def row_probs_row(b, s, match, offered, branched, rowf, odds_bucket, k_max, probs, hist):
     """Row ``b``'s automaton candidates (returned: ``offered`` cut to ``k_max``, none without a match):
     probs[b, i], the chance that its draft tokens 0..i are all accepted (0 at the candidates' end, when that
@@ -194,7 +195,7 @@ def best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, k
     return best, best_bin
 
 
-@register_jitable
+@host_inline
 def automaton_length(probs, b, cands, best_bin):
     """Row ``b``'s automaton draft length at the step's threshold bin ``best_bin``: its tokens in a bin
     >= ``best_bin`` are a prefix of its ``cands`` candidates (p falls along the row): bisect for its end."""
@@ -211,7 +212,7 @@ def automaton_length(probs, b, cands, best_bin):
     return lo
 
 
-@register_jitable
+@host_inline
 def count_row(st, src, d):
     """Count a row's choice (source ``src``, ``d`` tokens; none where ``d == 0``) into the counters ``st``
     (the order of :data:`STATS`), with ``add_at``."""
@@ -225,7 +226,7 @@ def count_row(st, src, d):
         add_at(st, 6, d)
 
 
-@register_jitable
+@host_inline
 def count_step(st, rows, neural, tokens):
     """Count a step of ``rows`` rows, ``tokens`` draft tokens (``neural``: the neural drafter drafted)."""
     st[0] += 1
@@ -234,11 +235,13 @@ def count_step(st, rows, neural, tokens):
     st[8] += tokens == 0
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_NRT)
 def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, bk, probs, ri, hist, st,
              count, curve, index, knot, tol):
     """Each row's draft length (ri[2]) and source (ri[0]); see the module doc. Counts the step into ``st``
-    where ``count``. Returns (rate, plain rate, neural k, draft tokens). Without the neural drafter
+    where ``count``. Compiled without reference counting (``core.NO_NRT``: it allocates nothing; every
+    per-row call would pay an incref and a decref per array). Returns (rate, plain rate, neural k, draft
+    tokens). Without the neural drafter
     (``k_nn == 0``) this is the sequence of calls the device step makes (``saspec.device.decide``)."""
     rows = match.shape[0]
     src, alt, lengths = ri[0], ri[1], ri[2]

@@ -13,6 +13,7 @@ from numba import njit
 
 from .acceptance import N_BUCKETS, bucket_priors, estimate, keep_offer, match_bucket, score, score_kept
 from .allocation import HIST_ROWS, N_BINS, STATS, allocate
+from .core import NO_NRT
 from .policy_settings import Decision, PolicySettings, check_settings, engine_cost, env_log
 from .slab import slab, view1, view2
 from .step_cost import StepCost, cost_arrays, observe_cost
@@ -35,12 +36,29 @@ _ROWF, _BK, _PROBS, _HIST, _RI, _PREV, _STC, _LAST = range(len(_SLABS))
 _ST = {name: i for i, name in enumerate(STATS)}
 
 
+@njit(cache=True, **NO_NRT)
+def _score_kept(prev, new, lens, rowf, bk, decay, w):
+    """Score the offers kept in ``prev`` (one per row of ``new``), then re-estimate every bucket."""
+    for r in range(new.shape[0]):
+        score_kept(prev, r, new, r, lens[r], rowf, bk, decay)
+    estimate(bk, w)
+
+
+@njit(cache=True, **NO_NRT)
+def _keep_offers(prev, match, offered, branched, drafts, width):
+    """Keep each row's offer in ``prev`` for the next step."""
+    for r in range(match.shape[0]):
+        keep_offer(prev, r, match[r], offered[r], branched[r], drafts, r, width)
+
+
 @njit(cache=True)
-def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, same, k_max, pf, p32, p64, decay, w,
-          tol, cf, ci, max_age, q):
+def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, same, k_max, pf, p32, p64, no_nn, decay,
+          w, tol, cf, ci, max_age, q):
     """DraftPolicy.step in one call: the last step's timing (at ``step_tokens`` where > 0, else the rows
     and drafts it chose) and scores where ``same``, then this step's choice (automaton only). The policy's
-    state comes as its three buffers, the cost's as its two. Returns (rate, plain rate)."""
+    state comes as its three buffers (``no_nn``: an empty bool array), the cost's as its two. The loops over
+    the rows run in kernels without reference counting (``core.NO_NRT``), which every per-row call of the
+    policy's functions would otherwise pay per array. Returns (rate, plain rate)."""
     rowf, bk, probs, hist = view2(pf, p64, _ROWF), view2(pf, p64, _BK), view2(pf, p64, _PROBS), view2(pf, p64, _HIST)
     ri, prev, st, last = view2(p32, p64, _RI), view2(p32, p64, _PREV), view1(p64, p64, _STC), view1(p64, p64, _LAST)
     curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr = cost_arrays(cf, ci)
@@ -54,27 +72,22 @@ def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, sam
             st[9] += 1
         else:
             st[10] += 1
-        for r in range(b):
-            score_kept(prev, r, new, r, lens[r], rowf, bk, decay)
-        estimate(bk, w)
-    nn_ok = np.zeros(0, np.bool_)
-    rate, plain, _, tokens = allocate(match, offered, branched, nn_ok, 0.0, 0, 0.0, 0.0, k_max, rowf, bk, probs, ri,
+        _score_kept(prev, new, lens, rowf, bk, decay, w)
+    rate, plain, _, tokens = allocate(match, offered, branched, no_nn, 0.0, 0, 0.0, 0.0, k_max, rowf, bk, probs, ri,
                                        hist, st, True, curve, index, knot, tol)
-    width = min(drafts.shape[1], k)
-    for r in range(b):
-        keep_offer(prev, r, match[r], offered[r], branched[r], drafts, r, width)
+    _keep_offers(prev, match, offered, branched, drafts, min(drafts.shape[1], k))
     last[0] = b
     last[1] = b + tokens
     return rate, plain
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_NRT)
 def _score(match, offered, branched, drafts, new, lens, rowf, bk, decay, w):
     """:func:`saspec.acceptance.score`, compiled for DraftPolicy.observe."""
     score(match, offered, branched, drafts, new, lens, rowf, bk, decay, w)
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_NRT)
 def _estimate(bk, w):
     """:func:`saspec.acceptance.estimate`, compiled."""
     estimate(bk, w)
@@ -354,7 +367,7 @@ class DraftPolicy:
         tail = self._step_tail
         if tail is None or tail[0] is not self._buffers or tail[1] is not self.cost:  # kept while they stay
             c, f = self.cost, self._buffers
-            tail = self._step_tail = (f, c, (self.k_max, f[np.float64], f[np.int32], f[np.int64],
+            tail = self._step_tail = (f, c, (self.k_max, f[np.float64], f[np.int32], f[np.int64], self._nn_ok[:0],
                                              self.settings.row_memory, self.prior_weight, self.step_tolerance,
                                              *c.slabs(), c.max_age, c.quantile))
         rate, plain = _step(match_len, offered, self._branched(branched, b), drafts, new, new_lens, seconds,

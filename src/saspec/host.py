@@ -18,6 +18,7 @@ these under its lock (``build`` excepted: it runs without the lock and the GIL).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -352,7 +353,8 @@ class HostBackend:
         if code < 0:
             raise self._rejection(code, batch, acc, lens, dout, mout)
         if code > 0:
-            self.growth.grow_full_rows(rp, lens, budget, lambda: self._step(parallel, acc, lens, mout, dout, bout))
+            # a partial, not a lambda: a closure would make the step's locals cells on every call
+            self.growth.grow_full_rows(rp, lens, budget, partial(self._step, parallel, acc, lens, mout, dout, bout))
         if self.kind.grows_ahead:  # rows past their fill mark go to the thread (the kernel runs here: no extra call)
             growth = self.growth
             n = kx.rows_past_mark(self.slots.table, rp, self.slots.ahead, growth.marked)

@@ -494,6 +494,7 @@ def test_policy_uses_the_draft_model_only_where_it_costs_less(gguf_path, llama, 
     else:
         assert later == [0, 0]
     assert spec.policy.stats["steps"] == sum(r.steps for r in runs)
+    spec.close()
 
 
 def test_the_policy_starts_from_the_llamas_profiled_step_cost(llama, monkeypatch):
@@ -515,13 +516,13 @@ def test_the_policy_starts_from_the_llamas_profiled_step_cost(llama, monkeypatch
     llama.reset()
     before = llama.n_tokens
     spec = Speculator(llama, SADraftModel(16), clock=clock)
-    cost = spec.policy.policy.cost
+    cost = spec.policy.cost
     assert [cost.seconds(n) for n in (1, 2, 9, 17)] == pytest.approx([6.0, 8.0, 22.0, 38.0])
     assert llama.n_tokens == before
     spent = clock.t
     again = Speculator(llama, SADraftModel(16), clock=clock)
-    assert clock.t == spent and again.policy.policy.cost.seconds(9) == pytest.approx(22.0)
-    assert Speculator(llama, SADraftModel(16), clock=clock, profile=False).policy.policy.cost.seconds(9) == \
+    assert clock.t == spent and again.policy.cost.seconds(9) == pytest.approx(22.0)
+    assert Speculator(llama, SADraftModel(16), clock=clock, profile=False).policy.cost.seconds(9) == \
         pytest.approx(13.0)  # the prior shape, cpu_like
     r = spec.generate(random_prompt(40), 20, stop_at_eog=False)
     assert r.tokens == plain_greedy(llama, random_prompt(40), 20)
@@ -547,37 +548,301 @@ def test_a_draft_models_cost_before_it_is_timed_is_its_profiled_one_token_decode
     llama.reset()
     hybrid = LlamaCppHybridDrafter(SADraftModel(16), ModelDrafter(small, k=4, p_min=0.0))
     spec = Speculator(llama, hybrid, clock=clock)
-    assert spec.policy.policy.neural_cost == pytest.approx(1.5 / 6.0)
-    assert spec.policy.policy.cost.seconds(9) == pytest.approx(22.0)
+    assert spec.policy.neural_cost == pytest.approx(1.5 / 6.0)
+    assert spec.policy.cost.seconds(9) == pytest.approx(22.0)
 
 
-def wrong_drafts(token: int, k: int = 8):
-    """An automaton that offers, at a long match every step, ``token`` (one the target never emits)."""
-    from saspec.integrations.llama_cpp import SADraftModel
+def offer_wrong_drafts(spec, token: int) -> None:
+    """Make ``spec``'s automaton offer, at a long match every step, ``token`` (one the target never emits):
+    its drafter's automaton step (``RequestDrafts.step``) answers a 24-token match and a whole draft of it."""
+    drafts = spec.drafts.drafts
+    step = drafts.step
 
-    class Wrong(SADraftModel):
-        def lookup(self, new_tokens):
-            super().lookup(new_tokens)
-            self.match_len, self.source = 24, "sa"
-            return 24, [token] * self.k
+    def wrong(*args, **kwargs):
+        match, draft, count = step(*args, **kwargs)
+        match[:], draft[:], count[:] = 24, token, drafts.k
+        return match, draft, count
 
-    return Wrong(k)
+    drafts.step = wrong
 
 
 def test_policy_falls_back_to_plain_steps_where_drafts_never_hit(llama):
     """The fixed rule drafts every step and every draft is rejected; the policy scores the offers
     against the tokens emitted and, after a warm-up run, takes plain steps."""
-    from saspec.integrations.llama_cpp import generate
+    from saspec.integrations.llama_cpp import SADraftModel, Sampler, Speculator
 
     prompts = [random_prompt(s) for s in (30, 31)]
     refs = [plain_greedy(llama, p, 60) for p in prompts]
     never = min(set(range(VOCAB)) - set(refs[0]) - set(refs[1]))
-    fixed = generate(llama, prompts[0], 60, wrong_drafts(never), stop_at_eog=False, policy=False)
-    assert fixed.steps_by_source.get("sa", 0) == fixed.steps and fixed.accepted.get("sa", 0) == 0
+    with Speculator(llama, SADraftModel(8), policy=False) as fixed_spec:
+        offer_wrong_drafts(fixed_spec, never)
+        fixed = fixed_spec.generate(prompts[0], 60, Sampler(), stop_at_eog=False)
+    # every step drafts but the last, which max_tokens leaves no room to
+    assert fixed.steps_by_source.get("sa", 0) == fixed.steps - 1 and fixed.accepted.get("sa", 0) == 0
     clock = CostClock()
-    spec, _, runs = policy_runs(llama, wrong_drafts(never), clock, prompts, 60)
+    with Speculator(llama, SADraftModel(8), clock=clock, profile=False) as spec:
+        clock.charge(spec.ctx, 4.0, 1.0)
+        offer_wrong_drafts(spec, never)
+        runs = [spec.generate(p, 60, Sampler(), stop_at_eog=False) for p in prompts]
     for ref, r in zip(refs, runs):
         assert r.tokens == ref
         assert r.accepted.get("sa", 0) == 0
     assert runs[0].steps_by_source.get("none", 0) > 0
     assert runs[1].steps_by_source.get("none", 0) >= 0.9 * runs[1].steps
+
+
+# -- per-request options and the drafter ------------------------------------------------------------------
+
+
+def record_decodes(monkeypatch, llama) -> list[int]:
+    """The token count of every decode the loop makes on ``llama`` (its prefill first), in order."""
+    from saspec.integrations.llama_cpp import loop
+
+    sizes: list[int] = []
+    real = loop.Context.decode
+
+    def decode(self, tokens, **kw):
+        if self.llama is llama:
+            sizes.append(len(tokens))
+        return real(self, tokens, **kw)
+
+    monkeypatch.setattr(loop.Context, "decode", decode)
+    return sizes
+
+
+def hybrid_of(gguf_path, **kw):
+    from saspec.integrations.llama_cpp import LlamaCppHybridDrafter, ModelDrafter, SADraftModel
+
+    return LlamaCppHybridDrafter(SADraftModel(16, min_match=1), ModelDrafter(new_llama(gguf_path), k=4, p_min=0.0), **kw)
+
+
+@pytest.mark.parametrize("policy", [True, False])
+def test_drafting_off_for_one_call_takes_one_forward_per_token(gguf_path, llama, monkeypatch, policy):
+    """``options={"enabled": False}``: plain greedy decoding's tokens, one target forward per token, the
+    draft model never run; the next call of the same Speculator drafts again."""
+    from saspec.integrations.llama_cpp import SADraftModel, Sampler, Speculator
+
+    prompt = repetitive_prompt(5)
+    ref = plain_greedy(llama, prompt, 80)
+    sizes = record_decodes(monkeypatch, llama)
+    for drafter in (SADraftModel(16, min_match=1), hybrid_of(gguf_path, threshold=4)):
+        clock = CostClock()
+        with Speculator(llama, drafter, policy=policy, clock=clock, profile=False) as spec:
+            clock.charge(spec.ctx, 4.0, 1.0)
+            sizes.clear()
+            off = spec.generate(prompt, 80, Sampler(), stop_at_eog=False, options={"enabled": False})
+            assert off.tokens == ref
+            assert sizes[1:] == [1] * 79 and off.steps == 79 and not off.drafted
+            assert getattr(drafter, "model", None) is None or drafter.model.forwards == 0
+            assert spec.drafts.stats()["disabled_rows"] == 79
+            on = spec.generate(prompt, 80, Sampler(), stop_at_eog=False)
+            assert on.tokens == ref and on.steps < 79 and sum(on.drafted.values()) > 0
+
+
+@pytest.mark.parametrize("policy", [True, False])
+def test_max_draft_tokens_caps_every_step_from_either_source(gguf_path, llama, monkeypatch, policy):
+    """``{"max_draft_tokens": 2}``: no target forward verifies more than 2 draft tokens (3 tokens with
+    the step's own), from the automaton or the draft model, and the output is plain decoding's."""
+    from saspec.integrations.llama_cpp import SADraftModel, Sampler, Speculator
+
+    prompt = repetitive_prompt(6, n=30, copies=2) + repetitive_prompt(16, n=20, copies=1)
+    ref = plain_greedy(llama, prompt, 100)
+    sizes = record_decodes(monkeypatch, llama)
+    for drafter in (SADraftModel(16, min_match=1), hybrid_of(gguf_path, threshold=4)):
+        clock = CostClock()
+        with Speculator(llama, drafter, policy=policy, clock=clock, profile=False) as spec:
+            clock.charge(spec.ctx, 4.0, 1.0)
+            if getattr(drafter, "model", None) is not None:
+                clock.charge(drafter.model.ctx, 0.1, 0.01)  # a cheap draft model: the policy takes it
+            sizes.clear()
+            got = spec.generate(prompt, 100, Sampler(), stop_at_eog=False, options={"max_draft_tokens": 2})
+        assert got.tokens == ref
+        assert max(sizes[1:]) == 3 and got.steps < 99
+        if getattr(drafter, "model", None) is not None:
+            assert got.drafted.get("draft", 0) > 0
+
+
+def test_hints_raise_drafts_on_a_prompt_without_the_text(llama):
+    """``{"hints": ids}``: the output's text given as hints (not in the prompt) is drafted from and kept;
+    the output is plain decoding's either way."""
+    from saspec.integrations.llama_cpp import SADraftModel, generate
+
+    prompt = random_prompt(60, n=80)
+    ref = plain_greedy(llama, prompt, 80)
+    without = generate(llama, prompt, 80, SADraftModel(16), stop_at_eog=False, policy=False)
+    hinted = generate(llama, prompt, 80, SADraftModel(16), stop_at_eog=False, policy=False,
+                      options={"hints": ref})
+    assert without.tokens == hinted.tokens == ref
+    assert hinted.accepted.get("sa", 0) >= 0.6 * len(ref) > without.accepted.get("sa", 0) + 10
+    assert hinted.steps < 0.5 * without.steps
+
+
+def test_the_pool_remembers_across_calls(llama):
+    """An ``SADraftModel``'s pool is the drafter's: a call's text joins it when the call ends, and a later
+    call drafts its continuation from there."""
+    from saspec import RequestPool
+    from saspec.integrations.llama_cpp import SADraftModel, generate
+
+    x = random_prompt(70)
+    with RequestPool(100_000) as pool:
+        first = generate(llama, x, 60, SADraftModel(16, pool=pool), stop_at_eog=False, policy=False)
+        assert pool.flush(10.0)
+        again = x + first.tokens[:10]  # its continuation is in the first call's text only
+        ref = plain_greedy(llama, again, 40)
+        got = generate(llama, again, 40, SADraftModel(16, pool=pool), stop_at_eog=False, policy=False)
+    assert got.tokens == ref
+    assert got.accepted.get("pool", 0) > 20
+    alone = generate(llama, again, 40, SADraftModel(16), stop_at_eog=False, policy=False)
+    assert alone.tokens == ref and "pool" not in alone.drafted
+
+
+@pytest.mark.parametrize("options, err, name", [
+    ({"colour": 1}, ValueError, "colour"), ({"max_draft_tokens": -1}, ValueError, "max_draft_tokens"),
+    ({"max_draft_tokens": 1.5}, TypeError, "max_draft_tokens"), ({"enabled": "no"}, TypeError, "enabled"),
+    ({"hints": [VOCAB]}, ValueError, "hints"), ({"hints": [1.5]}, TypeError, "hints"),
+    ({"hints": [-1]}, ValueError, "hints"), ("on", TypeError, "options"),
+])
+def test_bad_options_raise_before_the_model_runs(llama, options, err, name):
+    from saspec.integrations.llama_cpp import SADraftModel, Speculator, generate
+
+    prompt = repetitive_prompt(1)
+    generate(llama, prompt, 5, None, stop_at_eog=False)
+    before = (llama.n_tokens, llama.input_ids[: llama.n_tokens].tolist())
+    with pytest.raises(err, match=name):
+        generate(llama, prompt, 5, SADraftModel(), stop_at_eog=False, options=options)
+    with Speculator(llama, SADraftModel(), profile=False) as spec:
+        with pytest.raises(err, match=name):
+            spec.generate(prompt, 5, options=options)
+        assert len(spec.drafts) == 0  # no request was started
+    assert (llama.n_tokens, llama.input_ids[: llama.n_tokens].tolist()) == before
+
+
+def test_hints_need_the_automaton(gguf_path, llama):
+    from saspec.integrations.llama_cpp import ModelDrafter, generate
+
+    for drafter in (None, ModelDrafter(new_llama(gguf_path)), FixedDrafter([5])):
+        with pytest.raises(ValueError, match="hints need saspec's automaton"):
+            generate(llama, repetitive_prompt(1), 5, drafter, options={"hints": [5, 6, 7]})
+
+
+def test_the_loop_keeps_no_policy_bookkeeping(gguf_path, llama):
+    """The loop drives a saspec.drafter.Drafter: it holds no policy, cost model, catch-up share or offers
+    of its own, and calls none of their bookkeeping; a policy object is not an argument."""
+    import inspect
+
+    import saspec.policy
+    from saspec import RequestPool
+    from saspec.drafter import Drafter
+    from saspec.integrations.llama_cpp import SADraftModel, Speculator, loop
+
+    source = inspect.getsource(loop)
+    for name in ("SequencePolicy", "CatchUpShare", ".observe", ".offer(", ".choose(", "observe_forward"):
+        assert name not in source
+    with Speculator(llama, hybrid_of(gguf_path), profile=False) as spec:
+        assert isinstance(spec.drafts, Drafter) and spec.policy is spec.drafts.policy is not None
+        kinds = tuple(getattr(saspec.policy, n) for n in ("SequencePolicy", "DraftPolicy", "CatchUpShare", "StepCost")
+                      if hasattr(saspec.policy, n))
+        assert not [k for k, v in vars(spec).items() if isinstance(v, kinds)]
+        r = spec.generate(repetitive_prompt(2), 20, stop_at_eog=False)
+        assert spec.drafts.stats()["steps"] == spec.policy.stats["steps"] == r.steps  # one drafter step a decode
+    for policy in (True, False):  # the drafter takes the automaton's settings and pool
+        with RequestPool(1000) as pool:
+            sa = SADraftModel(12, occurrence="recent", pool=pool, min_match=2, length_scale=1.5)
+            with Speculator(llama, sa, policy=policy, profile=False) as spec:
+                d = spec.drafts
+                assert (d.k, d.pool, d.drafts.engine.policy) == (12, pool, "recent")
+                assert (d.drafts.min_match, d.drafts.length_scale) == ((2, 1.5) if not policy else (1, 2.0))
+    if hasattr(saspec.policy, "SequencePolicy"):
+        with pytest.raises(TypeError, match="PolicySettings"):
+            Speculator(llama, SADraftModel(), policy=saspec.policy.SequencePolicy(8))
+
+
+def test_request_options_reach_an_attached_llama(gguf_path, monkeypatch):
+    """``server.request_options`` serves the completions made inside it with the options; outside, the defaults."""
+    from saspec.integrations.llama_cpp.server import SaspecSettings, attach, request_options
+
+    prompt = repetitive_prompt(6)
+    ref = new_llama(gguf_path).create_completion(prompt, max_tokens=40, temperature=0.0)
+    served = new_llama(gguf_path)
+    sizes = record_decodes(monkeypatch, served)
+    attach(served, SaspecSettings(k=16, policy=False))
+    with request_options({"enabled": False}):
+        got = served.create_completion(prompt, max_tokens=40, temperature=0.0)
+    assert got["choices"][0]["text"] == ref["choices"][0]["text"]
+    assert set(sizes[1:]) == {1}  # (llama-cpp-python may draw a few tokens past max_tokens)
+    sizes.clear()
+    served.create_completion(prompt, max_tokens=40, temperature=0.0)
+    assert max(sizes[1:]) > 1
+    with pytest.raises(ValueError, match="max_draft_tokens"), request_options({"max_draft_tokens": -2}):
+        pass
+
+
+def served_app(gguf_path, monkeypatch, settings):
+    """llama-cpp-python's OpenAI app with saspec installed (restored after the test), and what it attached."""
+    from llama_cpp.server import app as server_app
+    from llama_cpp.server.model import LlamaProxy
+    from llama_cpp.server.settings import Settings
+    from saspec.integrations.llama_cpp.server import install
+
+    monkeypatch.setattr(LlamaProxy, "load_llama_from_model_settings",
+                        LlamaProxy.__dict__["load_llama_from_model_settings"])
+    monkeypatch.setattr(server_app, "create_app", server_app.create_app)
+    attached = install(settings)
+    app = server_app.create_app(Settings(model=str(gguf_path), n_ctx=1024, n_batch=N_BATCH, n_threads=1,
+                                         n_threads_batch=1, verbose=False, seed=0))
+    return app, attached
+
+
+def test_server_request_options_and_their_errors(gguf_path, monkeypatch):
+    """The OpenAI server takes saspec's options in the request body (``"saspec": {...}`` or flat
+    ``saspec_*`` fields): a bad one is an HTTP 400 naming it (completions and chat alike) and the
+    server serves on; drafting off gives one forward per token, a cap of 2 at most 3 tokens a
+    forward, hints that hold the answer fewer forwards, each with plain decoding's text."""
+    from starlette.testclient import TestClient
+
+    from saspec.integrations.llama_cpp.server import SaspecSettings
+
+    app, attached = served_app(gguf_path, monkeypatch, SaspecSettings(k=16, policy=False))
+    served = attached[0].llama
+    sizes = record_decodes(monkeypatch, served)
+    text = "abcdefgh" * 6
+    body = {"prompt": text, "max_tokens": 40, "temperature": 0, "repeat_penalty": 1.0}
+    with TestClient(app) as client:
+        for bad, name in [({"saspec": {"enabled": "no"}}, "enabled"), ({"saspec": {"colour": 1}}, "colour"),
+                          ({"saspec": {"max_draft_tokens": -1}}, "max_draft_tokens"),
+                          ({"saspec_hints": "1,x"}, "saspec_hints"), ({"saspec": {"hints": [VOCAB + 1]}}, "hints"),
+                          ({"saspec": [1]}, "saspec"), ({"saspec": {"enabled": True}, "saspec_enabled": 0}, "twice")]:
+            for path, request in (("/v1/completions", body),
+                                  ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]})):
+                r = client.post(path, json={**request, **bad})
+                assert r.status_code == 400, (bad, r.text)
+                assert name in r.json()["error"]["message"]
+        assert not sizes  # no bad request reached the model
+
+        def served_text(extra):
+            sizes.clear()
+            r = client.post("/v1/completions", json={**body, **extra})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        ref = served_text({})
+        assert max(sizes[1:]) > 3  # the automaton drafts on this text
+        assert served_text({"saspec": {"enabled": False}}) == ref and set(sizes[1:]) == {1}
+        assert served_text({"saspec_enabled": "false"}) == ref and set(sizes[1:]) == {1}
+        assert served_text({"saspec": {"max_draft_tokens": 2}}) == ref and max(sizes[1:]) == 3
+        assert served_text({"saspec_max_draft_tokens": "2"}) == ref and max(sizes[1:]) == 3
+        sizes.clear()  # streamed: the options reach the worker thread that draws each chunk
+        r = client.post("/v1/completions", json={**body, "stream": True, "saspec": {"enabled": False}})
+        assert r.status_code == 200 and "[DONE]" in r.text and len(sizes) > 1 and set(sizes[1:]) == {1}
+
+    other = {"prompt": "zyxwvutsrqponm", "max_tokens": 40, "temperature": 0, "repeat_penalty": 1.0}
+    with TestClient(app) as client:  # hints holding the answer's ids (the prompt does not hold them)
+        sizes.clear()
+        plain = client.post("/v1/completions", json=other).json()
+        steps = len(sizes) - 1
+        n = plain["usage"]["completion_tokens"]
+        answer = served.input_ids[served.n_tokens - n + 1: served.n_tokens].tolist()  # the cache lacks the last
+        sizes.clear()
+        hinted = client.post("/v1/completions", json={**other, "saspec": {"hints": answer}}).json()
+        assert hinted["choices"][0]["text"] == plain["choices"][0]["text"]
+        assert len(sizes) - 1 < 0.6 * steps

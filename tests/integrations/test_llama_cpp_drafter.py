@@ -107,7 +107,8 @@ def test_bad_histories_raise_and_keep_the_state(bad, err):
 
 @pytest.mark.parametrize("kwargs, err", [
     ({"k": 0}, ValueError), ({"k": 2.5}, ValueError), ({"length_rule": "nope"}, ValueError),
-    ({"length_scale": -1.0}, ValueError), ({"pool": object()}, TypeError),
+    ({"length_scale": -1.0}, ValueError), ({"pool": object()}, TypeError), ({"occurrence": "nope"}, ValueError),
+    ({"policy": "first"}, TypeError),  # the occurrence rule's former name
 ])
 def test_bad_settings_raise(kwargs, err):
     with pytest.raises(err):
@@ -165,12 +166,14 @@ def test_importing_the_package_raises_no_deprecation_warning():
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
-def test_the_former_hybrid_name_is_a_deprecated_alias():
+def test_the_former_hybrid_name_is_gone():
     import saspec.integrations.llama_cpp as lc
+    import saspec.integrations.llama_cpp.drafter as drafter
 
-    with pytest.warns(DeprecationWarning, match="LlamaCppHybridDrafter"):
-        old = lc.HybridDrafter
-    assert old is lc.LlamaCppHybridDrafter
+    for module in (lc, drafter):
+        with pytest.raises(AttributeError, match="HybridDrafter"):
+            module.HybridDrafter
+    assert "HybridDrafter" not in dir(lc)
 
 
 def test_lookup_gives_the_uncut_draft_and_propose_the_rule_cut():

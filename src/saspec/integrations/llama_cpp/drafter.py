@@ -1,30 +1,30 @@
 """Drafters for llama.cpp: the suffix automaton, a small GGUF draft model, and the hybrid.
 
-Each drafter follows one verified history (the prompt, then every token the target
-emitted) and proposes the next draft tokens:
+What the user passes to saspec's loop (``saspec.integrations.llama_cpp.loop``) to say how to
+draft; the loop drives a :class:`saspec.drafter.Drafter` built from their settings:
 
-* :class:`SADraftModel`: the automaton (a one-request :class:`~saspec.SpecEngine`),
-  fed only the tokens it has not seen. It is also a
-  ``llama_cpp.llama_speculative.LlamaDraftModel`` (registered at construction where
-  llama-cpp-python is importable), so ``Llama(draft_model=SADraftModel())`` uses it in
-  llama-cpp-python's own speculative loop.
+* :class:`SADraftModel`: the automaton's settings (K, the length rule, ``min_match``, which
+  earlier occurrence to copy, a cross-request :class:`saspec.RequestPool`). It is also a
+  drafter of its own (a one-request :class:`~saspec.SpecEngine`, fed only the tokens it has
+  not seen) and a ``llama_cpp.llama_speculative.LlamaDraftModel`` (registered at
+  construction where llama-cpp-python is importable), so ``Llama(draft_model=SADraftModel())``
+  uses it in llama-cpp-python's own speculative loop.
 * :class:`ModelDrafter`: a small GGUF model (a second ``llama_cpp.Llama``) that drafts
   greedily. Its KV cache is kept across steps and caught up lazily: steps whose draft
   comes from elsewhere cost it nothing; the next step it drafts decodes the tokens it
   missed in one batch.
-* :class:`LlamaCppHybridDrafter`: both. The loop's policy (``saspec.policy.SequencePolicy``,
-  the default) chooses each step's source and length; with the policy off, the
-  automaton's draft where its match is at least ``threshold`` tokens, the draft
-  model's otherwise. (``HybridDrafter`` is its deprecated former name.)
+* :class:`LlamaCppHybridDrafter`: both. In the loop the drafting policy chooses each step's
+  source and length; with the policy off, the automaton's draft where its match is at least
+  ``threshold`` tokens, the draft model's otherwise.
 
-The loop protocol (``saspec.integrations.llama_cpp.loop``): ``begin(prompt)`` once,
-then each step ``propose(new_tokens)`` with the tokens verified since the last call,
-returning the draft (a list of ints); ``source`` names where the last draft came from.
+Each also follows the single-sequence protocol a loop of your own may drive:
+``begin(prompt)`` once, then each step ``propose(new_tokens)`` with the tokens verified
+since the last call, returning the draft (a list of ints, cut by the fixed rules);
+``source`` names where the last draft came from.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -80,8 +80,10 @@ class SADraftModel:
             earlier histories too (where the match there is longer), and a
             history joins the pool when a new one replaces it (or at
             :meth:`close`). Share one pool across drafters for memory across
-            requests (the server does).
-        policy: the automaton's policy (``saspec.build.POLICIES``).
+            requests (the server does); in saspec's loop, its ``Drafter``
+            uses it, so memory across ``generate`` calls works there too.
+        occurrence: which earlier occurrence drafts copy from
+            (``saspec.build.POLICIES``; None: the automaton's default).
         min_match: draft only after a match of at least this many tokens
             (>= 1; default 3). On a CPU, where verifying each drafted token
             costs nearly a forward of its own, the drafts of short matches
@@ -89,11 +91,12 @@ class SADraftModel:
 
     ``length_rule``, ``length_scale`` and ``min_match`` cut :meth:`propose`'s
     drafts (the fixed rules: the loop's ``policy=False``, and
-    llama-cpp-python's own loop); the loop's policy instead takes
-    :meth:`lookup`'s whole draft and chooses its length itself.
+    llama-cpp-python's own loop); the loop's drafting policy instead is
+    offered the automaton's whole draft at any match and chooses its length
+    itself.
 
     Raises:
-        ValueError, TypeError: a bad ``k``, length rule, scale, pool, policy or ``min_match``.
+        ValueError, TypeError: a bad ``k``, length rule, scale, pool, occurrence or ``min_match``.
 
     As a ``LlamaDraftModel``: ``model(input_ids)`` with the whole verified history
     (int 1-D) returns the draft (int32 1-D, possibly empty). When ``input_ids``
@@ -104,14 +107,15 @@ class SADraftModel:
 
     def __init__(self, k: int = DEFAULT_K, *, length_rule: str = DEFAULT_LENGTH_RULE,
                  length_scale: float = DEFAULT_LENGTH_SCALE, pool: RequestPool | None = None,
-                 policy: str | None = None, min_match: int = DEFAULT_MIN_MATCH) -> None:
+                 occurrence: str | None = None, min_match: int = DEFAULT_MIN_MATCH) -> None:
         self.k = check_count(k, "k")
         self.min_match = check_int(min_match, "min_match", 1)
         self._rule = check_length_rule(length_rule, length_scale)
         self.length_rule, self.length_scale = length_rule, float(length_scale)
-        kw = {} if policy is None else {"policy": policy}
+        kw = {} if occurrence is None else {"policy": occurrence}  # SpecEngine's name for it
         self.engine = SpecEngine(pool=pool, **kw)
         self.pool = pool
+        self.occurrence = occurrence
         self._seq: SingleSequence | None = None
         self._hist = np.zeros(1024, np.int32)  # the history the automaton holds, first _n entries
         self._n = 0
@@ -148,7 +152,7 @@ class SADraftModel:
 
     def lookup(self, new_tokens: Sequence[int]) -> tuple[int, list[int]]:
         """Append ``new_tokens``; return ``(match, draft)`` before the length rule and ``min_match``
-        cut it: the match length in tokens and up to ``k`` draft tokens (for a policy to cut).
+        cut it: the match length in tokens and up to ``k`` draft tokens.
 
         ``new_tokens``: ints (or a 1-D integer array) in [0, 2**31), all checked before any is
         appended (``saspec.validate.as_tokens``); floats, strings and bools raise ``TypeError``,
@@ -297,8 +301,9 @@ class LlamaCppHybridDrafter:
 
     In :class:`~.loop.Speculator` with its policy on (the default) the policy
     chooses each step's source and length and this object only holds the two
-    drafters; with the policy off, :meth:`propose` applies the match-length rule:
-    the automaton where its match is long enough, the draft model otherwise.
+    drafters' settings; with the policy off, the loop (and :meth:`propose`)
+    applies the match-length rule: the automaton where its match is long
+    enough, the draft model otherwise.
 
     Args:
         sa: an :class:`SADraftModel`.
@@ -337,10 +342,3 @@ class LlamaCppHybridDrafter:
     def close(self) -> None:
         self.sa.close()
 
-
-def __getattr__(name: str) -> Any:
-    if name == "HybridDrafter":
-        warnings.warn("saspec.integrations.llama_cpp.HybridDrafter is deprecated: use LlamaCppHybridDrafter",
-                      DeprecationWarning, stacklevel=2)
-        return LlamaCppHybridDrafter
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

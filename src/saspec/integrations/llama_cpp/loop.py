@@ -18,16 +18,32 @@ the target's probability ``p(d)``; at the first rejection the token is drawn fro
 ``p`` with ``d`` removed, renormalised; so each emitted token has the target's
 distribution (temperature, then top-k and top-p), as plain sampling does.
 
-**The drafting choice.** By default (``policy=True``) a
-:class:`saspec.policy.SequencePolicy` chooses each step's source (the automaton,
-the draft model, or none) and draft length, for the most tokens per second: it
-is offered the automaton's draft at its match every step (and scores it against
-the tokens the step emitted, drafted or not), and it times every target decode
-and every draft-model call (``clock``, injectable). So the draft model drafts
-only where it pays, its lazy catch-up (the tokens it skipped) counted in its
-cost, and text where drafts are rarely kept gets plain steps. ``policy=False``
-keeps the fixed rules: the drafter's own ``propose`` (the automaton's
-match-length rule, the hybrid's threshold).
+**The drafting step** is a :class:`saspec.drafter.Drafter` (batch 1), one per
+:class:`Speculator`, built from the settings of the drafter given (an
+``SADraftModel``, a ``ModelDrafter`` or a ``LlamaCppHybridDrafter``; an
+``SADraftModel``'s pool becomes its pool, so memory across calls works). Each
+sequence is one of its requests: started with the prompt (the automaton is built
+while the target prefills), finished at the end (its text joins the pool). Each
+step hands it the tokens the last step emitted and the seconds and tokens of the
+target decode that verified them, and gets this step's source (the automaton, the
+draft model, or none) and draft length; the loop runs the draft model where it is
+chosen and hands over its seconds. By default (``policy=True``) the drafter's
+policy chooses them for the most tokens per second: it scores every offer of the
+automaton against the tokens that followed (drafted or not) and times every
+target decode and draft-model call (``clock``, injectable), so the draft model
+drafts only where it pays, its lazy catch-up (the tokens it skipped) counted in
+its cost, and text where drafts are rarely kept gets plain steps.
+``policy=False`` keeps the fixed rules: the automaton's match-length rule
+(``SADraftModel``'s ``length_rule`` from ``min_match``) and, with the hybrid, the
+automaton where its match is at least ``threshold`` tokens, the draft model
+otherwise. Another drafter (any object with ``begin`` and ``propose``) decides
+itself.
+
+**Per-request options** (``saspec.options``): ``options={"enabled": False}``
+drafts nothing for the call (one target forward per token),
+``{"max_draft_tokens": n}`` never verifies more than ``n`` draft tokens in a step
+(from either source), ``{"hints": ids}`` lets the automaton's drafts copy from
+``ids`` beside the sequence's own text.
 
 **The step-cost profile.** A llama.cpp decode on a CPU costs nearly a forward
 per token at small sizes and flattens later, which no prior shape knows; so
@@ -42,6 +58,10 @@ its cost is taken as that share of the target's. The profile is taken once per
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import itertools
+import math
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -49,7 +69,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ...policy import PolicySettings, SequencePolicy, StepCost
+from ...drafter import POLICY, Drafter
+from ...options import DraftOptions, parse_options
+from ...policy import AUTOMATON, NEURAL, NONE, DraftPolicy, PolicySettings, StepCost, engine_cost
+from ...rules import DEFAULT_LENGTH_RULE
 from ...validate import check_int
 from .drafter import LlamaCppHybridDrafter, ModelDrafter, SADraftModel, as_history
 from .lowlevel import Context
@@ -217,8 +240,8 @@ class Sampler:
 
 
 def drafter_parts(drafter: Any) -> tuple[SADraftModel | None, ModelDrafter | None] | None:
-    """``(automaton, draft model)`` of a drafter the policy can drive (either may be None), or None
-    for another drafter (its own ``propose`` decides)."""
+    """``(automaton, draft model)`` of a drafter a :class:`~saspec.drafter.Drafter` can drive (either
+    may be None), or None for another drafter (its own ``propose`` decides)."""
     if isinstance(drafter, SADraftModel):
         return drafter, None
     if isinstance(drafter, ModelDrafter):
@@ -272,24 +295,26 @@ def _cached_profile(ctx: Context, max_tokens: int, clock: Callable[[], float]) -
     return curve
 
 
-def make_policy(setting: Any, k_max: int, clock: Callable[[], float] | None = None) -> SequencePolicy | None:
-    """The policy for ``policy=setting``: None (off), the given ``SequencePolicy`` (``k_max`` at
-    least ``k_max``), or a fresh one with the compute-bound prior cost shape (llama.cpp on a CPU:
+def make_drafter(parts: tuple[SADraftModel | None, ModelDrafter | None], policy: bool | PolicySettings,
+                 clock: Callable[[], float]) -> Drafter:
+    """The :class:`~saspec.drafter.Drafter` (batch 1) for ``parts`` (see :func:`drafter_parts`): its K the
+    larger of the two drafters', the automaton's pool and occurrence rule; with ``policy`` (True or
+    ``PolicySettings``) the drafting policy on the compute-bound prior cost shape (llama.cpp on a CPU:
     a step costs about a fixed part plus its token count) unless ``PolicySettings.cost_shape`` says
-    otherwise, timed by ``clock`` (default ``time.perf_counter``). ``TypeError``/``ValueError`` for
-    anything else."""
-    if setting is False or setting is None:
-        return None
-    if isinstance(setting, SequencePolicy):
-        if setting.k_max < k_max:
-            raise ValueError(f"the policy's k_max ({setting.k_max}) must be >= the drafters' k ({k_max})")
-        return setting
-    if setting is True or isinstance(setting, PolicySettings):
-        return SequencePolicy.for_engine(max(int(k_max), 1), device="cpu",
-                                         settings=setting if isinstance(setting, PolicySettings) else None,
-                                         clock=clock or time.perf_counter)
-    raise TypeError("policy must be a bool, a saspec.policy.PolicySettings or a saspec.policy.SequencePolicy, "
-                    f"got {type(setting).__name__}")
+    otherwise, else the automaton's fixed length rule from its ``min_match``."""
+    sa, model = parts
+    k = max(p.k for p in parts if p is not None)
+    common: dict[str, Any] = {"device": "cpu", "max_rows": 1, "clock": clock, "automaton": sa is not None,
+                              "pool": None if sa is None else sa.pool,
+                              "occurrence": None if sa is None else sa.occurrence}
+    if policy is False:
+        rule = {"length_rule": DEFAULT_LENGTH_RULE} if sa is None else \
+            {"length_rule": sa.length_rule, "length_scale": sa.length_scale, "min_match": sa.min_match}
+        return Drafter(k, **rule, **common)
+    ps = policy if isinstance(policy, PolicySettings) else PolicySettings()
+    # The policy is offered the automaton's whole draft at any match and cuts it itself. Its cost model
+    # spans StepCost's default size, not K + 1: a draft model's catch-up may read a whole prompt.
+    return Drafter(k, length_rule=POLICY, min_match=1, policy_settings=ps, cost=engine_cost(ps, "cpu"), **common)
 
 
 class Speculator:
@@ -297,93 +322,85 @@ class Speculator:
 
     Args:
         llama: the target ``llama_cpp.Llama``.
-        drafter: ``None`` (plain decoding), or an object with ``begin(prompt)``
-            and ``propose(new_tokens) -> list[int]`` (``SADraftModel``,
-            ``ModelDrafter``, ``LlamaCppHybridDrafter``).
+        drafter: ``None`` (plain decoding); an ``SADraftModel``, ``ModelDrafter``
+            or ``LlamaCppHybridDrafter`` (a :class:`saspec.drafter.Drafter` is
+            built from its settings: see the module doc); or any object with
+            ``begin(prompt)`` and ``propose(new_tokens) -> list[int]`` (it
+            drafts itself, every step).
         max_draft: cut every draft to this many tokens (default ``n_batch - 1``).
-        policy: ``True`` (default): a :class:`saspec.policy.SequencePolicy`
-            chooses each step's source and draft length (for the drafters
-            above; another drafter's ``propose`` decides itself); a
-            ``PolicySettings`` for its settings; a ``SequencePolicy`` to share
-            or inspect one (it keeps learning across :meth:`generate` calls);
-            ``False``: the drafter's fixed rules.
-        clock: seconds, for the policy's timings (default ``time.perf_counter``;
-            a given ``SequencePolicy`` keeps its own).
-        profile: give a policy made here the step-cost curve of ``llama``,
+        policy: ``True`` (default): the drafting policy chooses each step's
+            source and draft length (it keeps learning across the calls of this
+            ``Speculator``); a ``saspec.policy.PolicySettings`` for its
+            settings; ``False``: the fixed rules.
+        clock: seconds, for the policy's timings (default ``time.perf_counter``).
+        profile: start the policy from the step-cost curve of ``llama``,
             profiled once per ``Llama`` (see the module doc; not where
-            ``PolicySettings.cost_shape`` is set or a ``SequencePolicy`` is given).
+            ``PolicySettings.cost_shape`` is set).
 
     Attributes:
-        policy: the ``SequencePolicy`` in use, or None.
+        drafts: the :class:`saspec.drafter.Drafter` (None for plain decoding or
+            another drafter).
+        policy: its :class:`saspec.policy.DraftPolicy`, or None.
 
     Raises:
         TypeError, ValueError: a bad argument.
+
+    Close it (:meth:`close`, or use it as a context manager) to stop the
+    drafter's background builder.
     """
 
     def __init__(self, llama: Any, drafter: Any = None, max_draft: int | None = None, *,
-                 policy: bool | PolicySettings | SequencePolicy = True,
-                 clock: Callable[[], float] | None = None, profile: bool = True) -> None:
+                 policy: bool | PolicySettings = True, clock: Callable[[], float] | None = None,
+                 profile: bool = True) -> None:
         if drafter is not None and not (callable(getattr(drafter, "begin", None)) and callable(getattr(drafter, "propose", None))):
             raise TypeError(f"drafter must have begin(prompt) and propose(new_tokens), got {type(drafter).__name__}")
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be callable, got {type(clock).__name__}")
-        if not isinstance(policy, (bool, PolicySettings, SequencePolicy)):
-            raise TypeError("policy must be a bool, a saspec.policy.PolicySettings or a saspec.policy.SequencePolicy, "
-                            f"got {type(policy).__name__}")
-        parts = drafter_parts(drafter)
-        k_max = max((p.k for p in parts or () if p is not None), default=1)
-        pol = make_policy(policy, k_max, clock) if parts is not None else None
+        if not isinstance(policy, (bool, PolicySettings)):
+            raise TypeError(f"policy must be a bool or a saspec.policy.PolicySettings, got {type(policy).__name__}")
         self.ctx = Context(llama)
         self.llama, self.drafter = llama, drafter
         self.max_draft = self.ctx.n_batch - 1 if max_draft is None else check_int(max_draft, "max_draft", 0, self.ctx.n_batch - 1)
-        self.policy = pol
-        self._parts = parts if pol is not None else None
-        self.clock = pol.clock if pol is not None else (clock or time.perf_counter)
+        self.clock = clock or time.perf_counter
+        self._parts = drafter_parts(drafter)
+        self.threshold = drafter.threshold if isinstance(drafter, LlamaCppHybridDrafter) else None
+        self.drafts = make_drafter(self._parts, policy, self.clock) if self._parts is not None else None
+        self._ids = itertools.count()
+        self._rid: int | None = None  # the sequence the drafter has started and not finished
         own_shape = isinstance(policy, PolicySettings) and policy.cost_shape is not None
-        if profile and pol is not None and not isinstance(policy, SequencePolicy) and not own_shape:
-            self._use_profile(pol, parts[1])
+        if profile and self.policy is not None and not own_shape:
+            self._use_profile()
 
-    def _use_profile(self, pol: SequencePolicy, model: ModelDrafter | None) -> None:
-        """Give ``pol`` the target's profiled step cost and, with a draft model, its cost as a share of the
-        target's one-token decode (see the module doc); the prior where a clock did not move."""
+    @property
+    def policy(self) -> DraftPolicy | None:
+        return None if self.drafts is None else self.drafts.policy
+
+    def close(self) -> None:
+        """Stop the drafter's background builder (idempotent; an ``SADraftModel``'s pool stays open)."""
+        if self.drafts is not None:
+            self._finish()
+            self.drafts.close()
+
+    def __enter__(self) -> Speculator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _use_profile(self) -> None:
+        """Give the policy the target's profiled step cost and, with a draft model, its cost as a share of
+        the target's one-token decode (see the module doc); the prior where a clock did not move."""
+        pol = self.policy
         curve = _cached_profile(self.ctx, pol.k_max + 1, self.clock)
         if curve is None:
             return
-        ps = pol.policy.settings
-        pol.policy.cost = StepCost.from_points(*curve, window=ps.window, max_age=ps.max_age, quantile=ps.quantile)
+        ps = pol.settings
+        pol.cost = StepCost.from_points(*curve, window=ps.window, max_age=ps.max_age, quantile=ps.quantile)
+        model = self._parts[1]
         if model is not None:
             small = _cached_profile(model.ctx, 1, self.clock)
             if small is not None:  # before the draft model is timed in step: its one-token decode over the target's
-                pol.policy.neural_cost = float(small[1][0] / curve[1][0])
-
-    def _policy_draft(self, new: list[int], cap: int, remaining: int | None, res: GenerateResult) -> tuple[str, list[int]]:
-        """This step's ``(source, draft)`` as the policy chooses, at most ``cap`` tokens; times the
-        draft model's call for the policy."""
-        sa, model = self._parts
-        pol, clock = self.policy, self.clock
-        match, offer = 0, []
-        t = time.perf_counter()
-        if sa is not None:
-            match, offer = sa.lookup(new)
-        pol.offer(match, offer, sa is not None and sa.branched)  # scored against what this step emits, drafted or not
-        offer = offer[:cap]
-        model_k = min(model.k, cap) if model is not None else 0
-        behind = model.behind(new) if model_k else 1
-        res.draft_s += time.perf_counter() - t
-        source, n = pol.choose(match, len(offer), model_k, behind, remaining=remaining)
-        if source == "draft" and n > 0:
-            t, c0, f0 = time.perf_counter(), clock(), model.forwards
-            draft = model.propose(new, k=min(n, cap))[:cap]
-            spent = clock() - c0
-            res.draft_s += time.perf_counter() - t
-            if spent > 0:
-                pol.observe_draft_call(spent, read=behind, drafted=max(model.forwards - f0, 1))
-            return ("draft" if draft else "none"), draft
-        if model is not None:
-            model.note(new)  # read when it next drafts
-        if source == "sa" and n > 0:
-            return sa.source, offer[:n]
-        return "none", []
+                pol.neural_cost = float(small[1][0] / curve[1][0])
 
     def check_prompt(self, prompt_ids: Any) -> np.ndarray:
         """``prompt_ids`` as int32 [L]; ``ValueError`` where it is empty, does not fit or holds bad ids."""
@@ -396,99 +413,179 @@ class Speculator:
             raise ValueError(f"prompt_ids must be below the vocabulary size {self.ctx.n_vocab}")
         return prompt
 
+    def check_options(self, options: Any) -> DraftOptions:
+        """``options`` (None, a ``saspec.options.DraftOptions`` or a mapping of its keys) as ``DraftOptions``;
+        ``TypeError``/``ValueError`` naming a bad one, or hints where no automaton drafts or ids at or
+        above the vocabulary size (a draft of them could not be decoded)."""
+        opts = parse_options(options, "options")
+        if opts.hints is not None:
+            if self._parts is None or self._parts[0] is None:
+                raise ValueError("options: hints need saspec's automaton (an SADraftModel or a LlamaCppHybridDrafter "
+                                 f"as the drafter), got {type(self.drafter).__name__}")
+            if int(opts.hints.max()) >= self.ctx.n_vocab:
+                raise ValueError(f"options: hints must be token ids below the vocabulary size {self.ctx.n_vocab}")
+        return opts
+
     def steps(self, prompt_ids: Any, sampler: Sampler, stats: GenerateResult | None = None,
-              max_tokens: int | None = None) -> Iterator[list[int]]:
+              max_tokens: int | None = None, options: Any = None) -> Iterator[list[int]]:
         """Yield the tokens each step emits (the first: the prefill's one token) until the context is full.
 
-        The consumer stops when it has enough; the KV cache then holds the
-        prompt and the emitted tokens but the last one (positions of
-        ``llama.input_ids``, ``llama.n_tokens``), plus any later tokens of the
-        step it stopped in. ``max_tokens`` (optional): drafts are cut so that
-        no step emits past this many tokens in all. ``stats`` (optional) is
-        updated in place.
+        The consumer stops when it has enough (and closes the generator: the
+        drafter then finishes the sequence; a later call finishes one left
+        open); the KV cache then holds the prompt and the emitted tokens but
+        the last one (positions of ``llama.input_ids``, ``llama.n_tokens``),
+        plus any later tokens of the step it stopped in. ``max_tokens``
+        (optional): drafts are cut so that no step emits past this many tokens
+        in all. ``stats`` (optional) is updated in place. ``options``: the
+        sequence's drafting options (:meth:`check_options`).
+
+        Raises:
+            TypeError, ValueError: a bad prompt or option, at the first ``next`` and before the model runs.
         """
         prompt = self.check_prompt(prompt_ids)
+        opts = self.check_options(options)
         res = stats if stats is not None else GenerateResult(tokens=[])
-        ctx, drafter = self.ctx, self.drafter
+        ctx, drafter, drafts, clock = self.ctx, self.drafter, self.drafts, self.clock
+        model = None if self._parts is None else self._parts[1]
+        self._finish()  # a sequence whose consumer stopped without closing it: its KV cache is gone anyway
         t0 = time.perf_counter()
+        rid = None
+        if drafts is not None:  # the automaton is built on a background thread while the target prefills
+            rid = self._rid = next(self._ids)
+            drafts.start(rid, prompt, self._capped(opts), max_new_tokens=max_tokens)
+        t1 = time.perf_counter()
         keep = min(ctx.common_prefix(prompt), prompt.size - 1)  # the last prompt token is decoded again for its logits
         ctx.truncate(keep)
         logits = ctx.decode(prompt[keep:].tolist(), want_last=True)
         new = [sampler.first(logits, ())]
-        res.prefill_s += time.perf_counter() - t0
-        if drafter is not None:
-            t = time.perf_counter()
+        res.prefill_s += time.perf_counter() - t1
+        t = time.perf_counter()
+        if model is not None:
+            model.begin(prompt)
+        elif drafts is None and drafter is not None:
             drafter.begin(prompt)
-            res.draft_s += time.perf_counter() - t
-        pol, clock = self.policy, self.clock
-        if pol is not None:
-            pol.begin()  # a new sequence: its prompt is a first read; an offer left by an early stop is dropped
+        res.draft_s += time.perf_counter() - t + (t1 - t0)
+        limit = self.max_draft if opts.drafts else 0  # another drafter's cap
+        if opts.max_draft_tokens is not None:
+            limit = min(limit, opts.max_draft_tokens)
         recent: list[int] = []
         emitted = 0
-        while True:
-            yield new
-            emitted += len(new)
-            recent.extend(new)
-            if len(recent) > 2 * max(sampler.penalty_last_n, 1):
-                del recent[: len(recent) - sampler.penalty_last_n]
-            room = ctx.n_ctx - ctx.n_past - 1  # positions left after the last emitted token's
-            if room < 0:
-                res.stop = "context"
-                return
-            draft: list[int] = []
-            source = "none"
-            cap = min(self.max_draft, room)
-            if max_tokens is not None:
-                cap = min(cap, max(max_tokens - emitted - 1, 0))
-            if pol is not None and room > 0:
-                source, draft = self._policy_draft(new, cap, None if max_tokens is None else max_tokens - emitted, res)
-            elif drafter is not None and room > 0:
-                t = time.perf_counter()
-                draft = drafter.propose(new)
-                res.draft_s += time.perf_counter() - t
-                source = getattr(drafter, "source", "sa") if len(draft) else "none"
-                draft = [int(d) for d in draft[:cap]]
-            t, c0 = time.perf_counter(), clock()
-            base = ctx.n_past
-            rows = ctx.decode([new[-1]] + draft, want_from=0)
-            new = sampler.verify(rows, draft, recent)
-            ctx.truncate(base + len(new))  # the last emitted token and the kept drafts stay
-            res.decode_s += time.perf_counter() - t
-            if pol is not None:
-                pol.observe_forward(1 + len(draft), clock() - c0)  # the whole step: decode and verify
-                if source == "draft":
-                    pol.observe("draft", 0, len(draft), len(new) - 1)
-                pol.observe_tokens(new)
-            res.steps += 1
-            res.steps_by_source[source] = res.steps_by_source.get(source, 0) + 1
+        seconds, verified = math.nan, 0  # the last target decode (none yet: the prefill is not a step)
+        try:
+            while True:
+                yield new
+                emitted += len(new)
+                recent.extend(new)
+                if len(recent) > 2 * max(sampler.penalty_last_n, 1):
+                    del recent[: len(recent) - sampler.penalty_last_n]
+                room = ctx.n_ctx - ctx.n_past - 1  # positions left after the last emitted token's
+                if room < 0:
+                    res.stop = "context"
+                    return
+                draft: list[int] = []
+                source = "none"
+                cap = min(self.max_draft, room)
+                if max_tokens is not None:
+                    cap = min(cap, max(max_tokens - emitted - 1, 0))
+                if drafts is not None:
+                    source, draft = self._draft(rid, new, cap, None if max_tokens is None else max_tokens - emitted,
+                                                seconds, verified, res)
+                elif drafter is not None and room > 0:
+                    t = time.perf_counter()
+                    draft = drafter.propose(new)
+                    res.draft_s += time.perf_counter() - t
+                    draft = [int(d) for d in draft[:min(cap, limit)]]
+                    source = getattr(drafter, "source", "sa") if draft else "none"
+                t, c0 = time.perf_counter(), clock()
+                base = ctx.n_past
+                rows = ctx.decode([new[-1]] + draft, want_from=0)
+                new = sampler.verify(rows, draft, recent)
+                ctx.truncate(base + len(new))  # the last emitted token and the kept drafts stay
+                res.decode_s += time.perf_counter() - t
+                seconds, verified = clock() - c0, 1 + len(draft)  # the whole step: decode and verify
+                res.steps += 1
+                res.steps_by_source[source] = res.steps_by_source.get(source, 0) + 1
+                if draft:
+                    res.drafted[source] = res.drafted.get(source, 0) + len(draft)
+                    res.accepted[source] = res.accepted.get(source, 0) + len(new) - 1
+        finally:
+            self._finish(rid)
+
+    def _capped(self, opts: DraftOptions) -> DraftOptions:
+        """``opts`` with ``max_draft`` as its cap where that is lower (the policy then drafts within it)."""
+        cap = opts.max_draft_tokens
+        if self.max_draft < self.drafts.k and (cap is None or cap > self.max_draft):
+            return dataclasses.replace(opts, max_draft_tokens=self.max_draft)
+        return opts
+
+    def _finish(self, rid: int | None = None) -> None:
+        """Finish the drafter's sequence (``rid``, or whichever is open): its text joins the pool."""
+        if self._rid is not None and (rid is None or rid == self._rid):
+            self.drafts.finish(self._rid)
+            self._rid = None
+
+    def _draft(self, rid: int, new: list[int], cap: int, remaining: int | None, seconds: float, verified: int,
+               res: GenerateResult) -> tuple[str, list[int]]:
+        """This step's ``(source, draft)`` from the drafter, at most ``cap`` tokens: it takes the tokens the
+        last step emitted and that step's decode (``seconds`` over ``verified`` tokens); the draft model
+        runs, timed, where it is chosen, and otherwise reads the new tokens when it next drafts."""
+        drafts = self.drafts
+        sa, model = self._parts
+        t = time.perf_counter()
+        model_k = min(model.k, cap) if model is not None else 0
+        behind = model.behind(new) if model_k else 1
+        batch = drafts.step([rid], np.asarray(new, np.int32).reshape(1, -1), np.array([len(new)], np.int32),
+                            width=self.ctx.n_ctx, seconds=seconds, step_tokens=verified,
+                            neural_k=model_k if drafts.policy is not None else 0, neural_behind=behind,
+                            remaining=remaining)
+        res.draft_s += time.perf_counter() - t
+        source, n = int(batch.sources[0]), int(batch.lengths[0])
+        if drafts.policy is None:  # the fixed rules: the automaton past the hybrid's threshold, else the draft model
+            if source == AUTOMATON and self.threshold is not None and batch.match[0] < self.threshold:
+                source = NONE
+            if source != AUTOMATON and model_k and batch.max_lengths[0] > 0:
+                source, n = NEURAL, min(model_k, int(batch.max_lengths[0]))
+        if source == NEURAL:
+            t, c0, f0 = time.perf_counter(), self.clock(), model.forwards
+            draft = model.propose(new, k=min(n, cap))
+            spent = self.clock() - c0
+            res.draft_s += time.perf_counter() - t
+            drafts.time_neural(spent, read=behind, drafted=max(model.forwards - f0, 1))
+            if len(draft) != n:
+                drafts.neural_drafted([len(draft)])
+            return ("draft" if draft else "none"), draft
+        if model is not None:
+            model.note(new)  # read when it next drafts
+        if source == AUTOMATON:
+            draft = batch.row(0)[: min(cap, sa.k)]
             if draft:
-                res.drafted[source] = res.drafted.get(source, 0) + len(draft)
-                res.accepted[source] = res.accepted.get(source, 0) + len(new) - 1
+                return ("pool" if drafts.drafts.source[0] else "sa"), draft
+        return "none", []
 
     def generate(self, prompt_ids: Any, max_tokens: int, sampler: Sampler | None = None,
-                 stop_at_eog: bool = True) -> GenerateResult:
+                 stop_at_eog: bool = True, options: Any = None) -> GenerateResult:
         """Up to ``max_tokens`` tokens after ``prompt_ids`` (see :func:`generate`)."""
         max_tokens = check_int(max_tokens, "max_tokens", 1)
         sampler = sampler if sampler is not None else Sampler()
         res = GenerateResult(tokens=[])
         out = res.tokens
-        for new in self.steps(prompt_ids, sampler, res, max_tokens):
-            for t in new:
-                out.append(t)
-                if stop_at_eog and self.ctx.is_eog(t):
-                    res.stop = "eog"
-                    return res
-                if len(out) >= max_tokens:
-                    res.stop = "length"
-                    return res
+        with contextlib.closing(self.steps(prompt_ids, sampler, res, max_tokens, options)) as steps:
+            for new in steps:
+                for t in new:
+                    out.append(t)
+                    if stop_at_eog and self.ctx.is_eog(t):
+                        res.stop = "eog"
+                        return res
+                    if len(out) >= max_tokens:
+                        res.stop = "length"
+                        return res
         return res
 
 
 def generate(llama: Any, prompt_ids: Any, max_tokens: int, drafter: Any = None, *, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-             stop_at_eog: bool = True, max_draft: int | None = None,
-             policy: bool | PolicySettings | SequencePolicy = True,
-             clock: Callable[[], float] | None = None, profile: bool = True) -> GenerateResult:
+             stop_at_eog: bool = True, max_draft: int | None = None, policy: bool | PolicySettings = True,
+             clock: Callable[[], float] | None = None, profile: bool = True, options: Any = None) -> GenerateResult:
     """Generate up to ``max_tokens`` tokens after ``prompt_ids`` with speculative decoding.
 
     Args:
@@ -497,24 +594,30 @@ def generate(llama: Any, prompt_ids: Any, max_tokens: int, drafter: Any = None, 
             the prompt and the output (its ``n_tokens``/``input_ids`` say so).
         prompt_ids: 1-D token ids, at least one, below the vocabulary size.
         max_tokens: the most tokens to generate (>= 1).
-        drafter: ``None`` (plain decoding, one token per step), or an object
-            with ``begin(prompt)`` and ``propose(new_tokens) -> list[int]`` (an
-            ``SADraftModel``, ``ModelDrafter`` or ``LlamaCppHybridDrafter``).
+        drafter: ``None`` (plain decoding, one token per step), an
+            ``SADraftModel``, ``ModelDrafter`` or ``LlamaCppHybridDrafter``, or
+            another object with ``begin(prompt)`` and ``propose(new_tokens) -> list[int]``.
         temperature, top_k, top_p, min_p, seed: the sampling (:class:`Sampler`;
             temperature 0 is greedy).
         stop_at_eog: stop after an end-of-generation token (kept in the output).
         max_draft: cut every draft to this many tokens (default ``n_batch - 1``).
         policy, clock, profile: the drafting choice (:class:`Speculator`; default:
             the policy, on this ``Llama``'s profiled step cost; ``False``: the
-            drafter's fixed rules).
+            fixed rules).
+        options: this call's drafting options: None, or a mapping (or
+            ``saspec.options.DraftOptions``) of ``enabled`` (False: no drafts),
+            ``max_draft_tokens`` (int >= 0: no step verifies more draft tokens)
+            and ``hints`` (token ids the automaton's drafts may copy from; they
+            need an ``SADraftModel`` or the hybrid, and ids below the vocabulary size).
 
     Returns:
         a :class:`GenerateResult` (``tokens``: the generated ids, prompt excluded).
 
     Raises:
-        ValueError, TypeError: a bad argument (raised before the model runs).
+        ValueError, TypeError: a bad argument or option (raised before the model runs).
     """
     sampler = Sampler(temperature, top_k, top_p, min_p, seed=seed)
-    spec = Speculator(llama, drafter, max_draft, policy=policy, clock=clock, profile=profile)
-    spec.check_prompt(prompt_ids)
-    return spec.generate(prompt_ids, max_tokens, sampler, stop_at_eog)
+    with Speculator(llama, drafter, max_draft, policy=policy, clock=clock, profile=profile) as spec:
+        spec.check_prompt(prompt_ids)
+        spec.check_options(options)
+        return spec.generate(prompt_ids, max_tokens, sampler, stop_at_eog, options)

@@ -14,16 +14,31 @@ Every option of ``python -m llama_cpp.server`` works as there (they are passed t
   automaton (``--saspec-draft-k`` tokens at most, stopping below probability
   ``--saspec-p-min``). It is loaded with the target's ``n_ctx``, ``n_batch``,
   ``n_threads`` and ``n_gpu_layers``.
-* The drafting choice: by default saspec's policy (``saspec.policy.SequencePolicy``,
-  one per served model, learning across requests) chooses each step's source (the
-  automaton, the draft model, or none) and draft length from timings of every target
-  decode and draft-model call, so the draft model drafts only where it pays.
+* The drafting choice: by default saspec's drafting policy (one per served model, in
+  its :class:`saspec.drafter.Drafter`, learning across requests) chooses each step's
+  source (the automaton, the draft model, or none) and draft length from timings of
+  every target decode and draft-model call, so the draft model drafts only where it pays.
   ``--saspec-no-policy`` turns the policy off for the fixed rules: the per-match rule
   (``ceil(2 m)`` tokens after a match of ``m >= 3``), and with a draft model, the
   automaton where its match is at least ``--saspec-threshold`` tokens (default 4),
   the draft model otherwise (``--saspec-threshold`` is used only then).
 * ``--saspec-pool-tokens N``: memory across requests (a :class:`saspec.RequestPool` of
   at most N tokens shared by every request; 0, the default: off).
+
+Per-request options (``saspec.options``) travel in the request body of
+``/v1/completions`` and ``/v1/chat/completions``, as a field ``"saspec"``::
+
+    {"prompt": "...", "max_tokens": 256, "saspec": {"enabled": false}}
+    {"prompt": "...", "saspec": {"max_draft_tokens": 2, "hints": [1234, 567, 89]}}
+
+or as flat fields ``saspec_enabled``, ``saspec_max_draft_tokens``, ``saspec_hints``
+(``saspec.options.options_from_fields``). ``enabled: false``: the request gets no draft
+token; ``max_draft_tokens``: no step verifies more draft tokens for it; ``hints``: token
+ids (below the vocabulary size) its automaton drafts may copy from, e.g. a file the
+answer edits that the prompt does not hold. A bad option (unknown key, wrong type,
+negative cap, ids out of range) is an HTTP 400 naming it, before the request is
+queued. Requests that fall back to llama-cpp-python's own loop (below) get no drafts
+at all.
 
 How: the launcher wraps ``llama_cpp.server.model.LlamaProxy.load_llama_from_model_settings``
 at run time (no file of the installed package changes) so that each ``Llama`` it
@@ -38,10 +53,14 @@ llama-cpp-python's server does.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
+from ...options import DraftOptions, options_from_fields, parse_options
 from ...pool import RequestPool
 from ...rules import HYBRID_THRESHOLD
 from .drafter import DEFAULT_K, DEFAULT_MODEL_K, DEFAULT_P_MIN, LlamaCppHybridDrafter, ModelDrafter, SADraftModel
@@ -79,6 +98,28 @@ def parse_saspec_args(argv: Sequence[str]) -> tuple[SaspecSettings, list[str]]:
     return s, rest
 
 
+#: The saspec options of the request being served in this context (None: the defaults); set by
+#: :class:`OptionsMiddleware` from the request body, or by :func:`request_options`.
+_REQUEST_OPTIONS: ContextVar[DraftOptions | None] = ContextVar("saspec_request_options", default=None)
+
+
+@contextlib.contextmanager
+def request_options(options: Any) -> Iterator[DraftOptions]:
+    """Serve the requests made inside the block (``create_completion`` and the like on a ``Llama`` given
+    saspec's ``generate``, in this thread or task) with these drafting options: a mapping of
+    ``enabled``, ``max_draft_tokens``, ``hints`` or a ``saspec.options.DraftOptions``.
+
+    Raises:
+        TypeError, ValueError: a bad option, naming it (before anything runs).
+    """
+    opts = parse_options(options, "saspec options")
+    token = _REQUEST_OPTIONS.set(opts)
+    try:
+        yield opts
+    finally:
+        _REQUEST_OPTIONS.reset(token)
+
+
 #: What llama-cpp-python's ``Llama.generate`` takes that the loop honours; other values fall back.
 _FALLBACK_DEFAULTS = {"typical_p": 1.0, "mirostat_mode": 0, "logits_processor": None, "stopping_criteria": None,
                       "grammar": None, "reset": True}
@@ -93,7 +134,9 @@ class SaspecGenerate:
         policy: :class:`~.loop.Speculator`'s ``policy`` (default True: saspec's policy).
 
     Calling it takes ``Llama.generate``'s arguments and yields tokens one at a
-    time; what the loop cannot honour goes to the original ``generate``.
+    time, with the drafting options of the request being served
+    (:func:`request_options`); what the loop cannot honour goes to the
+    original ``generate``.
     """
 
     def __init__(self, llama: Any, drafter: Any, policy: Any = True) -> None:
@@ -125,8 +168,89 @@ class SaspecGenerate:
         sampler = Sampler(temp, max(int(top_k), 0), top_p if 0 < top_p <= 1 else 1.0, min(max(min_p, 0.0), 0.999),
                           repeat_penalty, frequency_penalty, presence_penalty,
                           int(getattr(self.llama, "last_n_tokens_size", 64)), seed=seed)
-        for new in self.spec.steps(tokens, sampler):
-            yield from new
+        with contextlib.closing(self.spec.steps(tokens, sampler, options=_REQUEST_OPTIONS.get())) as steps:
+            for new in steps:
+                yield from new
+
+
+#: The request paths whose JSON body may carry saspec options.
+OPTION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions")
+
+_Asgi = Callable[..., Awaitable[None]]
+
+
+class OptionsMiddleware:
+    """ASGI middleware for llama-cpp-python's server: each completion request's saspec options from its
+    JSON body (the ``"saspec"`` field or the flat ``saspec_*`` ones, ``saspec.options.options_from_fields``),
+    an HTTP 400 naming a bad one (the request goes no further), else the request served with them
+    (:func:`request_options`'s context, which the server's worker threads inherit).
+
+    Args:
+        app: the ASGI app it wraps.
+        vocab: returns the vocabulary size hint ids must stay below (the smallest of the models
+            served), or None where none is loaded yet (the loop then checks them).
+    """
+
+    def __init__(self, app: _Asgi, vocab: Callable[[], int | None] = lambda: None) -> None:
+        self.app, self.vocab = app, vocab
+
+    async def __call__(self, scope: dict, receive: _Asgi, send: _Asgi) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in OPTION_PATHS:
+            await self.app(scope, receive, send)
+            return
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before its body arrived
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            opts = self.options(body)
+        except (TypeError, ValueError) as e:
+            await _send_json(send, 400, {"error": {"message": str(e), "type": "invalid_request_error",
+                                                   "param": "saspec", "code": None}})
+            return
+        sent = False
+
+        async def replay() -> dict:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        token = _REQUEST_OPTIONS.set(opts)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            _REQUEST_OPTIONS.reset(token)
+
+    def options(self, body: bytes) -> DraftOptions | None:
+        """The options in a request body (None: it is not a JSON object; the server answers that itself).
+
+        Raises:
+            TypeError, ValueError: a bad option, naming it.
+        """
+        try:
+            fields = json.loads(body)
+        except ValueError:
+            return None
+        if not isinstance(fields, dict):
+            return None
+        opts = options_from_fields(fields)
+        n_vocab = self.vocab()
+        if opts.hints is not None and n_vocab is not None and int(opts.hints.max()) >= n_vocab:
+            raise ValueError(f"saspec options: hints must be token ids below the vocabulary size {n_vocab}")
+        return opts
+
+
+async def _send_json(send: _Asgi, status: int, payload: dict) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def attach(llama: Any, settings: SaspecSettings, pool: RequestPool | None = None, draft: Any = None) -> SaspecGenerate:
@@ -161,12 +285,20 @@ def describe(settings: SaspecSettings) -> str:
     return what + (f", pool of {settings.pool_tokens} tokens" if settings.pool_tokens else "")
 
 
-def install(settings: SaspecSettings) -> None:
-    """Make llama-cpp-python's server give every ``Llama`` it loads saspec's ``generate``."""
+def install(settings: SaspecSettings) -> list[SaspecGenerate]:
+    """Make llama-cpp-python's server give every ``Llama`` it loads saspec's ``generate``, and every app
+    its ``create_app`` makes the :class:`OptionsMiddleware` (call it before the server's ``__main__``
+    imports ``create_app``, as :func:`main` does).
+
+    Returns:
+        the :class:`SaspecGenerate` of each model loaded, appended as the server loads them.
+    """
     import llama_cpp
+    from llama_cpp.server import app as server_app
     from llama_cpp.server.model import LlamaProxy
 
     pool = RequestPool(settings.pool_tokens) if settings.pool_tokens else None
+    attached: list[SaspecGenerate] = []
     load = LlamaProxy.load_llama_from_model_settings
 
     def load_with_saspec(model_settings: Any) -> Any:
@@ -178,11 +310,26 @@ def install(settings: SaspecSettings) -> None:
             draft = llama_cpp.Llama(model_path=settings.draft_model, n_ctx=llama.n_ctx(), n_batch=llama.n_batch,
                                     n_threads=model_settings.n_threads, n_threads_batch=model_settings.n_threads_batch,
                                     n_gpu_layers=model_settings.n_gpu_layers, verbose=model_settings.verbose)
-        attach(llama, settings, pool, draft)
+        attached.append(attach(llama, settings, pool, draft))
         print(f"saspec: {model_settings.model} decodes with saspec's loop ({describe(settings)})", file=sys.stderr)
         return llama
 
     LlamaProxy.load_llama_from_model_settings = staticmethod(load_with_saspec)
+    create = server_app.create_app
+
+    def vocab() -> int | None:
+        return min((g.spec.ctx.n_vocab for g in attached), default=None)
+
+    def create_with_saspec(*args: Any, **kwargs: Any) -> Any:
+        app = create(*args, **kwargs)
+        app.add_middleware(OptionsMiddleware, vocab=vocab)
+        return app
+
+    server_app.create_app = create_with_saspec
+    entry = sys.modules.get("llama_cpp.server.__main__")
+    if entry is not None:  # imported already: it holds create_app by name
+        entry.create_app = create_with_saspec
+    return attached
 
 
 def main(argv: Sequence[str] | None = None) -> None:

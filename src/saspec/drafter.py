@@ -62,13 +62,12 @@ _I32 = np.dtype(np.int32)
 
 
 @njit(nogil=True, cache=True)
-def _finish_rows(draft, lengths, sources, derive, match, lens, caps, any_cap, k, tokens, lengths_out, sources_out,
-                 match_out, caps_out):
+def _finish_rows(draft, lengths, sources, derive, match, lens, caps, any_cap, k, tokens, rows):
     """A step's :class:`DraftBatch` arrays for its B rows: ``tokens[b]`` row b's ``draft`` up to its length where
-    its source is AUTOMATON, -1 after and elsewhere; its length; its source (with ``derive``: AUTOMATON where its
-    length is > 0, else NONE; else ``sources[b]``); its ``match`` (0 where ``lens[b]`` is 0); its cap
-    (``max(caps[b], 0)`` with ``any_cap``, else ``k``). Returns (rows drafted for, draft tokens, the longest
-    draft, rows of the neural drafter)."""
+    its source is AUTOMATON, -1 after and elsewhere; ``rows[:, b]``: its length; its source (with ``derive``:
+    AUTOMATON where its length is > 0, else NONE; else ``sources[b]``); its ``match`` (0 where ``lens[b]`` is
+    0); its cap (``max(caps[b], 0)`` with ``any_cap``, else ``k``). Returns (rows drafted for, draft tokens,
+    the longest draft, rows of the neural drafter)."""
     width = draft.shape[1]
     drafted = total = longest = neural = 0
     for i in range(draft.shape[0]):
@@ -79,10 +78,10 @@ def _finish_rows(draft, lengths, sources, derive, match, lens, caps, any_cap, k,
             tokens[i, j] = draft[i, j]
         for j in range(cut, width):
             tokens[i, j] = -1
-        lengths_out[i] = n
-        sources_out[i] = s
-        match_out[i] = match[i] if lens[i] > 0 else 0
-        caps_out[i] = max(caps[i], 0) if any_cap else k
+        rows[0, i] = n
+        rows[1, i] = s
+        rows[2, i] = match[i] if lens[i] > 0 else 0
+        rows[3, i] = max(caps[i], 0) if any_cap else k
         if n != 0:
             drafted += 1
             total += n
@@ -218,7 +217,7 @@ class Drafter:
         self._any_cap = False
         self._never = False  # a row of the batch is never drafted for (see _batch_options)
         self._disabled = 0  # rows of the batch with drafting off
-        self._out: tuple | None = None  # (rows, neural_k, the DraftBatch over this drafter's output buffers)
+        self._out: tuple | None = None  # (rows, neural_k, the DraftBatch over this drafter's buffers, its [4, B] one)
         self._prev: _Offers | None = None  # the last step's offers, for a step with a neural drafter
         self._share = CatchUpShare()
         self._closed = False
@@ -453,14 +452,13 @@ class Drafter:
         out = self._out
         if out is None or out[0] != b or out[1] != neural_k:
             k = self.k
-            rows = np.zeros((4, b), np.int32)
+            rows = np.zeros((4, b), np.int32)  # lengths, sources, match, max_lengths
             out = self._out = (b, neural_k, DraftBatch(np.full((b, k), -1, np.int32), rows[0], rows[1], rows[2],
-                                                        neural_k, rows[3]))
+                                                        neural_k, rows[3]), rows)
         batch = out[2]
         derive = sources is None
         drafted, tokens, longest, neural = _finish_rows(draft, lengths, lengths if derive else sources, derive, match,
-                                                        lens, self._caps, self._any_cap, self.k, batch.tokens,
-                                                        batch.lengths, batch.sources, batch.match, batch.max_lengths)
+                                                        lens, self._caps, self._any_cap, self.k, batch.tokens, out[3])
         c = self._counts
         c["steps"] += 1
         c["rows"] += b

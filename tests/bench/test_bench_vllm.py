@@ -101,7 +101,8 @@ def test_proposer_cost_merges_children_and_reports_ratios():
     res = pc.merge(res, one(0.01, 0.02, 0.02))  # a second round: the best of each is kept
     res = pc.merge(res, one(0.03, 0.03, 0.01), pc.BASE)
     c = res["cells"][0]
-    assert len(res["cells"]) == 1 and res["proposers"][3:] == ["saspec-defaults@base", "saspec-fixed@base", "ngram@base"]
+    assert len(res["cells"]) == 1
+    assert res["proposers"][3:] == ["saspec-defaults@base", "saspec-fixed@base", "ngram@base"]
     assert c["saspec-defaults"]["steady_ms"] == 0.01 and c["saspec-defaults@base"]["steady_ms"] == 0.03
     assert c["ngram@base"]["first_ms"] == 0.1
     report = pc.format_report({"date": "d", "vllm": "v", "cpu": "x", "cpus": 2, "k": pc.K, "step_tokens": 3,

@@ -133,10 +133,10 @@ PROMPTS = {
 DRAFT_FOR = {"cycle": "draft-close", "count": "draft-count", "random": "draft-random"}
 
 
-def run(models, prompt_name, kind, max_new=60, eos=NO_EOS, **kw):
+def run(models, prompt_name, kind, max_new=60, eos=NO_EOS, options=None, **kw):
     target_name, prompt = PROMPTS[prompt_name]
     drafter = make_drafter(kind, draft_model=models[DRAFT_FOR[target_name]], **kw)
-    return speculative_generate(models[target_name], prompt, drafter, max_new, eos)
+    return speculative_generate(models[target_name], prompt, drafter, max_new, eos, options)
 
 
 @pytest.mark.parametrize("kind", DRAFTERS)
@@ -218,15 +218,15 @@ def test_max_new_tokens_boundaries(models, max_new):
         assert res.stats.draft_forwards == res.stats.drafted["draft"], kind
 
 
-@pytest.mark.parametrize("gate", [False, True])
+@pytest.mark.parametrize("policy", [False, True])
 @pytest.mark.parametrize("kind", DRAFTERS)
-def test_propose_keeps_to_the_limit(models, kind, gate):
+def test_propose_keeps_to_the_limit(models, kind, policy):
     """``propose(seq, limit)`` returns at most ``limit`` tokens, and at limit 0
     none, without running the draft model."""
     target_name, prompt = PROMPTS["loop"]
     draft_model = models[DRAFT_FOR[target_name]]
     for limit in (0, 2):
-        drafter = make_drafter(kind, draft_model=draft_model, k=8, gate=gate)
+        drafter = make_drafter(kind, draft_model=draft_model, k=8, policy=policy)
         lm = getattr(drafter, "lm", None) or getattr(getattr(drafter, "model", None), "lm", None)
         drafter.begin(prompt)
         tokens, source = drafter.propose(list(prompt), limit)
@@ -469,30 +469,26 @@ def test_sliding_window_model(models):
 
 from clocks import ModelClock  # noqa: E402
 
-from saspec.policy import SequencePolicy  # noqa: E402
-
 DEAR = lambda n: float(n)  # noqa: E731  (every verified token costs a forward: bf16 on a CPU without bf16 matmuls)
 CHEAP = lambda n: 1.0 + 0.01 * (n - 1)  # noqa: E731  (verifying is nearly free: a GPU at small batch)
 
 
 @pytest.mark.parametrize("prompt_name", list(PROMPTS))
 @pytest.mark.parametrize("kind", ["sa", "draft", "hybrid"])
-def test_gated_drafters_keep_greedy_output(models, prompt_name, kind):
+def test_drafters_with_the_policy_keep_greedy_output(models, prompt_name, kind):
     target_name, prompt = PROMPTS[prompt_name]
     expected = greedy(models[target_name], prompt, 60)
-    res = run(models, prompt_name, kind, k=8, gate=True)  # costs timed with the real clock
+    res = run(models, prompt_name, kind, k=8, policy=True)  # costs timed with the real clock
     assert res.tokens == expected
     assert sum(res.stats.steps.values()) == res.stats.target_forwards
 
 
-def _gated(models, prompt_name, kind, cost, draft_s=0.3, k=8):
-    """A gated drafter's run under a clock that the models' forwards advance."""
+def _with_policy(models, prompt_name, kind, cost, draft_s=0.3, k=8):
+    """A run of a drafter with the policy under a clock that the models' forwards advance."""
     target_name, prompt = PROMPTS[prompt_name]
     target, draft = models[target_name], models[DRAFT_FOR[target_name]]
     with ModelClock(target, cost, draft, draft_s) as clock:
-        gate = SequencePolicy(k, clock=clock)
-        drafter = {"sa": lambda: SADrafter(k, gate=gate), "draft": lambda: ModelDrafter(draft, k, gate=gate),
-                   "hybrid": lambda: SAModelDrafter(SADrafter(k), ModelDrafter(draft, k), gate=gate)}[kind]()
+        drafter = make_drafter(kind, draft_model=draft, k=k, policy=True, clock=clock)
         res = speculative_generate(target, prompt, drafter, 60, NO_EOS)
     assert res.tokens == greedy(target, prompt, 60)
     return res.stats, clock.t - len(prompt)  # the decode's time: the prefill costs len(prompt)
@@ -501,7 +497,7 @@ def _gated(models, prompt_name, kind, cost, draft_s=0.3, k=8):
 def test_policy_costs_about_plain_decoding_where_verify_is_dear(models):
     for prompt_name in PROMPTS:
         for kind in ("sa", "draft", "hybrid"):
-            st, decode = _gated(models, prompt_name, kind, DEAR)
+            st, decode = _with_policy(models, prompt_name, kind, DEAR)
             # plain: 59 one-token forwards. Finding out costs a few steps: the policy takes two timings of
             # a size before it believes it dearer than its prior shape says (one slow timing moves nothing),
             # and a neural step that finds out also pays its draft forwards.
@@ -510,44 +506,44 @@ def test_policy_costs_about_plain_decoding_where_verify_is_dear(models):
 
 
 def test_policy_drafts_where_verify_is_cheap(models):
-    st, _ = _gated(models, "loop", "sa", CHEAP)
+    st, _ = _with_policy(models, "loop", "sa", CHEAP)
     assert st.frac("sa") > 0.6 and st.al > 5.0  # the long copy is drafted at full length
-    st, _ = _gated(models, "count", "hybrid", CHEAP)
+    st, _ = _with_policy(models, "count", "hybrid", CHEAP)
     assert st.steps["sa"] == 0 and st.steps["draft"] > 0 and st.al > 1.5  # no SA match: the close draft model
-    st, _ = _gated(models, "count", "hybrid", CHEAP, draft_s=5.0)
+    st, _ = _with_policy(models, "count", "hybrid", CHEAP, draft_s=5.0)
     assert st.draft_forwards <= 8 + 1  # tried once at its prior cost, then never: a draft token dearer than a step
 
 
-def test_gated_hybrid_drives_its_parts(models):
-    gate = SequencePolicy(8)
-    with pytest.raises(ValueError, match="give them no gate"):
-        SAModelDrafter(SADrafter(8, gate=gate), ModelDrafter(models["draft-close"], 8), gate=gate)
+def test_the_hybrid_drives_its_parts(models):
+    for sa_policy, model_policy in ((True, False), (False, True)):
+        with pytest.raises(ValueError, match="give them no policy"):
+            SAModelDrafter(SADrafter(8, policy=sa_policy), ModelDrafter(models["draft-close"], 8, policy=model_policy),
+                           policy=True)
 
 
 def test_policy_does_not_start_the_draft_model_where_each_verified_token_costs_a_forward(models):
     target_name, prompt = PROMPTS["count"]
     clock = [0.0]
-    gate = SequencePolicy(8, clock=lambda: clock[0])
-    drafter = ModelDrafter(models[DRAFT_FOR[target_name]], 8, gate=gate)
+    drafter = ModelDrafter(models[DRAFT_FOR[target_name]], 8, policy=True, clock=lambda: clock[0])
     drafter.begin(prompt)
     seq = list(prompt)
     for _ in range(30):
         draft, _ = drafter.propose(seq, limit=30)
-        gate.observe_forward(1 + len(draft), 0.3 * (1 + len(draft)))  # each verified token costs a forward
         seq.append(int(seq[-1]) % 50 + 1)
-        drafter.update(seq, 1)
+        # each verified token costs a forward
+        drafter.update(seq, 1, seconds=0.3 * (1 + len(draft)), tokens=1 + len(draft))
     assert drafter.lm.forwards <= 8 + 1  # tried once at most: the catch-up over the prompt never pays
     drafter.end()
 
 
-def test_bench_e2e_fixed_methods_run_the_fixed_rules_beside_the_gate(models):
-    """``saspec bench-e2e --methods sa,sa-fixed`` interleaves the gated SA and the fixed rules in one run."""
+def test_bench_e2e_fixed_methods_run_the_fixed_rules_beside_the_policy(models):
+    """``saspec bench-e2e --methods sa,sa-fixed`` interleaves the SA with the policy and the fixed rules in one run."""
     from argparse import Namespace
 
     from saspec_bench.commands.e2e import run_method
 
     target_name, prompt = PROMPTS["loop"]
-    args = Namespace(k=8, draft_k=8, threshold=4, stop_below=0.0, per_match=2.0, patience=0, gate=True)
+    args = Namespace(k=8, draft_k=8, threshold=4, stop_below=0.0, per_match=2.0, patience=0, policy=True)
     fixed = run_method("sa-fixed", models[target_name], models[DRAFT_FOR[target_name]], prompt, 40, args)
     plain_rules = speculative_generate(models[target_name], prompt, make_drafter("sa", k=8, per_match=2.0), 40)
     assert fixed.tokens == plain_rules.tokens and fixed.stats.target_forwards == plain_rules.stats.target_forwards
@@ -566,4 +562,117 @@ def test_a_pool_across_generations_drafts_from_the_earlier_outputs(models):
     pool.flush()
     assert first.tokens == second.tokens == expected
     assert first.stats.target_forwards == 60 and second.stats.target_forwards < 15, "the second copies the first"
-    assert pool.stats()["texts"] == 2 and pool.stats()["tokens"] == 2 * 61, "whole outputs, the last step's too"
+    # whole outputs, the last step's too; each with the prompt's last token, which the loop's first step appends
+    # (the drafts verified by the prefill are made from the whole prompt), and the pool's separator
+    assert pool.stats()["texts"] == 2 and pool.stats()["tokens"] == 2 * (1 + 60 + 1)
+
+
+# -- the library's Drafter holds the policy; per-request options pass through -------
+
+
+def _library_objects(obj, seen=None):
+    """The saspec library objects ``obj`` (a drafter of the loop) holds, looking through the loop's own
+    objects (its parts, its session), lists, tuples and dicts; the draft model (torch) is left alone."""
+    import saspec_bench.loop as loop
+
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    values = list(obj.values()) if isinstance(obj, dict) else list(obj) if isinstance(obj, (list, tuple)) else \
+        list(vars(obj).values()) if type(obj).__module__ == loop.__name__ else []
+    out = []
+    for v in values:
+        mod = type(v).__module__
+        if mod == "saspec" or mod.startswith("saspec."):
+            out.append(v)
+        elif mod == loop.__name__ or isinstance(v, (dict, list, tuple)):
+            out.extend(_library_objects(v, seen))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["sa", "draft", "hybrid"])
+def test_the_policy_lives_in_the_library_drafter(models, kind):
+    """A drafter of the loop holds one ``saspec.drafter.Drafter`` (with the policy, its ``DraftPolicy``)
+    and no other library state: no policy, cost model, offers or automaton of its own."""
+    from saspec import RequestPool
+    from saspec.drafter import Drafter
+    from saspec.policy import DraftPolicy
+
+    target_name, prompt = PROMPTS["enter-loop"]
+    pool = RequestPool(10_000)
+    for policy in (False, True):
+        drafter = make_drafter(kind, draft_model=models[DRAFT_FOR[target_name]], k=8, policy=policy, pool=pool)
+        res = speculative_generate(models[target_name], prompt, drafter, 30, NO_EOS)
+        assert res.tokens == greedy(models[target_name], prompt, 30)
+        held = _library_objects(drafter)
+        drafters = [o for o in held if isinstance(o, Drafter)]
+        others = [type(o).__name__ for o in held if not isinstance(o, (Drafter, RequestPool))]
+        assert len(drafters) == 1 and not others, (kind, policy, others)
+        assert isinstance(drafters[0].policy, DraftPolicy) if policy else drafters[0].policy is None
+        assert drafters[0].stats()["steps"] > 0
+        drafter.close()
+    pool.close()
+
+
+def _recording(drafter):
+    """``drafter`` with every proposal recorded in the returned list."""
+    proposed = []
+    propose = drafter.propose
+
+    def recording(seq, limit=None):
+        out, source = propose(seq, limit)
+        proposed.append(out)
+        return out, source
+
+    drafter.propose = recording
+    return proposed
+
+
+@pytest.mark.parametrize("policy", [False, True])
+@pytest.mark.parametrize("kind", ["sa", "draft", "hybrid"])
+def test_per_request_options_pass_through(models, kind, policy):
+    target_name, prompt = PROMPTS["loop"]
+    target = models[target_name]
+    expected = greedy(target, prompt, 40)
+    drafter = make_drafter(kind, draft_model=models[DRAFT_FOR[target_name]], k=8, policy=policy)
+    proposed = _recording(drafter)
+    off = speculative_generate(target, prompt, drafter, 40, NO_EOS, options={"enabled": False})
+    assert off.tokens == expected
+    assert off.stats.target_forwards == 40 and off.stats.draft_forwards == 0  # one target forward per token
+    assert not any(proposed)
+    proposed.clear()
+    capped = speculative_generate(target, prompt, drafter, 40, NO_EOS, options={"max_draft_tokens": 2})
+    assert capped.tokens == expected
+    assert max(map(len, proposed)) <= 2
+    if not policy:  # the fixed rules draft K = 8 on this copy: the cap is what cut them
+        assert max(map(len, proposed)) == 2 and capped.stats.target_forwards >= 40 / 3
+    with pytest.raises(ValueError, match="max_draft_tokens"):
+        speculative_generate(target, prompt, drafter, 40, NO_EOS, options={"max_draft_tokens": -1})
+    with pytest.raises(ValueError, match="enable"):
+        speculative_generate(target, prompt, drafter, 40, NO_EOS, options={"enable": False})
+    assert speculative_generate(target, prompt, drafter, 40, NO_EOS).tokens == expected  # still usable
+    drafter.close()
+
+
+def test_hints_give_the_automaton_text_to_copy(models):
+    """The count model's output occurs nowhere in its prompt; given as hints, the SA copies it."""
+    target_name, prompt = PROMPTS["count"]
+    expected = greedy(models[target_name], prompt, 60)
+    plain = run(models, "count", "sa", k=8)
+    hinted = run(models, "count", "sa", k=8, options={"hints": expected})
+    assert plain.tokens == hinted.tokens == expected
+    assert plain.stats.target_forwards == 60 and hinted.stats.target_forwards < 15
+    with pytest.raises(ValueError, match="options"):
+        speculative_generate(models[target_name], prompt, make_drafter("none"), 5, NO_EOS, options={"hint": [1]})
+
+
+def test_the_commands_turn_the_policy_off_with_no_policy():
+    from saspec_bench.cli import build_parser
+
+    parser = build_parser()
+    for cmd in (["generate", "--prompt", "x"], ["bench-e2e"]):
+        assert parser.parse_args(cmd).policy is True
+        assert parser.parse_args([*cmd, "--no-policy"]).policy is False
+        with pytest.raises(SystemExit):
+            parser.parse_args([*cmd, "--no-gate"])

@@ -21,7 +21,7 @@ One step::
     picks  = argmax(logits)                         # picks[i]: target's token after seq + drafts[:i]
     n      = longest prefix with drafts[:n] == picks[:n]
     seq   += drafts[:n] + [picks[n]]                # n accepted drafts + the bonus token
-    crop the target cache to len(seq) - 1; drafter.update(seq)
+    crop the target cache to len(seq) - 1; drafter.update(seq, n + 1, seconds=forward's)
 
 The first step feeds the whole prompt, so prefill and the first verification
 (of drafts made from the prompt alone) are the same forward; this is also what
@@ -29,10 +29,15 @@ The first step feeds the whole prompt, so prefill and the first verification
 simulator agree on the same output.
 
 Drafters: :class:`NoDrafter`, :class:`ModelDrafter` (a small LM with its own KV
-cache), :class:`SADrafter` (a :class:`~saspec.SpecEngine` suffix automaton),
-and :class:`SAModelDrafter` (the SA when its match is at least ``T`` tokens,
-otherwise the small LM, which then catches up on the tokens it did not see in
-one forward).
+cache), :class:`SADrafter` (a suffix automaton), and :class:`SAModelDrafter`
+(the SA when its match is at least ``T`` tokens, otherwise the small LM, which
+then catches up on the tokens it did not see in one forward). Each drives one
+library :class:`~saspec.drafter.Drafter` at batch 1, which holds the automaton,
+the cross-request pool, the drafting policy (``policy=True``: which source
+drafts, and how long, from costs timed as it runs) with the last step's offers,
+and the sequence's drafting options: the drafters here are the loop's glue
+(the draft model's KV cache, one ``Drafter.step`` per step with the tokens it
+emitted and the loop's timing of the target forward that verified them).
 
 Timing: :class:`GenStats` reports the prefill (the first step) and the decode
 (every later step) apart, since tok/s over a whole generation hides the decode
@@ -41,27 +46,30 @@ only on CPUs with native bf16 matmuls, float32 elsewhere; every result names
 the dtype it ran in. The model plumbing (``CausalLM``, the KV-cache helpers)
 is in :mod:`.lm`.
 
-Batch: the loop runs one sequence. Drafter state is per sequence and the SA
-already goes through the engine's batch API, so a batched loop needs a
-ragged/padded target forward and per-row cache crops; nothing else changes.
+Batch: the loop runs one sequence. The ``Drafter`` takes a batch of rows, so a
+batched loop needs a ragged/padded target forward and per-row cache crops;
+nothing else changes.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from saspec.engine import SpecEngine
+from saspec.drafter import POLICY, DraftBatch, Drafter
+from saspec.options import parse_options
+from saspec.policy import NEURAL
 from saspec.pool import RequestPool
-from saspec.policy import SequencePolicy
 from saspec.integrations.hf import SMALL_ROWS, fast_small_linears  # noqa: F401  (re-exported for the loop's users)
-from saspec.rules import DRAFT_LENGTH_RULES, HYBRID_THRESHOLD, draft_length
-from saspec.single import SingleSequence
+from saspec.rules import HYBRID_THRESHOLD
+from saspec.validate import as_tokens
 from .lm import CausalLM, count_forwards, model_dtype
 from .models import EOS_IDS
 
@@ -156,49 +164,135 @@ class GenResult:
 # -- drafters --------------------------------------------------------------------
 
 
-class Drafter(Protocol):
+class LoopDrafter(Protocol):
     """Proposes tokens that may follow a sequence.
 
-    ``begin(prompt)`` starts a sequence; ``propose(seq, limit)`` returns
-    ``(tokens, source)``: at most ``k`` tokens (and at most ``limit`` unless
-    it is None) and the source the drafter chose, ``"sa"``, ``"draft"`` or
-    ``"none"``. The loop passes as ``limit`` the draft tokens it can still
-    verify before ``max_new_tokens``, so no draft forward is spent on tokens it
-    would cut. ``update(seq, n_new)`` reports that the last ``n_new`` tokens of
-    ``seq`` were appended (verified); ``end()`` releases the sequence's state.
-    ``gate``: the drafter's :class:`~saspec.policy.SequencePolicy` or None; the loop
-    reports every verify forward's size and time to it.
+    ``begin(prompt, options)`` starts a sequence (``options``: its drafting options,
+    ``saspec.options``: ``enabled``, ``max_draft_tokens``, ``hints``; None: the
+    defaults); ``propose(seq, limit)`` returns ``(tokens, source)``: at most
+    ``k`` tokens (and at most ``limit`` unless it is None) and the source the
+    drafter chose, ``"sa"``, ``"draft"`` or ``"none"``. The loop passes as
+    ``limit`` the draft tokens it can still verify before ``max_new_tokens``, so
+    no draft forward is spent on tokens it would cut. ``update(seq, n_new,
+    seconds=, tokens=)`` reports that the last ``n_new`` tokens of ``seq`` were
+    appended (verified) by a target forward over ``tokens`` tokens that took
+    ``seconds`` (None: not timed, as the prefill); ``end()`` releases the
+    sequence's state, ``close()`` the drafter's. ``clock``: the time source the
+    loop times the target's forwards with (seconds).
     """
 
     name: str
-    gate: SequencePolicy | None
+    clock: Callable[[], float]
 
-    def begin(self, prompt: Sequence[int]) -> None: ...
+    def begin(self, prompt: Sequence[int], options: Any = None) -> None: ...
 
     def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]: ...
 
-    def update(self, seq: list[int], n_new: int) -> None: ...
+    def update(self, seq: list[int], n_new: int, *, seconds: float | None = None, tokens: int = 0) -> None: ...
 
     def end(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class NoDrafter:
     """No drafts: plain greedy decoding, one target forward per token."""
 
     name = "none"
-    gate = None
+    clock = staticmethod(time.perf_counter)
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        pass
+    def begin(self, prompt: Sequence[int], options: Any = None) -> None:
+        parse_options(options)  # a bad option is an error here too
 
     def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
         return [], "none"
 
-    def update(self, seq: list[int], n_new: int) -> None:
+    def update(self, seq: list[int], n_new: int, *, seconds: float | None = None, tokens: int = 0) -> None:
         pass
 
     def end(self) -> None:
         pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Session:
+    """One sequence at a time on a library :class:`~saspec.drafter.Drafter` at batch 1: the glue the
+    loop's drafters share. The Drafter holds the automaton, the pool, the drafting policy, the last
+    step's offers and the neural drafter's evidence; this holds which request runs and the tokens it
+    gained since its last step, with the loop's timing of the forward that verified them.
+
+    The Drafter drafts at a step that appends at least one token, so a request starts with its prompt
+    but the last token, which its first step appends: drafts made from the prompt alone are verified by
+    the prefill (a pool takes that token with the output). The Drafter is made at the first :meth:`begin` (a hybrid's parts never make theirs) and
+    kept across sequences, so what its policy learnt carries over.
+
+    Args:
+        k: the Drafter's K: the most draft tokens of a step from any source (>= 1).
+        length_rule: ``"policy"``, or a fixed rule of ``saspec.rules`` (see ``Drafter``).
+        length_scale: the fixed rules' tokens per matched token.
+        pool: a ``RequestPool`` the automaton also drafts from and each finished sequence joins.
+        automaton: False: no automaton drafts (a draft model alone).
+        clock: the Drafter's time source (seconds).
+    """
+
+    def __init__(self, k: int, *, length_rule: str, length_scale: float = 2.0, pool: RequestPool | None = None,
+                 automaton: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._settings = dict(length_rule=length_rule, length_scale=length_scale, min_match=1, pool=pool,
+                              automaton=automaton, clock=clock)
+        self.k = k
+        self.clock = clock
+        self.drafter: Drafter | None = None
+        self._ids = itertools.count()
+        self.rid: int | None = None
+        self._new: list[int] = []  # the tokens the sequence gained since its last step
+        self._seconds, self._tokens = math.nan, 0  # the forward that verified them
+
+    def begin(self, prompt: Sequence[int], options: Any) -> None:
+        tokens = as_tokens(prompt, "prompt")  # the whole prompt: its last token is appended at the first step
+        if tokens.shape[0] == 0:
+            raise ValueError("prompt is empty")
+        if self.drafter is None:
+            self.drafter = Drafter(self.k, **self._settings)
+        self.end()
+        rid = next(self._ids)
+        self.drafter.start(rid, tokens[:-1], options)
+        self.rid, self._new = rid, [int(tokens[-1])]
+        self._seconds, self._tokens = math.nan, 0
+
+    def update(self, new: Sequence[int], seconds: float | None, tokens: int) -> None:
+        self._new.extend(new)
+        self._seconds, self._tokens = (math.nan if seconds is None else seconds), tokens
+
+    def step(self, **neural: Any) -> DraftBatch:
+        """The Drafter's step with the tokens gained since the last one (``neural``: its ``neural_k``,
+        ``neural_behind`` and ``remaining``)."""
+        if self.rid is None:
+            raise RuntimeError("no sequence: call begin first")
+        new = np.asarray([self._new], np.int32)
+        batch = self.drafter.step([self.rid], new, np.array([new.shape[1]], np.int32), seconds=self._seconds,
+                                  step_tokens=self._tokens, **neural)
+        self._new = []
+        self._seconds, self._tokens = math.nan, 0
+        return batch
+
+    def end(self) -> None:
+        if self.rid is None:
+            return
+        try:
+            if self._new and self.drafter.pool is not None:
+                self.step()  # the pool gets the whole text, the last step's tokens too
+        finally:
+            self.drafter.finish(self.rid)
+            self.rid, self._new = None, []
+
+    def close(self) -> None:
+        """End the sequence, if any, and close the Drafter (its builder thread)."""
+        if self.drafter is not None:
+            self.end()
+            self.drafter.close()
+            self.drafter = None
 
 
 class ModelDrafter:
@@ -212,15 +306,17 @@ class ModelDrafter:
     token is still proposed: verifying it costs little, drafting past it
     rarely pays).
 
-    With a ``gate`` (:class:`~saspec.policy.SequencePolicy`), each step drafts the
-    length the gate chooses, or nothing where no draft pays; the gate times
-    the draft forwards.
+    With ``policy``, each step drafts the length the drafting policy of its
+    :class:`~saspec.drafter.Drafter` (``automaton=False``) chooses, or nothing
+    where no draft pays; the Drafter times the draft forwards. Without, each
+    step drafts ``k`` tokens (within the sequence's ``max_draft_tokens``). ``clock``:
+    the time source of the Drafter and the loop (seconds; a test injects one).
     """
 
     name = "draft"
 
-    def __init__(self, model: torch.nn.Module, k: int = 8, stop_below: float = 0.0,
-                 gate: SequencePolicy | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, k: int = 8, stop_below: float = 0.0, *, policy: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if not 0.0 <= stop_below <= 1.0:
@@ -228,31 +324,38 @@ class ModelDrafter:
         self.lm = CausalLM(model)
         self.k = k
         self.stop_below = stop_below
-        self.gate = gate
+        self.policy = bool(policy)
+        self.clock = clock
+        self.session = _Session(k, length_rule=POLICY if policy else "fixed", automaton=False, clock=clock)
         self._fed: list[int] = []  # the tokens whose K/V are in the cache
-        self._last: list[int] = []  # the gated draft of the current step
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], options: Any = None) -> None:
+        self.session.begin(prompt, options)
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty the draft model's cache (a new sequence)."""
         self.lm.reset()
         self._fed = []
-        self._last = []
+
+    def behind(self, seq: list[int]) -> int:
+        """The tokens of ``seq`` the draft model must read before it drafts."""
+        return len(seq) - len(self._fed)
 
     def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
         k = _limited(self.k, limit)
-        if self.gate is None:
+        if not self.policy:
+            k = min(k, int(self.session.step().max_lengths[0]))  # the sequence's cap
             return (self.draft(seq, k) if k else []), "draft"
-        if k == 0:
+        batch = self.session.step(neural_k=k, neural_behind=self.behind(seq), remaining=limit)
+        if batch.sources[0] != NEURAL:
             return [], "none"
-        source, n = self.gate.choose(0, 0, k, len(seq) - len(self._fed), remaining=limit)
-        if source == "probe":
-            return seq[-1:], "none"  # a guess: only the verify's cost is wanted
-        self._last = self.draft(seq, n, self.gate) if source == "draft" else []
-        return (self._last, "draft") if self._last else ([], "none")
+        return _neural(self, self.session.drafter, seq, int(batch.lengths[0]))
 
-    def draft(self, seq: list[int], k: int, timer: SequencePolicy | None = None) -> list[int]:
-        """Up to ``k`` greedy draft tokens after ``seq``; ``timer`` gets the
-        time of each forward and how many tokens it read (a catch-up over a
-        long stretch, like the first one after the prompt, reads many)."""
+    def draft(self, seq: list[int], k: int, timer: Drafter | None = None) -> list[int]:
+        """Up to ``k`` greedy draft tokens after ``seq``; ``timer`` (the Drafter whose policy chose
+        them) gets the time of each forward and how many tokens it read (a catch-up over a long
+        stretch, like the first one after the prompt, reads many)."""
         feed = seq[len(self._fed):]
         if not feed:
             raise RuntimeError("draft model cache holds the whole sequence; expected at least the newest token to be new")
@@ -262,7 +365,7 @@ class ModelDrafter:
             t0 = clock()
             logits = self.lm.forward(feed, keep=1)[0].float()  # [V]
             if timer is not None and clock() > t0:  # a draft token, or a catch-up over len(feed) tokens
-                timer.observe_draft_forward(clock() - t0, read=len(feed))
+                timer.time_neural(clock() - t0, read=len(feed), drafted=1)
             self._fed.extend(feed)
             tok = int(torch.argmax(logits))
             out.append(tok)
@@ -271,11 +374,13 @@ class ModelDrafter:
             feed = [tok]
         return out
 
-    def update(self, seq: list[int], n_new: int) -> None:
-        if self.gate is not None and self._last:
-            self.gate.observe("draft", 0, len(self._last), _accepted(self._last, seq, n_new))
-            self._last = []
-        # Keep the longest prefix of what the cache holds that is still in seq.
+    def update(self, seq: list[int], n_new: int, *, seconds: float | None = None, tokens: int = 0) -> None:
+        self.session.update(seq[len(seq) - n_new:], seconds, tokens)
+        self.keep(seq, n_new)
+
+    def keep(self, seq: list[int], n_new: int) -> None:
+        """Crop the cache to the longest prefix of what it holds that is still in ``seq`` (whose last
+        ``n_new`` tokens are new)."""
         start = len(seq) - n_new
         keep = min(len(self._fed), start)
         while keep < min(len(self._fed), len(seq)) and self._fed[keep] == seq[keep]:
@@ -285,9 +390,27 @@ class ModelDrafter:
             del self._fed[keep:]
 
     def end(self) -> None:
+        self.session.end()
+        self.release()
+
+    def release(self) -> None:
+        """Free the draft model's cache."""
         self.lm.cache = None
         self._fed = []
-        self._last = []
+
+    def close(self) -> None:
+        """End the sequence and close the Drafter."""
+        self.release()
+        self.session.close()
+
+
+def _neural(model: ModelDrafter, drafter: Drafter, seq: list[int], n: int) -> tuple[list[int], str]:
+    """The draft model's ``n`` tokens where the policy chose it, timed by ``drafter``, which learns
+    how many it really made (a confidence stop makes fewer)."""
+    out = model.draft(seq, n, drafter)
+    if len(out) != n:
+        drafter.neural_drafted([len(out)])
+    return (out, "draft") if out else ([], "none")
 
 
 def _limited(k: int, limit: int | None) -> int:
@@ -295,23 +418,9 @@ def _limited(k: int, limit: int | None) -> int:
     return k if limit is None else max(0, min(k, limit))
 
 
-def _accepted(draft: list[int], seq: list[int], n_new: int) -> int:
-    """How many leading tokens of ``draft`` the last ``n_new`` tokens of ``seq`` confirm."""
-    new = seq[len(seq) - n_new:]
-    n = 0
-    while n < min(len(draft), len(new)) and draft[n] == new[n]:
-        n += 1
-    return n
-
-
-_FIXED, _PER_MATCH = DRAFT_LENGTH_RULES.index("fixed"), DRAFT_LENGTH_RULES.index("per-match")
-
-
 class SADrafter:
-    """Drafts from a suffix automaton over the sequence's own tokens (prompt included).
-
-    Each ``propose`` feeds the tokens accepted since the last call to the
-    automaton (:class:`~saspec.single.SingleSequence`) and reads back the
+    """Drafts from a suffix automaton over the sequence's own tokens (prompt included),
+    held by a library :class:`~saspec.drafter.Drafter`. Each ``propose`` reports the
     match length (``self.match``, in tokens: the longest suffix of seq seen
     earlier) and up to ``k`` draft tokens. No draft when the match is empty.
 
@@ -319,80 +428,57 @@ class SADrafter:
     short match rarely continues far, and every drafted token is verified by
     the target. 0 always drafts ``k`` (what ``saspec_bench.commands.simulate`` models).
 
-    With a ``gate`` (:class:`~saspec.policy.SequencePolicy`) the gate chooses the
-    draft length from the match length instead (``per_match`` is unused),
-    and nothing where no draft pays; it is offered the automaton's draft
-    every step.
+    With ``policy`` the Drafter's drafting policy chooses the draft length from
+    the match length instead (``per_match`` is unused), and nothing where no
+    draft pays. ``pool``: a ``RequestPool`` the automaton drafts from too, and
+    each finished sequence joins. ``clock``: the time source (seconds).
     """
 
     name = "sa"
 
-    def __init__(self, k: int = 8, engine: Any = None, per_match: float = 0.0, gate: SequencePolicy | None = None) -> None:
+    def __init__(self, k: int = 8, per_match: float = 0.0, *, policy: bool = False, pool: RequestPool | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if per_match < 0:
             raise ValueError(f"per_match must be >= 0, got {per_match}")
         self.k = k
         self.per_match = per_match
-        self.gate = gate
-        self.engine = engine if engine is not None else SpecEngine()
-        self._seq: SingleSequence | None = None
-        self._pending: list[int] = []
+        self.policy = bool(policy)
+        self.pool = pool
+        self.clock = clock
+        self.session = _Session(k, length_rule=self.length_rule, length_scale=self.length_scale, pool=pool, clock=clock)
         self.match = 0
-        self.branched = False  # the last lookup's match went on with several tokens earlier
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        self.end()
-        self._seq = SingleSequence(self.engine, np.asarray(prompt, dtype=np.int32), self.k)  # validates the prompt
-        self._pending = []
+    @property
+    def length_rule(self) -> str:
+        """The Drafter's ``length_rule``: the policy, or the fixed rule ``per_match`` names."""
+        return POLICY if self.policy else "per-match" if self.per_match > 0 else "fixed"
 
-    def lookup(self, capped: bool = True) -> tuple[int, list[int]]:
-        """Feed pending tokens; return (match length, draft tokens), the
-        draft cut by :meth:`draft_length` unless ``capped`` is False."""
-        self.match, draft = self._seq.extend(self._pending)
-        self.branched = self._seq.branched
-        self._pending = []
-        if capped:
-            draft = draft[: self.draft_length(self.match)]
-        return self.match, draft
+    @property
+    def length_scale(self) -> float:
+        """The Drafter's ``length_scale``: ``per_match`` where it is set."""
+        return self.per_match if self.per_match > 0 else 2.0
 
-    def draft_length(self, match: int) -> int:
-        """SA tokens to draft after a match of ``match`` tokens: the library's
-        ``lengths.draft_length`` rule (``per-match`` with scale ``per_match``,
-        ``fixed`` K when ``per_match`` is 0)."""
-        if self.per_match > 0:
-            return draft_length(match, self.k, _PER_MATCH, self.per_match, -1)
-        return draft_length(match, self.k, _FIXED, 1.0, -1)
+    def begin(self, prompt: Sequence[int], options: Any = None) -> None:
+        self.session.begin(prompt, options)
 
     def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
-        if self.gate is not None:
-            match, draft = self.lookup(capped=False)
-            self.gate.offer(match, draft, self.branched)
-            if limit == 0:
-                return [], "none"
-            draft = draft[: _limited(len(draft), limit)]
-            source, n = self.gate.choose(match, len(draft))
-            if source == "probe" and not draft:
-                return seq[-1:], "none"  # a guess: only the verify's cost is wanted
-            draft = draft[:n] if source in ("sa", "probe") else []
-            return (draft, "sa") if draft else ([], "none")
-        match, draft = self.lookup()
-        if match == 0 or not draft:
-            return [], "none"
-        return draft[: _limited(len(draft), limit)], "sa"
+        batch = self.session.step()
+        self.match = int(batch.match[0])
+        draft = batch.row(0)
+        draft = draft[: _limited(len(draft), limit)]
+        return (draft, "sa") if draft else ([], "none")
 
-    def update(self, seq: list[int], n_new: int) -> None:
-        new = seq[len(seq) - n_new:]
-        if self.gate is not None:
-            self.gate.observe_tokens(new)
-        self._pending.extend(new)
+    def update(self, seq: list[int], n_new: int, *, seconds: float | None = None, tokens: int = 0) -> None:
+        self.session.update(seq[len(seq) - n_new:], seconds, tokens)
 
     def end(self) -> None:
-        if self._seq is not None:
-            if self._pending and self.engine.request_pool is not None:
-                self._seq.extend(self._pending)  # the pool gets the whole text
-            self._seq.close()
-            self._seq = None
+        self.session.end()
+
+    def close(self) -> None:
+        """End the sequence and close the Drafter."""
+        self.session.close()
 
 
 class SAModelDrafter:
@@ -408,107 +494,104 @@ class SAModelDrafter:
     the small LM is not worth waking; in prose, where the SA keeps failing,
     it is. 0 is the plain threshold rule.
 
-    With a ``gate`` (:class:`~saspec.policy.SequencePolicy`) the gate makes the
-    choice instead (``threshold`` and ``patience`` are unused): each step,
-    the SA's draft, the small LM's or none, at the length that is expected
-    to make the most tokens per second. The SA and the small LM must then
-    have no gate of their own.
+    With ``policy`` the drafting policy chooses instead (``threshold`` and
+    ``patience`` are unused): each step, the SA's draft, the small LM's or
+    none, at the length that is expected to make the most tokens per second;
+    both sources then draft up to ``max(sa.k, model.k)`` tokens.
+
+    The hybrid holds one :class:`~saspec.drafter.Drafter` of ``sa``'s settings
+    (its ``per_match``, ``pool``), of K ``max(sa.k, model.k)`` (a step may
+    accept that many draft-model tokens), and drives ``model``'s LM itself; its
+    parts take no ``policy`` of their own.
     """
 
     name = "hybrid"
 
     def __init__(self, sa: SADrafter, model: ModelDrafter, threshold: int = HYBRID_THRESHOLD,
-                 patience: int = 0, gate: SequencePolicy | None = None) -> None:
-        if gate is not None and (sa.gate is not None or model.gate is not None):
-            raise ValueError("a gated hybrid drives its SA and draft model itself: give them no gate")
+                 patience: int = 0, *, policy: bool = False, clock: Callable[[], float] = time.perf_counter) -> None:
+        if sa.policy or model.policy:
+            raise ValueError("the hybrid's Drafter chooses between its SA and draft model: give them no policy")
         if threshold < 1 or patience < 0:
             raise ValueError(f"need threshold >= 1 and patience >= 0, got threshold={threshold}, patience={patience}")
         self.sa = sa
         self.model = model
         self.threshold = threshold
         self.patience = patience
-        self.gate = gate
+        self.policy = bool(policy)
+        self.clock = clock
+        self.session = _Session(max(sa.k, model.k), length_rule=POLICY if policy else sa.length_rule,
+                                length_scale=sa.length_scale, pool=sa.pool, clock=clock)
         self._sa_draft: list[int] = []
         self._sa_failures = 0
-        self._last: tuple[str, int, list[int]] = ("none", 0, [])  # the gated step: source, match, draft
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        self.sa.begin(prompt)
-        self.model.begin(prompt)
+    def begin(self, prompt: Sequence[int], options: Any = None) -> None:
+        self.session.begin(prompt, options)
+        self.model.reset()
         self._sa_draft, self._sa_failures = [], 0
-        self._last = ("none", 0, [])
 
     def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
         model_k = _limited(self.model.k, limit)
-        if self.gate is not None:
-            match, draft = self.sa.lookup(capped=False)
-            self.gate.offer(match, draft, self.sa.branched)
-            if limit == 0:
-                self._last = ("none", match, [])
-                return [], "none"
-            draft = draft[: _limited(len(draft), limit)]
-            source, n = self.gate.choose(match, len(draft), model_k, len(seq) - len(self.model._fed), remaining=limit)
-            if source == "probe":
-                if not draft:
-                    return seq[-1:], "none"  # a guess: only the verify's cost is wanted
-                source = "sa"
-            if source == "draft":
-                draft = self.model.draft(seq, n, self.gate)
-            self._last = (source, match, draft[:n] if source != "none" else [])
-            return (self._last[2], source) if self._last[2] else ([], "none")
-        match, draft = self.sa.lookup()
+        if self.policy:
+            batch = self.session.step(neural_k=model_k, neural_behind=self.model.behind(seq), remaining=limit)
+            source = int(batch.sources[0])
+            if source == NEURAL:
+                return _neural(self.model, self.session.drafter, seq, int(batch.lengths[0]))
+            draft = batch.row(0)[: _limited(self.session.k, limit)]
+            return (draft, "sa") if draft else ([], "none")
+        batch = self.session.step()
+        match, draft = int(batch.match[0]), batch.row(0)[: self.sa.k]  # the fixed rule's cut at the SA's own K
         self._sa_draft = draft
         if draft and (match >= self.threshold or self._sa_failures < self.patience):
             return draft[: _limited(len(draft), limit)], "sa"
+        model_k = min(model_k, int(batch.max_lengths[0]))  # the sequence's cap
         return (self.model.draft(seq, model_k) if model_k else []), "draft"
 
-    def update(self, seq: list[int], n_new: int) -> None:
-        source, match, draft = self._last
+    def update(self, seq: list[int], n_new: int, *, seconds: float | None = None, tokens: int = 0) -> None:
         new = seq[len(seq) - n_new:]
-        if self.gate is not None:
-            if source == "draft" and draft:
-                self.gate.observe("draft", 0, len(draft), _accepted(draft, seq, n_new))
-            self.gate.observe_tokens(new)  # scores the automaton's offer
-            self._last = ("none", 0, [])
         hit = bool(self._sa_draft) and self._sa_draft[0] == new[0]
         self._sa_failures = 0 if hit else self._sa_failures + 1
-        self.sa.update(seq, n_new)
-        self.model.update(seq, n_new)
+        self.session.update(new, seconds, tokens)
+        self.model.keep(seq, n_new)
 
     def end(self) -> None:
-        self.sa.end()
-        self.model.end()
+        self.session.end()
+        self.model.release()
+
+    def close(self) -> None:
+        """End the sequence and close the Drafter."""
+        self.model.release()
+        self.session.close()
 
 
 def make_drafter(kind: str, *, draft_model: torch.nn.Module | None = None, k: int = 8,
                  draft_k: int | None = None, threshold: int = HYBRID_THRESHOLD,
                  stop_below: float = 0.0, per_match: float = 0.0, patience: int = 0,
-                 gate: bool = False, pool: RequestPool | None = None) -> Drafter:
+                 policy: bool = False, pool: RequestPool | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> LoopDrafter:
     """A drafter by name (one of :data:`DRAFTERS`). ``k``: SA draft tokens
     (at most ``per_match`` per matched token when > 0); ``draft_k``: small-LM
     draft tokens (default ``k``), ``stop_below``: its confidence stop;
     ``threshold``, ``patience``: the hybrid's rule (see :class:`SAModelDrafter`).
-    ``gate``: draft only where it pays, at the length that pays most, under
-    costs timed while it runs (a fresh :class:`~saspec.policy.SequencePolicy`;
-    ``per_match``, ``threshold`` and ``patience`` are then unused). ``pool``:
-    the SA's engine drafts from this cross-request pool too, and each finished
-    sequence joins it."""
+    ``policy``: draft only where it pays, at the length that pays most, under
+    costs timed while it runs (the drafting policy of the drafter's
+    :class:`~saspec.drafter.Drafter`; ``per_match``, ``threshold`` and
+    ``patience`` are then unused). ``pool``: the SA drafts from this
+    cross-request pool too, and each finished sequence joins it. ``clock``:
+    the time source of the policy's timings and the loop's (seconds)."""
     if kind not in DRAFTERS:
         raise ValueError(f"unknown drafter {kind!r}; choose from {', '.join(DRAFTERS)}")
     if kind in ("draft", "hybrid") and draft_model is None:
         raise ValueError(f"drafter {kind!r} needs a draft model")
     if draft_k is not None and draft_k < 1:
         raise ValueError(f"draft_k must be None or >= 1, got {draft_k}")
-    cost_gate = SequencePolicy.for_engine(max(k, draft_k or k)) if gate else None
     if kind == "none":
         return NoDrafter()
-    engine = SpecEngine(pool=pool) if pool is not None else None
     if kind == "sa":
-        return SADrafter(k, engine=engine, per_match=per_match, gate=cost_gate)
+        return SADrafter(k, per_match, policy=policy, pool=pool, clock=clock)
     if kind == "draft":
-        return ModelDrafter(draft_model, draft_k or k, stop_below, gate=cost_gate)
-    return SAModelDrafter(SADrafter(k, engine=engine, per_match=per_match),
-                         ModelDrafter(draft_model, draft_k or k, stop_below), threshold, patience, gate=cost_gate)
+        return ModelDrafter(draft_model, draft_k or k, stop_below, policy=policy, clock=clock)
+    return SAModelDrafter(SADrafter(k, per_match, pool=pool), ModelDrafter(draft_model, draft_k or k, stop_below),
+                          threshold, patience, policy=policy, clock=clock)
 
 
 # -- the loop --------------------------------------------------------------------
@@ -518,15 +601,18 @@ def make_drafter(kind: str, *, draft_model: torch.nn.Module | None = None, k: in
 def speculative_generate(
     target: torch.nn.Module,
     prompt: Sequence[int],
-    drafter: Drafter,
+    drafter: LoopDrafter,
     max_new_tokens: int,
     eos_ids: Sequence[int] = EOS_IDS,
+    options: Any = None,
 ) -> GenResult:
     """Greedy decoding of ``target`` after ``prompt`` (token ids), with drafts
     from ``drafter`` verified one target forward per step.
 
     Stops after ``max_new_tokens`` tokens or at the first token in ``eos_ids``
     (included in the output), exactly like ``generate(do_sample=False)``.
+    ``options``: this generation's drafting options (``saspec.options``:
+    ``enabled``, ``max_draft_tokens``, ``hints``; None: the defaults).
     """
     if isinstance(prompt, (torch.Tensor, np.ndarray)) and prompt.ndim != 1:
         if prompt.ndim != 2 or prompt.shape[0] != 1:
@@ -542,21 +628,20 @@ def speculative_generate(
     lm.reset()
     stats = GenStats(dtype=model_dtype(target))
     draft_lm = _draft_lm(drafter)
-    gate = getattr(drafter, "gate", None)
-    clock = gate.clock if gate is not None else time.perf_counter
+    clock = getattr(drafter, "clock", time.perf_counter)
     draft_forwards0 = draft_lm.forwards if draft_lm else 0
     seq = list(prompt)
     t0 = time.perf_counter()
-    drafter.begin(prompt)
+    drafter.begin(prompt, options)
     try:
         while True:
-            t_step = clock()
             limit = max_new_tokens - (len(seq) - len(prompt)) - 1  # never verify past max_new_tokens
             drafts, source = drafter.propose(seq, limit)
             drafts = drafts[:limit]
-            drafting_s = clock() - t_step if source == "draft" else 0.0  # the draft model's, timed per token apart
             feed = seq[lm.cached:] + drafts
+            t_forward = clock()
             picks = torch.argmax(lm.forward(feed, keep=len(drafts) + 1), dim=-1).tolist()  # [len(drafts)+1]
+            forward_s = clock() - t_forward
             n = 0
             while n < len(drafts) and drafts[n] == picks[n]:
                 n += 1
@@ -570,16 +655,15 @@ def speculative_generate(
             stats.steps[source] += 1
             stats.drafted[source] += len(drafts)
             stats.accepted[source] += min(n, len(new))
-            if stats.target_forwards == 0:
+            prefill = stats.target_forwards == 0
+            if prefill:
                 stats.prefill_s = time.perf_counter() - t0
                 stats.prefill_tokens = len(new)
             stats.target_forwards += 1
-            drafter.update(seq, len(new))  # the last step's too: a pooled drafter keeps the whole text
+            # the last step's tokens too (a pooled drafter keeps the whole text); the prefill is not a step's cost
+            drafter.update(seq, len(new), seconds=None if prefill else forward_s, tokens=len(feed))
             if len(seq) - len(prompt) >= max_new_tokens or new[-1] in stop:
                 break
-            step_s = clock() - t_step - drafting_s
-            if gate is not None and stats.target_forwards > 1 and step_s > 0:  # the first step is the prefill
-                gate.observe_forward(len(feed), step_s)
     finally:
         drafter.end()
     stats.wall_s = time.perf_counter() - t0
@@ -588,7 +672,7 @@ def speculative_generate(
     return GenResult(seq[len(prompt):], stats)
 
 
-def _draft_lm(drafter: Drafter) -> CausalLM | None:
+def _draft_lm(drafter: LoopDrafter) -> CausalLM | None:
     if isinstance(drafter, ModelDrafter):
         return drafter.lm
     if isinstance(drafter, SAModelDrafter):

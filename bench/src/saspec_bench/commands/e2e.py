@@ -50,10 +50,10 @@ from saspec.pool import RequestPool
 
 # -- the commands' arguments -------------------------------------------------------
 
-# By default every drafter of the loop runs the policy (``--gate``, see
-# ``saspec.policy.SequencePolicy``): it times the forwards as it goes and drafts only
+# By default every drafter of the loop runs the policy (``--policy``, the drafting
+# policy of its ``saspec.drafter.Drafter``): it times the forwards as it goes and drafts only
 # where a draft is expected to pay for its verify. The fixed rules below are
-# what ``--no-gate`` uses, tuned by replaying recorded outputs under a CPU's
+# what ``--no-policy`` uses, tuned by replaying recorded outputs under a CPU's
 # costs (BENCHMARKS.md, "End to end: the own loop"): on a CPU a draft-model token costs a
 # large part of a target forward, so the hybrid keeps even a weak SA match until
 # the SA has missed ``patience`` steps in a row, the small model's drafts stay
@@ -134,10 +134,10 @@ def _model_arguments(p: argparse.ArgumentParser, families: tuple[str, ...]) -> N
     p.add_argument("--threshold", type=nonnegative_int, default=CPU_THRESHOLD, help="hybrid: SA when match >= T")
     p.add_argument("--patience", type=nonnegative_int, default=CPU_PATIENCE,
                    help="hybrid: also keep a weaker SA match until the SA missed this many steps in a row")
-    p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--policy", action=argparse.BooleanOptionalAction, default=True,
                    help="draft only where a draft is expected to pay for its verify, at the length that pays most, "
-                        "under costs timed while generating (saspec.policy.SequencePolicy; --per-match, --threshold "
-                        "and --patience then unused); --no-gate: the fixed rules")
+                        "under costs timed while generating (the drafting policy of saspec.drafter.Drafter; "
+                        "--per-match, --threshold and --patience then unused); --no-policy: the fixed rules")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="model weights' dtype; auto: bfloat16 only where the CPU has native bf16 (avx512_bf16, "
                         "amx_bf16), else float32")
@@ -212,7 +212,7 @@ def _generate(args: argparse.Namespace) -> int:
     speculative_generate(target, ids[:16], make_drafter(args.drafter, draft_model=draft, k=args.k), 2)
     drafter = make_drafter(args.drafter, draft_model=draft, k=args.k, draft_k=args.draft_k,
                            threshold=args.threshold, stop_below=args.stop_below, per_match=args.per_match,
-                           patience=args.patience, gate=args.gate)
+                           patience=args.patience, policy=args.policy)
     res = speculative_generate(target, ids, drafter, args.max_new_tokens)
     print(tok.decode(res.tokens))
     st = res.stats
@@ -229,7 +229,7 @@ def _generate(args: argparse.Namespace) -> int:
 # -- bench-e2e ---------------------------------------------------------------------
 
 #: ``*-fixed``: the drafter under the fixed rules (``--per-match``, ``--threshold``, ``--patience``) whatever
-#: ``--gate`` says, so that one run interleaves gated and fixed-rule drafters.
+#: ``--policy`` says, so that one run interleaves drafters with the policy and with the fixed rules.
 ALL_METHODS = ("hf-plain", "hf-assisted", "hf-lookup", "none", "draft", "sa", "hybrid", "draft-fixed", "sa-fixed",
                "hybrid-fixed")
 BENCH_METHODS = ("hf-plain", "hf-assisted", "hf-lookup", "draft", "sa", "hybrid")
@@ -252,7 +252,7 @@ def run_method(method: str, target, draft, ids: list[int], max_new: int, args: a
     kind, fixed = method.removesuffix("-fixed"), method.endswith("-fixed")
     drafter = make_drafter(kind, draft_model=draft, k=args.k, draft_k=args.draft_k,
                            threshold=args.threshold, stop_below=args.stop_below, per_match=args.per_match,
-                           patience=args.patience, gate=args.gate and not fixed, pool=pool)
+                           patience=args.patience, policy=args.policy and not fixed, pool=pool)
     res = speculative_generate(target, ids, drafter, max_new)
     if pool is not None:
         pool.flush()  # prompts run one after another: the next one sees this one
@@ -337,8 +337,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     # replay: the simulator's SA-only AL on the loop's own output vs the loop's measured AL
     sim_rows = []
-    fixed_sa = "sa" if "sa" in methods and not args.gate else "sa-fixed" if "sa-fixed" in methods else None
-    if fixed_sa:  # the gate's choices follow timings: no replay gives them, the fixed rules' it does
+    fixed_sa = "sa" if "sa" in methods and not args.policy else "sa-fixed" if "sa-fixed" in methods else None
+    if fixed_sa:  # the policy's choices follow timings: no replay gives them, the fixed rules' it does
         for p in prompts:
             toks = outputs[(p["id"], fixed_sa)]
             flat = Flat.of([Trace(np.asarray(p["prompt_ids"], np.int32), np.asarray(toks, np.int32))])
@@ -360,7 +360,7 @@ def _bench(args: argparse.Namespace) -> int:
     info = {"target": tspec.name, "dtype": args.dtype_used, "dtype_requested": args.dtype,
             "dtype_reason": args.dtype_reason, "threads": threads, "k": args.k,
             "draft_k": args.draft_k, "stop_below": args.stop_below, "threshold": args.threshold,
-            "per_match": args.per_match, "gate": args.gate,
+            "per_match": args.per_match, "policy": args.policy,
             "prompt_lookup_num_tokens": lookups, "patience": args.patience, "bench_seconds": bench_s,
             "torch": _version("torch"), "transformers": _version("transformers"), "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count()}
@@ -458,8 +458,8 @@ def format_report(info, summary, runs, sim_rows, sim_tables, methods) -> str:
              f"confidence stop {info['stop_below']} (also for hybrid steps); "
              + ("the loop's drafters run the policy: each step drafts only where a draft is expected to pay for its "
                 "verify, at the length that pays most, under costs timed while generating "
-                "(`saspec.policy.SequencePolicy`); "
-                if info.get("gate") else
+                "(the drafting policy of `saspec.drafter.Drafter`); "
+                if info.get("policy") else
                 f"SA drafts at most {info['per_match']:g} tokens per matched token, hybrid threshold "
                 f"T={info['threshold']} with patience {info['patience']}; ")
              + f"HF prompt lookup with {', '.join(map(str, info['prompt_lookup_num_tokens']))} tokens. "

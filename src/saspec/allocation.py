@@ -26,8 +26,9 @@ SOURCE_NAMES = ("none", "automaton", "neural")
 
 #: Bins of the per-token acceptance histogram the allocation ranks by.
 N_BINS = 64
-#: The histogram's sums hold each token's chance times ``FIX``, floored: exact while a bin's tokens number
-#: below 2**21 (``DevicePolicy`` checks rows x K against that).
+#: The histogram's sums hold each row's run of one bin (the sum of its tokens' chances, summed in the row's
+#: order) times ``FIX``, floored: integers, exact in any order while a bin's tokens number below 2**21
+#: (``DevicePolicy`` checks rows x K against that).
 FIX = 2.0 ** 32
 INV_FIX = 1.0 / FIX
 #: The histogram's rows (float64 [HIST_ROWS, N_BINS]): the step's counts and sums per bin, the rate down to
@@ -87,9 +88,10 @@ def row_probs_row(b, s, match, offered, branched, rowf, odds_bucket, k_max, prob
                 probs[b, i + 1] = p2
                 probs[b, i + 2] = p3
                 probs[b, i + 3] = p4
-                e += (p1 + p2) + (p3 + p4)
+                add = (p1 + p2) + (p3 + p4)
+                e += add
                 cnt += 4.0
-                tot += (fixed(p1) + fixed(p2)) + (fixed(p3) + fixed(p4))
+                tot += add
                 p = p4
                 i += 4
                 continue
@@ -99,16 +101,16 @@ def row_probs_row(b, s, match, offered, branched, rowf, odds_bucket, k_max, prob
             if fmul(p, N_BINS) < run_bin:  # a new bin
                 if cnt > 0.0:
                     add_at2(hist, H_AUTO_CNT, run_bin, cnt)
-                    add_at2(hist, H_AUTO_SUM, run_bin, tot)
+                    add_at2(hist, H_AUTO_SUM, run_bin, fixed(tot))
                 run_bin = min(int64(fmul(p, N_BINS)), int64(N_BINS - 1))
                 cnt = 0.0
                 tot = 0.0
             cnt += 1.0
-            tot += fixed(p)
+            tot += p
             i += 1
     if cnt > 0.0:
         add_at2(hist, H_AUTO_CNT, run_bin, cnt)
-        add_at2(hist, H_AUTO_SUM, run_bin, tot)
+        add_at2(hist, H_AUTO_SUM, run_bin, fixed(tot))
     if d < k_max:
         probs[b, d] = 0.0
     probs[b, k_max] = e
@@ -159,15 +161,15 @@ def best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, k
                     if j != run_bin:
                         if cnt > 0.0:
                             hist[H_CNT, run_bin] += cnt
-                            hist[H_SUM, run_bin] += tot
+                            hist[H_SUM, run_bin] += fixed(tot)
                         run_bin = j
                         cnt = 0.0
                         tot = 0.0
                     cnt += 1.0
-                    tot += fixed(p)
+                    tot += p
                 if cnt > 0.0:
                     hist[H_CNT, run_bin] += cnt
-                    hist[H_SUM, run_bin] += tot
+                    hist[H_SUM, run_bin] += fixed(tot)
     plain = base / (cost_of(base, curve, index, knot) + fixed_s)
     best = plain
     best_bin = int64(N_BINS)

@@ -1,4 +1,4 @@
-"""An injected clock for gated generation: only model forwards advance it."""
+"""An injected clock for generation under the drafting policy: only model forwards advance it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 class ModelClock:
     """A clock that only forwards advance: a target forward over ``n`` tokens
     takes ``cost(n)`` seconds, a draft-model forward ``draft_s``. Given to
-    the gate as its ``clock``, it makes every gated run deterministic."""
+    the drafter as its ``clock``, it makes every run under the policy deterministic."""
 
     def __init__(self, target, cost, draft=None, draft_s: float = 0.0) -> None:
         self.t = 0.0

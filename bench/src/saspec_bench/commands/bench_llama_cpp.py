@@ -30,7 +30,7 @@ Methods:
   from a match of ``--threshold`` tokens, else the draft model.
 
 ``saspec``, ``draft-model`` and ``hybrid`` use the loop's default drafting choice,
-saspec's policy (``saspec.policy.SequencePolicy``), a fresh one per run (a cold start).
+saspec's policy (the loop's ``saspec.drafter.Drafter``), a fresh one per run (a cold start).
 
 Per prompt and method: tokens, wall time, tok/s, drafted/accepted tokens, steps, and
 whether the output equals ``plain``'s (and, where not, the first position that differs).

@@ -26,6 +26,10 @@ Sections (each runs even if an earlier one failed; its error is recorded):
              the SA disabled (threshold=inf), enabled, and absent altogether,
              each captured as a CUDA graph and run eagerly.
 7. prepare   upload of a 32k-token prompt into a fresh and into a reused slot.
+8. drafter   the whole device drafting step (saspec.device.drafter.DeviceDrafter: extend, the offers, the
+             policy's decision, the cut; K=8, 3 accepted tokens per row) captured in one CUDA graph of 16
+             steps, us per step at batch 64 and 256 (goal <= 10 us at 256); and
+             tests/library/test_device_drafter.py on the device (device step == host Drafter step).
 
 Prints a table and writes $OUT/gpu_check.json (and the pytest log) when OUT is
 set. Exit status: 0 all good; 1 something failed or mismatched (printed loudly);
@@ -649,6 +653,68 @@ def section_prepare() -> dict:
 # -- report --------------------------------------------------------------------------
 
 
+def section_drafter() -> dict:
+    """The device drafting step per step in a CUDA graph (batch 64, 256), then its equality test on the device."""
+    import torch
+
+    from saspec.device.drafter import DeviceDrafter
+
+    rng = np.random.default_rng(2)
+    group, replays, warm, prompt = 16, 30, 3, 1000
+    max_len = prompt + (replays + warm + 2) * group * ACCEPTED + 64
+    streams = make_streams(256, max_len, rng)
+    out: dict[str, Any] = {"accepted_per_row": ACCEPTED, "k": K, "steps_per_graph": group}
+    for b in (64, 256):
+        drafter = DeviceDrafter(K, b, max_len)
+        for r in range(b):
+            drafter.start(r, streams[r, :prompt])
+        drafter.prepare(list(range(b)))
+        z = dict(dtype=torch.int32, device="cuda")
+        acc_all = torch.zeros((group, b, K + 1), **z)
+        lens = torch.full((b,), ACCEPTED, **z)
+        outs = (torch.zeros((b, K), **z), torch.zeros(b, **z), torch.zeros(b, **z), torch.zeros(b, **z))
+        side = torch.cuda.Stream()  # compile and load the kernels outside the capture (lens 0: nothing appended)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                drafter.step(acc_all[0], torch.zeros_like(lens), *outs)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        pos = np.full(256, prompt, np.int64)
+        n = np.full(b, ACCEPTED)
+        tokens = np.stack([np.stack([take(streams, list(range(b)), pos, n, K + 1) for _ in range(group)])
+                           for _ in range(replays + warm)])
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for g in range(group):
+                drafter.step(acc_all[g], lens, *outs)
+        med, best = replay_us(torch, graph, group, acc_all, torch.from_numpy(tokens).cuda(), warm)
+        drafted = int((outs[1].cpu() > 0).sum())
+        out[f"b{b}"] = {"graph_us_per_step_median": round(med, 2), "graph_us_per_step_min": round(best, 2),
+                        "rows_drafted_last_step": drafted}
+        say(f"batch {b:>3}: {out[f'b{b}']}")
+        if int((outs[3].cpu() > 0).sum()) == 0:
+            fail("drafter", f"batch {b}: no row matched after the timed steps (workload or kernels wrong)")
+        drafter.close()
+    out["meets_goal_at_256"] = out["b256"]["graph_us_per_step_median"] <= TARGET_US_AT_256
+    env = dict(os.environ, SASPEC_TEST_CUDA="device", PYTHONUNBUFFERED="1")
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    cmd = [sys.executable, "-m", "pytest", "tests/library/test_device_drafter.py", "-q", "-p", "no:cacheprovider",
+           "-k", "equals_host_step and not 10000"]
+    say("$ SASPEC_TEST_CUDA=device " + " ".join(cmd[1:]))
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TESTS_TIMEOUT_S)
+        rc, log = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, log = "timeout", str(e.stdout or "")
+    say("\n".join(log.strip().splitlines()[-10:]))
+    if rc != 0:
+        fail("drafter", f"device step != host step test: pytest exit status {rc}")
+    out["equality_test"] = {"rc": rc, "summary": log.strip().splitlines()[-1] if log.strip() else ""}
+    return out
+
+
 def table() -> str:
     s = RESULTS["sections"]
     lines = ["", "| check | result |", "| --- | --- |"]
@@ -730,6 +796,7 @@ def main() -> int:
         ("tokens", section_tokens),
         ("overhead", section_overhead),
         ("prepare", section_prepare),
+        ("drafter", section_drafter),
     ):
         run_section(name, fn)
     RESULTS["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -404,6 +404,12 @@ class SpecEngine:
         ``prepare`` and after one of them was removed."""
         return self._batch
 
+    @property
+    def device_slots(self) -> Any:
+        """The CUDA backend's ``device.prepare.DeviceSlots`` (its ``rows`` map and ``slots``, which kernels
+        enqueued after ``extend`` on the same stream may read); None on the CPU backend."""
+        return self._backend.slots if self._backend.device else None
+
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._slot
 

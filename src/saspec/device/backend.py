@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import core
 from ..arena import blob_bytes
 from ..host import EMPTY_BLOB, HostSlots, SABlobs
 from ..validate import BRANCH_PAIRS, SOURCE_PAIRS, check_no_overlap
@@ -81,7 +82,9 @@ class DeviceBackend:
                 self.host.put(s, EMPTY_BLOB)
         if request_pool is not None:
             blob, epoch, _ = request_pool.current
-            if blob is not dev.uploaded_pool:
+            # An empty pool stays off (as on the host): rows keep their pool state (never synced) until a text
+            # is pooled, and then match it from their text; following an empty pool would keep their match at 0.
+            if blob is not dev.uploaded_pool and int(blob[core.H_N]) > 0:
                 dev.set_request_pool(blob, epoch, request_pool.sync_tokens)
 
     def extend(self, accepted: Any, accepted_lens: Any, match_len_out: Any, draft_out: Any, source_out: Any,

@@ -91,6 +91,7 @@ class HybridDrafter:
             proposer's ``max_num_tokens``): the draft model skips the steps no row needs it and
             catches up later (see the module doc); None: it runs every step.
         clock: the time source of the policy's step timings (a test injects one).
+        fault_hook: as ``SAProposer``'s (default: ``$SASPEC_FAULTS``).
 
     Attributes:
         drafter: the :class:`saspec.drafter.Drafter` holding the automata, the pool, the policy and
@@ -115,7 +116,8 @@ class HybridDrafter:
 
     def __init__(self, settings: HybridSettings, max_model_len: int, ranks: int = 1, *, device: str | None = None,
                  max_rows: int = 256, policy_settings: PolicySettings | None = None, log: Any = None,
-                 catch_up_capacity: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+                 catch_up_capacity: int | None = None, clock: Callable[[], float] = time.perf_counter,
+                 fault_hook: Any = faults.FAULTS_ENV) -> None:
         self.settings = settings
         self.max_model_len = int(max_model_len)
         self.catch_up = DraftCatchUp(catch_up_capacity) \
@@ -128,7 +130,8 @@ class HybridDrafter:
                                min_match=DEFAULT_MIN_MATCH if settings.policy else settings.threshold,
                                pool_tokens=settings.pool_tokens, ranks=ranks, max_rows=max(int(max_rows), 1),
                                policy_settings=policy_settings, neural_catchup_sunk=self.catch_up is None, log=log,
-                               clock=clock, faults=faults.from_env())
+                               clock=clock,
+                               faults=faults.from_env() if fault_hook == faults.FAULTS_ENV else fault_hook)
         self.policy: DraftPolicy | None = self.drafter.policy
         self.drafts = self.drafter.drafts
         self._step_tokens = 0  # the tokens the next forward verifies (rows and drafts)
@@ -318,6 +321,7 @@ def _warm_up_hybrid(settings: HybridSettings, max_model_len: int) -> None:
     h = None
     try:
         h = HybridDrafter(dataclasses.replace(settings, pool_tokens=0), max_model_len, device="cpu", max_rows=2,
+                          fault_hook=None,
                           catch_up_capacity=4096 if settings.catch_up else None)
         warm_drafter(h.drafter, neural_k=settings.k if settings.policy else 0)
         if h.catch_up is not None:

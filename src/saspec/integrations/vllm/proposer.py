@@ -146,6 +146,8 @@ class SAProposer:
         warm: run :func:`warm_up` with these settings (once per process) before serving.
         clock: the time source (seconds) the policy's step timings come from; a test or a
             simulation injects its own.
+        fault_hook: a fault-injection test hook for the automata (``saspec.faults``), None, or
+            (default) the one ``$SASPEC_FAULTS`` describes, the way into vLLM's workers.
         max_detached: without the plugin: how many requests that left their
             rows (finished, preempted or moved) are kept for a possible resume
             before the oldest is freed. Default: ``$SASPEC_VLLM_MAX_DETACHED``,
@@ -191,6 +193,7 @@ class SAProposer:
         log: Any = None,
         warm: bool = True,
         clock: Callable[[], float] = time.perf_counter,
+        fault_hook: Any = faults.FAULTS_ENV,
     ) -> None:
         cfg = resolve_proposer_settings(vllm_config, min_match=min_match, max_detached=max_detached,
                                         length_rule=length_rule, length_scale=length_scale, pool_tokens=pool_tokens)
@@ -200,7 +203,8 @@ class SAProposer:
         self.drafter = Drafter(cfg.k, device=cfg.device, length_rule=cfg.length_rule, length_scale=cfg.length_scale,
                                min_match=cfg.min_match, occurrence=policy, pool_tokens=cfg.pool_tokens,
                                ranks=tensor_parallel_ranks(vllm_config), max_rows=cfg.max_rows,
-                               policy_settings=policy_settings, log=log, clock=clock, faults=faults.from_env())
+                               policy_settings=policy_settings, log=log, clock=clock,
+                               faults=faults.from_env() if fault_hook == faults.FAULTS_ENV else fault_hook)
         self.policy: DraftPolicy | None = self.drafter.policy
         self.drafts = self.drafter.drafts
         self._rows = FingerprintRows(self.max_detached, self._forget)
@@ -401,7 +405,7 @@ def warm_up(vllm_config: Any, **settings: Any) -> None:
     t0 = time.perf_counter()
     p = None
     try:
-        p = SAProposer(vllm_config, warm=False, **settings)
+        p = SAProposer(vllm_config, warm=False, fault_hook=None, **settings)
         p.propose([[3]], np.array([4], np.int32), np.array([[1, 2, 1, 3]], np.int32))
         warm_drafter(p.drafter)
         logger.info("saspec: kernels ready in %.1f s", time.perf_counter() - t0)

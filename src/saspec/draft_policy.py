@@ -17,7 +17,7 @@ from .core import NO_NRT
 from .policy_settings import Decision, PolicySettings, check_settings, engine_cost, env_log
 from .slab import slab, view1, view2
 from .step_cost import StepCost, cost_arrays, observe_cost
-from .validate import check_count, check_timing
+from .validate import check_count, check_int, check_timing
 
 # DraftPolicy's state, likewise in a few arrays (views of three buffers, in the order of _SLABS, by which _step
 # finds them):
@@ -382,7 +382,9 @@ class DraftPolicy:
 
     def observe_step(self, tokens: int, seconds: float) -> None:
         """The step's target forward verified ``tokens`` tokens (rows plus draft tokens) in ``seconds``
-        (the neural drafter's time apart). A timing that is not finite and > 0 is ignored."""
+        (the neural drafter's time apart). A timing that is not finite and > 0 is ignored.
+        ``TypeError`` for ``tokens`` that is not an int (>= 0) or ``seconds`` that is not a real number."""
+        check_int(tokens, "tokens", 0)
         self._st[_ST["timed" if self.cost.observe(int(tokens), seconds) else "ignored_timings"]] += 1
         if self.settings.neural_memory < 1.0:
             self._nn_hits *= self.settings.neural_memory
@@ -390,8 +392,10 @@ class DraftPolicy:
 
     def observe_neural(self, seconds: float, read: int, drafted: int, rows: int = 1) -> None:
         """One neural drafter call: ``seconds``, after reading ``read`` tokens (its catch-up; its first
-        forward), drafting ``drafted`` tokens per row for ``rows`` rows. Ignored when not finite and > 0."""
-        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+        forward), drafting ``drafted`` tokens per row for ``rows`` rows. Ignored when not finite and > 0;
+        ``TypeError`` where ``seconds`` is not a real number (a bool, None)."""
+        seconds = check_timing(seconds, "seconds")
+        if not (math.isfinite(seconds) and seconds > 0):
             return
         self._nn_calls[self._nn_seen % self._nn_calls.shape[0]] = (seconds, read, drafted, rows, self._st[0])
         self._nn_seen += 1

@@ -109,3 +109,18 @@ def test_max_tokens_is_bounded(max_tokens):
 def test_the_bound_is_the_documented_constant():
     assert step_cost.MAX_STEP_TOKENS == 2**20
     assert StepCost(max_tokens=4096).max_tokens == 4096
+
+
+def test_neural_timings_and_step_tokens_are_checked_like_step_timings():
+    from saspec.policy import DraftPolicy
+
+    p = DraftPolicy(4)
+    for bad in (True, None, "1"):
+        with pytest.raises(TypeError, match="seconds"):
+            p.observe_neural(bad, read=4, drafted=2)
+    with pytest.raises(TypeError, match="tokens"):
+        p.observe_step(2.5, 0.01)
+    with pytest.raises(TypeError, match="tokens"):
+        p.observe_step(True, 0.01)
+    p.observe_neural(float("nan"), read=4, drafted=2)  # not finite: ignored, as before
+    assert p.neural_ratio() == p.neural_cost

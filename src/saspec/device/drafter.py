@@ -421,13 +421,14 @@ class DeviceDrafter:
                                                                  "row_slots"))
         match, draft, branch, lens, offered, row_slots = rows
         self.engine.extend(checked[0], checked[1], match, draft, None, branch)
-        grid = (b + _THREADS - 1) // _THREADS
+        threads = _THREADS if not dev.simulated else min(b, 8)  # the simulator runs a Python thread per thread
+        grid = (b + threads - 1) // threads
         view = (lambda x: x) if dev.simulated else dev.view
         sl = self._slots
-        dev.launch(offers_kernel, grid, _THREADS, view(sl.rows), view(sl.slots), view(self._bufs["caps"]),
+        dev.launch(offers_kernel, grid, threads, view(sl.rows), view(sl.slots), view(self._bufs["caps"]),
                    view(checked[1]), view(match), view(draft), view(branch), np.int32(self.min_match), np.int32(k),
                    np.int32(sl.layout.cap_tok), view(lens), view(offered), view(row_slots))
         self.policy.step(match, offered, branch, draft, checked[0], lens, row_slots, checked[3], checked[4])
-        dev.launch(cut_kernel, grid, _THREADS, view(draft), view(checked[3]), view(checked[4]), view(match),
+        dev.launch(cut_kernel, grid, threads, view(draft), view(checked[3]), view(checked[4]), view(match),
                    view(checked[2]), view(checked[5]))
         self._same = True

@@ -12,7 +12,8 @@ relative to the global scale (the lower quartile of the latest ``4 * window``
 ratios of all steps), that deviation fading by half in log every
 ``2 * max_age`` steps; else the correction of the nearest knots timed twice
 lately, interpolated between them and flat beyond (a size next to dear ones
-is dear: no need to try it); else the global scale itself. Timings older than
+is dear: no need to try it), but above them no dearer than the line through
+the two largest; else the global scale itself. Timings older than
 ``max_age`` steps no longer count; ``r`` is interpolated between knots and
 made to rise with the tokens; below the smallest knot timed lately, sizes not
 timed lately are assumed no dearer than their share of it (so a wrong prior
@@ -72,8 +73,13 @@ def cpu_like(n: Any) -> np.ndarray:
 
 
 def gpu_like(n: Any) -> np.ndarray:
-    """Prior shape of a memory-bound engine (a GPU at small batch): flat up to 128 tokens, then linear."""
-    return np.maximum(128.0, np.asarray(n, dtype=np.float64))
+    """Prior shape of a memory-bound engine (a GPU at small batch): a fixed part worth about 256 tokens, then
+    every verified token its own compute. The fixed part is the step's weight reads, which take about as long
+    as computing as many tokens as the GPU's FLOPs per byte of bandwidth (a few hundred on current data-center
+    GPUs); past its knee a step keeps paying it. A knee-then-proportional shape (flat to some size, then
+    linear through the origin) makes every token past the knee look as dear as a row's share of the fixed
+    part and cuts the long drafts of batches that pass it."""
+    return 256.0 + np.asarray(n, dtype=np.float64)
 
 
 def knots_for(max_tokens: int) -> np.ndarray:
@@ -213,6 +219,18 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
             pseudo = knot[2, lo] + (knot[2, hi] - knot[2, lo]) * (k - lo) / (hi - lo)
         elif lo >= 0:
             pseudo = knot[2, lo]
+            # Above every knot timed twice: no dearer than the line through the two largest of them. The flat
+            # correction makes every token past them as dear as a token there with its share of the overhead
+            # (where the prior shape's fixed part is too small, a knot at a time is all the policy would try);
+            # the last chord of a cost curve with an overhead is no flatter than the curve beyond it.
+            lo2 = lo - 1
+            while lo2 >= 0 and scratch[f + lo2] < 2:
+                lo2 -= 1
+            if lo2 >= 0:  # a chord that does not rise (a flat stretch, or noise) says nothing of the slope
+                c_lo = knot[1, lo] * knot[2, lo]
+                slope = (c_lo - knot[1, lo2] * knot[2, lo2]) / (knot[0, lo] - knot[0, lo2])
+                if slope > 0.0:
+                    pseudo = min(pseudo, (c_lo + slope * (knot[0, k] - knot[0, lo])) / knot[1, k])
         elif hi < n_knots:
             pseudo = knot[2, hi]
         else:

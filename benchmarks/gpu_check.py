@@ -5,7 +5,7 @@
 
 Sections (each runs even if an earlier one failed; its error is recorded):
 
-1. tests     pytest tests/test_cuda.py tests/test_engine.py on the real device (the cross-request pool included)
+1. tests     pytest tests/library/test_cuda.py tests/library/test_engine.py on the real device (the cross-request pool included)
              (SASPEC_TEST_CUDA=device: torch CUDA tensors, graph capture).
 2. graph     extend + select_drafts captured in one torch.cuda.graph and replayed
              for many steps, the batch re-prepared (permuted, then shrunk) between
@@ -207,8 +207,8 @@ def section_tests() -> dict:
         sys.executable,
         "-m",
         "pytest",
-        "tests/test_cuda.py",
-        "tests/test_engine.py",
+        "tests/library/test_cuda.py",
+        "tests/library/test_engine.py",
         "-q",
         "-rs",
         "-p",

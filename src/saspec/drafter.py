@@ -252,7 +252,6 @@ class Drafter:
         if max_new_tokens is not None:
             max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 0)
         self._options[request_id] = opts
-        self._last = None  # the next step reads each row's options again
         if tokens is None:
             self.drafts.expect(request_id, max_new_tokens, opts.hints)
             return

@@ -26,7 +26,7 @@ from typing import Any
 
 #: Public names and the modules that define them. They load on first use, so ``import saspec``
 #: (and an engine plugin importing ``saspec.integrations``) loads no numba until a kernel is needed.
-_EXPORTS = {"POLICIES": "build", "SuffixAutomaton": "build", "SpecEngine": "engine", "NgramDrafter": "ngram",
+_EXPORTS = {"OCCURRENCES": "build", "SuffixAutomaton": "build", "SpecEngine": "engine", "NgramDrafter": "ngram",
             "RequestPool": "pool", "DraftPolicy": "policy", "SequencePolicy": "policy", "StepCost": "policy",
             "PolicySettings": "policy"}
 

@@ -22,15 +22,15 @@ from . import core
 from .arena import Allocator, empty_blob
 from .validate import as_tokens, check_int, optional_int
 
-POLICIES: dict[str, int] = {
+OCCURRENCES: dict[str, int] = {
     "first": core.FIRST_OCC,
     "recent": core.RECENT,
     "near-first": core.NEAR_FIRST,
     "near-recent": core.NEAR_RECENT,
 }
-DEFAULT_POLICY = "near-first"
+DEFAULT_OCCURRENCE = "near-first"
 DEFAULT_RECENT_DEPTH = 4
-MAX_RECENT_DEPTH = 1024  # the *recent policies cost O(recent_depth) per token
+MAX_RECENT_DEPTH = 1024  # the *recent rules cost O(recent_depth) per token
 MAX_BLOB_WORDS = 2**31 - 1  # blob offsets are int32
 
 # Sizing: the automaton of n tokens has at most 2n states and n table edges
@@ -48,12 +48,12 @@ _TABLE_GROWTH = 2.0  # re-inserting every edge is the costly part of growth: do 
 _TABLE_MARGIN = 0.25  # table edges per token of new headroom below which a grow also resizes the table
 
 
-def policy_code(policy: str) -> int:
-    """Numeric code of an occurrence policy name (see ``core``)."""
+def occurrence_code(occurrence: str) -> int:
+    """Numeric code of an occurrence rule name (see ``core``)."""
     try:
-        return POLICIES[policy]
+        return OCCURRENCES[occurrence]
     except KeyError:
-        raise ValueError(f"unknown policy {policy!r}; expected one of {sorted(POLICIES)}") from None
+        raise ValueError(f"unknown occurrence rule {occurrence!r}; expected one of {sorted(OCCURRENCES)}") from None
 
 
 def _table_size(edges: int) -> int:
@@ -166,18 +166,18 @@ def _copy_into(src, dst, cap_tok, cap_st, ht_size):
 
 
 @njit(nogil=True, cache=True, **core.NO_NRT)
-def _ingest(buf, tokens, start, policy, depth):
+def _ingest(buf, tokens, start, occurrence, depth):
     """Append tokens[start:] until done or out of room; return the next index."""
     i = start
     while i < tokens.shape[0]:
-        r = core.extend(buf, tokens[i], policy, depth)
+        r = core.extend(buf, tokens[i], occurrence, depth)
         if r == core.NO_ROOM:
             break
         i += 1
     return i
 
 
-def ingest(buf: np.ndarray, tokens: np.ndarray, policy: int, depth: int, alloc: Allocator = empty_blob) -> np.ndarray:
+def ingest(buf: np.ndarray, tokens: np.ndarray, occurrence: int, depth: int, alloc: Allocator = empty_blob) -> np.ndarray:
     """Append validated int32 ``tokens`` to ``buf``, growing it as needed.
 
     Returns the blob that now holds the automaton (``buf`` or a grown copy
@@ -185,16 +185,16 @@ def ingest(buf: np.ndarray, tokens: np.ndarray, policy: int, depth: int, alloc: 
     """
     i = 0
     while True:
-        i = _ingest(buf, tokens, i, policy, depth)
+        i = _ingest(buf, tokens, i, occurrence, depth)
         if i == tokens.shape[0]:
             return buf
         buf = grow(buf, tokens.shape[0] - i, alloc)
 
 
-def append_fitting(buf: np.ndarray, tokens: np.ndarray, policy: int, depth: int) -> int:
+def append_fitting(buf: np.ndarray, tokens: np.ndarray, occurrence: int, depth: int) -> int:
     """Append validated int32 ``tokens`` to ``buf`` while they fit (never growing it);
     return how many it took. Runs without the GIL."""
-    return _ingest(buf, tokens, 0, policy, depth)
+    return _ingest(buf, tokens, 0, occurrence, depth)
 
 
 def worst_case_words(n_tokens: int) -> int:
@@ -239,7 +239,7 @@ def check_request_tokens(total: int, name: str = "request") -> None:
 
 def check_recent_depth(depth: Any) -> int:
     """Validate ``recent_depth``: an int in [0, ``MAX_RECENT_DEPTH``]; the
-    bound keeps the ``*recent`` policies at O(depth) per token (an unbounded
+    bound keeps the ``*recent`` rules at O(depth) per token (an unbounded
     walk is O(n) per token on repetitive text)."""
     return check_int(depth, "recent_depth", 0, MAX_RECENT_DEPTH)
 
@@ -255,10 +255,10 @@ class SuffixAutomaton:
 
     Args:
         tokens: initial tokens (list, numpy array or CPU torch tensor of ints).
-        policy: which earlier occurrence drafts are copied from: ``"first"``,
+        occurrence: which earlier occurrence drafts are copied from: ``"first"``,
             ``"recent"``, ``"near-first"`` or ``"near-recent"`` (see ``core``).
         recent_depth: bound on the states whose recency is refreshed per token
-            for the ``*recent`` policies, an int in [0, ``MAX_RECENT_DEPTH``].
+            for the ``*recent`` rules, an int in [0, ``MAX_RECENT_DEPTH``].
 
     Holds at most ``MAX_REQUEST_TOKENS`` tokens: the constructor and
     ``extend`` raise ``ValueError`` (changing nothing) beyond that.
@@ -268,21 +268,21 @@ class SuffixAutomaton:
         self,
         tokens: Any = (),
         *,
-        policy: str = DEFAULT_POLICY,
+        occurrence: str = DEFAULT_OCCURRENCE,
         recent_depth: int = DEFAULT_RECENT_DEPTH,
     ) -> None:
-        self.policy = policy
-        self._policy = policy_code(policy)
+        self.occurrence = occurrence
+        self._occurrence = occurrence_code(occurrence)
         self._depth = check_recent_depth(recent_depth)
         toks = as_tokens(tokens)
         check_request_tokens(toks.shape[0], "the automaton")
-        self._buf = ingest(new_blob(toks.shape[0]), toks, self._policy, self._depth)
+        self._buf = ingest(new_blob(toks.shape[0]), toks, self._occurrence, self._depth)
 
     def extend(self, tokens: Any) -> None:
         """Append tokens (a sequence of ids in [0, 2**31))."""
         toks = as_tokens(tokens)
         check_request_tokens(len(self) + toks.shape[0], "the automaton")
-        self._buf = ingest(self._buf, toks, self._policy, self._depth)
+        self._buf = ingest(self._buf, toks, self._occurrence, self._depth)
 
     def match(self) -> tuple[int, int]:
         """(length, start): the longest suffix of the text that also ends earlier,
@@ -323,7 +323,7 @@ class SuffixAutomaton:
 
     def __repr__(self) -> str:
         m, _ = self.match()
-        return f"SuffixAutomaton(tokens={len(self)}, states={self.num_states}, match={m}, policy={self.policy!r})"
+        return f"SuffixAutomaton(tokens={len(self)}, states={self.num_states}, match={m}, occurrence={self.occurrence!r})"
 
 
 @njit(nogil=True, cache=True)

@@ -58,7 +58,7 @@ blob (a batch row's text against the shared pool of earlier requests, see
 ``pool``) one token at a time; ``continuation`` and ``draft_from`` then copy
 what followed the chosen occurrence, up to a stop token.
 
-Occurrence policies (``policy`` argument):
+Occurrence rules (``occurrence`` argument):
 
 * ``FIRST_OCC``: the earliest occurrence (POS is the first end position, fixed
   when the state is created). This is the classic ``firstpos`` and what sa_spec
@@ -70,7 +70,7 @@ Occurrence policies (``policy`` argument):
   still the continuation of a true earlier occurrence; only its recency is
   approximate. Cost per token: O(depth).
 * ``NEAR_FIRST`` / ``NEAR_RECENT``: prefer the occurrence at or near the copy
-  source the previous drafts came from (the *anchor*), else the base policy.
+  source the previous drafts came from (the *anchor*), else the base rule.
   Merely following the previous occurrence while it continues changes nothing
   (the earliest or latest occurrence of a suffix stays the earliest or latest
   when both grow by the same token); what helps is re-finding the source after
@@ -134,7 +134,7 @@ H_OVERFLOW = 9  # 1 once a fixed-capacity blob ran out of room
 H_O_TEXT = 10  # word offsets of the regions
 H_O_STATES = 11  # always HEADER
 H_O_SLOTS = 12
-H_ANCHOR = 13  # NEAR_* policies: where the copy source is expected to continue; -1 if none
+H_ANCHOR = 13  # NEAR_* rules: where the copy source is expected to continue; -1 if none
 H_O_AUX = 14
 H_BRANCHED = 15  # 1 where the matched suffix's earlier occurrences went on with more than one token
 HEADER = 16
@@ -153,7 +153,7 @@ S_TOK = 1
 S_DST = 2
 NEXT = 3  # next slot in SRC's chain, -1 at the end
 
-# Occurrence policies.
+# Occurrence rules.
 FIRST_OCC = 0
 RECENT = 1
 NEAR_FIRST = 2
@@ -389,7 +389,7 @@ def _chain_len(buf, s):
 
 
 @register_jitable
-def extend(buf, token, policy, depth):
+def extend(buf, token, occurrence, depth):
     """Append one token (online construction, O(1) amortized) and update the match.
 
     Returns ``APPENDED``; ``NO_ROOM`` (nothing written) when a capacity would be
@@ -515,16 +515,16 @@ def extend(buf, token, policy, depth):
     buf[H_NSTATES] = ns
     buf[H_LAST] = cur
     buf[H_N] = n + 1
-    _update_match(buf, token, policy, depth, n + 1, link, lp1 if clone else lq)
+    _update_match(buf, token, occurrence, depth, n + 1, link, lp1 if clone else lq)
     return APPENDED
 
 
 @register_jitable
-def extend_fixed(buf, token, policy, depth):
+def extend_fixed(buf, token, occurrence, depth):
     """``extend`` for a blob that cannot grow (a device slot): when the token
     does not fit, mark the blob overflowed, so it stops growing and reports no
     match from then on."""
-    r = extend(buf, token, policy, depth)
+    r = extend(buf, token, occurrence, depth)
     if r == NO_ROOM:
         buf[H_OVERFLOW] = 1
         return OVERFLOWED
@@ -546,7 +546,7 @@ def _ends_with_suffix(buf, e, m):
 
 @host_inline
 def _near(buf, token, m):
-    """NEAR_* policies: an end position of the matched m-suffix at or near the
+    """NEAR_* rules: an end position of the matched m-suffix at or near the
     anchor (the copy source's expected position), or -1.
 
     The anchor continues when its token is the new one and its agreement with
@@ -572,7 +572,7 @@ def _near(buf, token, m):
 
 
 @host_inline
-def _update_match(buf, token, policy, depth, n, s, m):
+def _update_match(buf, token, occurrence, depth, n, s, m):
     """Record the match for the text of ``n`` tokens that just gained ``token``
     at position n-1: ``s`` is the suffix link of the new last state, ``m`` its
     length (passed in by ``extend``, which has them at hand: reading them back
@@ -580,12 +580,12 @@ def _update_match(buf, token, policy, depth, n, s, m):
     start = -1
     if m > 0:
         e = -1
-        if policy >= NEAR_FIRST:
+        if occurrence >= NEAR_FIRST:
             e = _near(buf, token, m)
         if e < 0:
             e = buf[_ix(aux(buf, s) + POS)]
         start = e + 1
-    if policy >= NEAR_FIRST:
+    if occurrence >= NEAR_FIRST:
         # Without a match the copy source is assumed to advance in step.
         anchor = buf[H_ANCHOR]
         if start >= 0:
@@ -598,7 +598,7 @@ def _update_match(buf, token, policy, depth, n, s, m):
     buf[H_MATCH_POS] = start
     # s's record was just read or written by extend: one cached read
     buf[H_BRANCHED] = 1 if m > 0 and buf[_ix(state(buf, s) + DST)] < 0 else 0
-    if policy == RECENT or policy == NEAR_RECENT:
+    if occurrence == RECENT or occurrence == NEAR_RECENT:
         # The states on the suffix-link path of the text are exactly those that
         # gain end position n-1; their old POS was read above.
         d = 0

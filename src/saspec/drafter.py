@@ -130,7 +130,7 @@ class Drafter:
             or a fixed rule of ``saspec.rules`` (``"fixed"``: K, ``"per-match"``, ``"per-match-recent"``).
         length_scale: the fixed rules' tokens per matched token (> 0).
         min_match: rows whose match is shorter draft nothing (>= 1).
-        occurrence: which earlier occurrence drafts copy from (``build.POLICIES``; None: the default).
+        occurrence: which earlier occurrence drafts copy from (``build.OCCURRENCES``; None: the default).
         pool_tokens: the cross-request pool's size in tokens (0: none): finished requests' texts join
             it and rows draft from it where their match there is longer.
         pool: a ``saspec.RequestPool`` to use instead (kept across drafters, e.g. across an engine's
@@ -195,7 +195,7 @@ class Drafter:
                 raise ValueError("give pool_tokens or pool, not both")
             if not isinstance(pool, RequestPool):
                 raise TypeError(f"pool must be a saspec.RequestPool, got {type(pool).__name__}")
-        engine = SpecEngine(pool=pool, faults=faults, **({} if occurrence is None else {"policy": occurrence})) \
+        engine = SpecEngine(pool=pool, faults=faults, **({} if occurrence is None else {"occurrence": occurrence})) \
             if pool is not None else None
         # The automata draft max_step_tokens - 1 tokens (the width a step may append); rows take at most K.
         width = self.k if max_step_tokens is None else check_int(max_step_tokens, "max_step_tokens", self.k + 1) - 1

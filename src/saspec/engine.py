@@ -47,12 +47,12 @@ class SpecEngine:
     """Suffix-automaton drafts for a batch of requests.
 
     Args:
-        policy: which earlier occurrence drafts copy from, one of
-            ``build.POLICIES``. The default, ``"near-first"``, is the best
-            SA-only policy on the code-edit workloads, by a small margin;
+        occurrence: which earlier occurrence drafts copy from, one of
+            ``build.OCCURRENCES``. The default, ``"near-first"``, is the best
+            SA-only occurrence rule on the code-edit workloads, by a small margin;
             ``"recent"``/``"near-recent"`` are better on HumanEval
             completions and chat (BENCHMARKS.md, "Draft quality").
-        recent_depth: states refreshed per token by the ``*recent`` policies,
+        recent_depth: states refreshed per token by the ``*recent`` rules,
             an int in [0, ``build.MAX_RECENT_DEPTH``] (1024); each token costs
             O(recent_depth) more with them. Others raise ``TypeError`` or
             ``ValueError``.
@@ -104,7 +104,7 @@ class SpecEngine:
     def __init__(
         self,
         *,
-        policy: str = build.DEFAULT_POLICY,
+        occurrence: str = build.DEFAULT_OCCURRENCE,
         recent_depth: int = build.DEFAULT_RECENT_DEPTH,
         parallel_threshold: int | None = None,
         backend: str = "cpu",
@@ -124,14 +124,14 @@ class SpecEngine:
         if pool_tokens is not None:
             pool = RequestPool(pool_tokens)
         self.request_pool = pool
-        self.policy = policy
-        self._policy = build.policy_code(policy)
+        self.occurrence = occurrence
+        self._occurrence = build.occurrence_code(occurrence)
         self._depth = build.check_recent_depth(recent_depth)
         self.parallel_threshold = optional_int(parallel_threshold, "parallel_threshold", 1)
         self._parallel_from = _NEVER if self.parallel_threshold is None else self.parallel_threshold
         self.backend = backend
         pool_words = build.worst_case_words(pool.max_tokens) if pool is not None else 0
-        kind = SABlobs(self._policy, self._depth)
+        kind = SABlobs(self._occurrence, self._depth)
         self._attach(_new_backend(backend, kind, self._parallel_from, max_slots, max_seq_len, device, pool_words))
 
     def _attach(self, backend: Any) -> None:
@@ -426,7 +426,7 @@ def _new_backend(backend: str, kind: SABlobs, parallel_from: int, max_slots: Any
         for name, value in (("max_slots", max_slots), ("max_seq_len", max_seq_len), ("device", device)):
             if value is not None:
                 raise ValueError(f"{name} applies to backend='cuda' only")
-        return HostBackend(kind, kind.policy, kind.depth, parallel_from)
+        return HostBackend(kind, kind.occurrence, kind.depth, parallel_from)
     if backend != "cuda":
         raise ValueError(f"unknown backend {backend!r}; expected 'cpu' or 'cuda'")
     if max_slots is None or max_seq_len is None:

@@ -53,7 +53,7 @@ ARG_NAMES = ("accepted", "accepted_lens", "match_len_out", "draft_out")
 
 # ctl words
 C_LIMIT = 0  # most tokens a row may hold after the step
-C_POLICY = 1
+C_OCCURRENCE = 1
 C_DEPTH = 2
 C_ERR = 3  # and C_ERR + 1: where a check failed (see the codes above)
 C_LOOKAHEAD = 5  # prefetch rows ahead from this many bytes of blobs in the batch (see extend_rows)
@@ -139,11 +139,11 @@ def row_len(lens, accepted, b):
 
 
 @njit(inline="always")
-def _row(buf, accepted, lens, progress, match_out, draft_out, branch_out, b, policy, depth):
+def _row(buf, accepted, lens, progress, match_out, draft_out, branch_out, b, occurrence, depth):
     n = row_len(lens, accepted, b)
     j = progress[b]
     while j < n:
-        if core.extend(buf, accepted[b, j], policy, depth) == core.NO_ROOM:
+        if core.extend(buf, accepted[b, j], occurrence, depth) == core.NO_ROOM:
             break
         j += 1
     progress[b] = j
@@ -220,7 +220,7 @@ def _look_ahead(table, slot, accepted, lens, progress, b, hops, first):
 
 
 @njit(nogil=True, cache=True, **core.NO_NRT)
-def extend_rows(table, rp, accepted, lens, match_out, draft_out, branch_out, policy, depth, lookahead_bytes):
+def extend_rows(table, rp, accepted, lens, match_out, draft_out, branch_out, occurrence, depth, lookahead_bytes):
     """Serial batch extend, resuming each row at ``rp[1, b]``; returns how
     many rows stopped for lack of room. ``branch_out`` (int32 [B], or empty
     for none): each row's ``core.branched``. When the batch's blobs hold at least
@@ -241,12 +241,12 @@ def extend_rows(table, rp, accepted, lens, match_out, draft_out, branch_out, pol
                 _look_ahead(table, rows[b + j], accepted, lens, progress, b + j, LOOKAHEAD + 1 - j,
                             j == LOOKAHEAD or b == 0)
         blocked += _row(blob_at(table, rows[b]), accepted, lens, progress, match_out, draft_out, branch_out, b,
-                        policy, depth)
+                        occurrence, depth)
     return blocked
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def extend_rows_parallel(table, rp, accepted, lens, match_out, draft_out, branch_out, policy, depth,
+def extend_rows_parallel(table, rp, accepted, lens, match_out, draft_out, branch_out, occurrence, depth,
                          lookahead_bytes):
     """``extend_rows`` with the rows spread over threads (no look-ahead:
     ``lookahead_bytes`` is unused). Call it only while holding
@@ -256,7 +256,7 @@ def extend_rows_parallel(table, rp, accepted, lens, match_out, draft_out, branch
     blocked = 0
     for b in prange(rows.shape[0]):
         blocked += _row(blob_at(table, rows[b]), accepted, lens, progress, match_out, draft_out, branch_out, b,
-                        policy, depth)
+                        occurrence, depth)
     return blocked
 
 
@@ -270,7 +270,7 @@ def step(table, rp, accepted, lens, match_out, draft_out, branch_out, ctl):
     code = check_step(table, rp, accepted, lens, match_out, draft_out, ctl, core.H_N)
     if code != OK:
         return code
-    return extend_rows(table, rp, accepted, lens, match_out, draft_out, branch_out, ctl[C_POLICY], ctl[C_DEPTH],
+    return extend_rows(table, rp, accepted, lens, match_out, draft_out, branch_out, ctl[C_OCCURRENCE], ctl[C_DEPTH],
                        ctl[C_LOOKAHEAD])
 
 

@@ -76,7 +76,7 @@ class SABlobs:
     """The suffix automaton's blobs (``core``, ``build``), stepped by ``extend.extend_rows``.
 
     Args:
-        policy: an occurrence policy code (``build.policy_code``).
+        occurrence: an occurrence rule code (``build.occurrence_code``).
         depth: the recency depth (``build.check_recent_depth``).
     """
 
@@ -84,12 +84,12 @@ class SABlobs:
     fused = True
     grows_ahead = True
 
-    def __init__(self, policy: int, depth: int) -> None:
-        self.policy, self.depth = policy, depth
+    def __init__(self, occurrence: int, depth: int) -> None:
+        self.occurrence, self.depth = occurrence, depth
 
     def build(self, tokens: np.ndarray, headroom: int | None, alloc: Allocator) -> np.ndarray:
         """The automaton of validated int32 ``tokens``, with room for ``headroom`` more (None: the default)."""
-        blob = build.ingest(build.new_blob(tokens.shape[0], headroom, alloc), tokens, self.policy, self.depth, alloc)
+        blob = build.ingest(build.new_blob(tokens.shape[0], headroom, alloc), tokens, self.occurrence, self.depth, alloc)
         return blob if headroom is None else build.reserve(blob, headroom, alloc)
 
     def grow(self, blob: np.ndarray, more_tokens: int, alloc: Allocator) -> np.ndarray:
@@ -97,7 +97,7 @@ class SABlobs:
 
     def append_fitting(self, blob: np.ndarray, tokens: np.ndarray) -> int:
         """Append int32 ``tokens`` to ``blob`` as a step would, while they fit; how many did."""
-        return build.append_fitting(blob, tokens, self.policy, self.depth)
+        return build.append_fitting(blob, tokens, self.occurrence, self.depth)
 
     def tokens(self, blob: np.ndarray) -> int:
         return int(blob[core.H_N])
@@ -112,7 +112,7 @@ class SABlobs:
         ``bout``: int32 [B] for each row's ``core.branched``, or empty. ``parallel``: the
         caller holds ``extend.PARALLEL_LOCK``."""
         run = kx.extend_rows_parallel if parallel else kx.extend_rows
-        return run(table, rp, acc, lens, mout, dout, bout, self.policy, self.depth, ctl[kx.C_LOOKAHEAD])
+        return run(table, rp, acc, lens, mout, dout, bout, self.occurrence, self.depth, ctl[kx.C_LOOKAHEAD])
 
 
 class HostSlots:
@@ -196,7 +196,7 @@ class HostBackend:
 
     Args:
         kind: the blobs' kind (``SABlobs`` or ``ngram.NgramBlobs``).
-        policy, depth: the occurrence policy code and recency depth the step's
+        occurrence, depth: the occurrence rule code and recency depth the step's
             control words carry (``extend.step``).
         parallel_from: batch size from which steps run ``prange`` kernels.
 
@@ -209,7 +209,7 @@ class HostBackend:
 
     device = False
 
-    def __init__(self, kind: BlobKind, policy: int, depth: int, parallel_from: int) -> None:
+    def __init__(self, kind: BlobKind, occurrence: int, depth: int, parallel_from: int) -> None:
         self.kind = kind
         self.slots = HostSlots()
         self._parallel_from = parallel_from
@@ -217,7 +217,7 @@ class HostBackend:
         self._parallel = False  # the prepared batch runs the parallel kernel
         self._ctl = np.zeros(kx.CTL_WORDS, dtype=np.int64)
         self._ctl[kx.C_LIMIT] = build.MAX_REQUEST_TOKENS
-        self._ctl[kx.C_POLICY] = policy
+        self._ctl[kx.C_OCCURRENCE] = occurrence
         self._ctl[kx.C_DEPTH] = depth
         self._ctl[kx.C_LOOKAHEAD] = kx.LOOKAHEAD_MIN_BYTES
         self._source = np.zeros(0, dtype=np.int32)  # source_out when the caller gives none

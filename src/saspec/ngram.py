@@ -145,7 +145,7 @@ class NgramDrafter(SpecEngine):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         super().__init__(parallel_threshold=parallel_threshold)
-        self.policy = "ngram"
+        self.occurrence = "ngram"
         self.min_n, self.max_n = int(min_n), int(max_n)
         kind = NgramBlobs(self.min_n, self.max_n)
-        self._attach(HostBackend(kind, self._policy, self._depth, self._parallel_from))
+        self._attach(HostBackend(kind, self._occurrence, self._depth, self._parallel_from))

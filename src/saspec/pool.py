@@ -52,7 +52,7 @@ SEPARATOR = core.SEPARATOR  # ends each pooled text: drafts stop there
 DEFAULT_SYNC_TOKENS = 256
 # Of several earlier occurrences, copy from the first: measured as good as the most recent or better on
 # every recorded workload (BENCHMARKS.md, "Cross-request pool"), and its builds update no positions.
-POOL_POLICY = "first"
+POOL_OCCURRENCE = "first"
 _log = logging.getLogger("saspec")
 
 
@@ -99,7 +99,7 @@ class RequestPool:
         self._waiting: list[np.ndarray] = []  # manual: added since the last publish()
         self._waiting_tokens = 0  # with their separators
         self._waiting_drop = False  # some were dropped unbuilt: the built texts go with the next build
-        self._policy = build.policy_code(POOL_POLICY)
+        self._occurrence = build.occurrence_code(POOL_OCCURRENCE)
         self._depth = build.DEFAULT_RECENT_DEPTH
         self._cond = threading.Condition()
         self._pending: list[np.ndarray] = []
@@ -271,7 +271,7 @@ class RequestPool:
         blob, epoch, _ = self._latest
         if not drop_built and self._held + new <= cap:
             seq = _joined(batch)
-            blob = build.ingest(build.copy_with_room(blob, seq.shape[0]), seq, self._policy, self._depth)
+            blob = build.ingest(build.copy_with_room(blob, seq.shape[0]), seq, self._occurrence, self._depth)
         else:  # drop the oldest texts, to 3/4 of the pool with the new ones, and rebuild
             texts = ([] if drop_built else list(self._texts)) + batch
             keep, held = [], 0
@@ -283,7 +283,7 @@ class RequestPool:
             keep.reverse()
             dropped = len(texts) - len(keep) + (len(self._texts) if drop_built else 0)
             seq = _joined(keep)
-            blob = build.ingest(build.new_blob(seq.shape[0], 0), seq, self._policy, self._depth)
+            blob = build.ingest(build.new_blob(seq.shape[0], 0), seq, self._occurrence, self._depth)
             with self._cond:
                 self._texts = deque()
                 self._held = 0

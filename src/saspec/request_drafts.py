@@ -129,7 +129,7 @@ class RequestDrafts:
             ``per-match-recent`` reads each row's accepted drafts at its
             previous step from its new tokens.
         occurrence: which earlier occurrence drafts copy from (``SpecEngine``'s
-            ``policy``), or None for its default.
+            ``occurrence``), or None for its default.
         pool_tokens: a cross-request pool of this many tokens (0: none): each
             finished request's text joins it, and rows draft from it where their
             match there is longer than in their own text.
@@ -165,7 +165,7 @@ class RequestDrafts:
             self.engine, self.pool = engine, engine.request_pool
         else:
             self.pool = RequestPool(pool_tokens, manual=ranks > 1) if pool_tokens else None
-            kw = {} if occurrence is None else {"policy": occurrence}
+            kw = {} if occurrence is None else {"occurrence": occurrence}
             self.engine = SpecEngine(pool=self.pool, faults=faults, **kw)
         self._owns_pool = engine is None and self.pool is not None
         self._steps = 0

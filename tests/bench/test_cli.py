@@ -73,7 +73,7 @@ BAD = [
     (["simulate", "--p", "0.9,1.5"], "saspec simulate", "probability '1.5': must be in [0, 1]"),
     (["simulate", "--p", "0.9,nan"], "saspec simulate", "must be in [0, 1]"),
     (["simulate", "--p", "x"], "saspec simulate", "expected a number"),
-    (["simulate", "--policies", "last"], "saspec simulate", "unknown SA policy 'last'"),
+    (["simulate", "--occurrences", "last"], "saspec simulate", "unknown SA occurrence rule 'last'"),
     (["simulate", "--seed", "-1"], "saspec simulate", "argument --seed: must be >= 0"),
     (["simulate", "--bogus"], "saspec simulate", "unrecognized arguments: --bogus"),
     (["simulate", "-k", "33"], "saspec simulate", "argument -k/--k: must be in [1, 32], got 33"),

@@ -91,7 +91,7 @@ def test_record_traces_end_to_end_and_resume(model_dirs, tmp_path, capsys):
     # the simulator: the file as a trace workload, and as the default "real" workload split by kind
     groups = split_workloads(out)
     assert {k: len(v) for k, v in groups.items()} == {"real:code-edits": 2, "real:chat": 1}
-    rc = cli(["simulate", "--workloads", str(out), "--no-plots", "--no-ngram", "--policies", "first",
+    rc = cli(["simulate", "--workloads", str(out), "--no-plots", "--no-ngram", "--occurrences", "first",
               "--out", str(tmp_path / "sim")])
     assert rc == 0
     screen = capsys.readouterr().out

@@ -109,7 +109,7 @@ def test_per_position_pass_equals_the_literal_loop(policy):
     match, sa_acc = sa_positions(flat, K, policy)
     steps_walk = run(flat, match, sa_acc, np.zeros_like(sa_acc), SA)[0]
     hist = np.zeros(K + 2, np.int64)
-    steps_loop = stepwise(flat, SpecEngine(policy=policy), K, hist)
+    steps_loop = stepwise(flat, SpecEngine(occurrence=policy), K, hist)
     assert steps_walk == steps_loop == hist.sum()
     assert (hist * np.arange(K + 2)).sum() == flat.tokens.shape[0]
 

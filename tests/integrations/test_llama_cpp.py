@@ -750,7 +750,7 @@ def test_the_loop_keeps_no_policy_bookkeeping(gguf_path, llama):
             sa = SADraftModel(12, occurrence="recent", pool=pool, min_match=2, length_scale=1.5)
             with Speculator(llama, sa, policy=policy, profile=False) as spec:
                 d = spec.drafts
-                assert (d.k, d.pool, d.drafts.engine.policy) == (12, pool, "recent")
+                assert (d.k, d.pool, d.drafts.engine.occurrence) == (12, pool, "recent")
                 assert (d.drafts.min_match, d.drafts.length_scale) == ((2, 1.5) if not policy else (1, 2.0))
     if hasattr(saspec.policy, "SequencePolicy"):
         with pytest.raises(TypeError, match="PolicySettings"):

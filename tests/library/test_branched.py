@@ -27,8 +27,8 @@ def branched_oracle(text: list[int], m: int) -> int:
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=120), st.sampled_from(["first", "recent", "near-first"]))
-def test_branched_is_whether_the_matched_suffix_went_on_with_several_tokens(text, policy):
-    sa = SuffixAutomaton(policy=policy)
+def test_branched_is_whether_the_matched_suffix_went_on_with_several_tokens(text, occurrence):
+    sa = SuffixAutomaton(occurrence=occurrence)
     for i, t in enumerate(text):
         sa.extend([t])
         m, _ = sa.match()

@@ -23,7 +23,7 @@ K = 6
 
 
 @njit(boundscheck=True)
-def run_core(buf, tokens, policy, depth, k):
+def run_core(buf, tokens, occurrence, depth, k):
     """Feed tokens one by one; record (match length, start, draft) after each."""
     n = tokens.shape[0]
     m = np.zeros(n, np.int32)
@@ -31,7 +31,7 @@ def run_core(buf, tokens, policy, depth, k):
     drafts = np.zeros((n, k), np.int32)
     counts = np.zeros(n, np.int32)
     for i in range(n):
-        if core.extend(buf, tokens[i], policy, depth) != core.APPENDED:
+        if core.extend(buf, tokens[i], occurrence, depth) != core.APPENDED:
             return m, start, drafts, counts, i
         m[i] = core.match_len(buf)
         start[i] = buf[core.H_MATCH_POS]
@@ -51,19 +51,19 @@ def worst_case_blob(n):
     return buf
 
 
-def feed(tokens, policy, depth=-1):
+def feed(tokens, occurrence, depth=-1):
     toks = np.asarray(tokens, dtype=np.int32)
     buf = worst_case_blob(len(toks))
-    m, start, drafts, counts, done = run_core(buf, toks, policy, depth, K)
+    m, start, drafts, counts, done = run_core(buf, toks, occurrence, depth, K)
     assert done == len(toks)
     return m, start, drafts, counts
 
 
-# -- every policy agrees with the brute-force oracle at every prefix -------------------
+# -- every occurrence rule agrees with the brute-force oracle at every prefix -------------------
 
 
 def check_sequence(tokens):
-    """Compare all four policies with the oracle at every prefix."""
+    """Compare all four occurrence rules with the oracle at every prefix."""
     ref = matches(tokens)
     ms = [r[0] for r in ref]
     expected_starts = {
@@ -72,12 +72,12 @@ def check_sequence(tokens):
         core.NEAR_FIRST: near_starts(tokens, "first"),
         core.NEAR_RECENT: near_starts(tokens, "recent"),
     }
-    for policy, starts in expected_starts.items():
-        m, start, drafts, counts = feed(tokens, policy)
-        assert m.tolist() == ms, policy
-        assert start.tolist() == starts, policy
+    for occurrence, starts in expected_starts.items():
+        m, start, drafts, counts = feed(tokens, occurrence)
+        assert m.tolist() == ms, occurrence
+        assert start.tolist() == starts, occurrence
         for i, s in enumerate(starts):
-            assert drafts[i].tolist() == draft(tokens, i + 1, s, K), (policy, i)
+            assert drafts[i].tolist() == draft(tokens, i + 1, s, K), (occurrence, i)
             assert counts[i] == (K if s >= 0 else 0)
     # Bounded recency: lengths exact, each draft from a real earlier occurrence.
     for depth in (0, 1, 3):
@@ -141,10 +141,10 @@ def test_degenerate_runs():
 def test_growth_keeps_the_automaton():
     rng = np.random.default_rng(2)
     tokens = np.tile(rng.integers(0, 30, 50), 20).astype(np.int32)
-    grown = SuffixAutomaton(policy="first")
+    grown = SuffixAutomaton(occurrence="first")
     for chunk in np.array_split(tokens, 37):  # many small blobs, many grow() calls
         grown.extend(chunk)
-    whole = SuffixAutomaton(tokens, policy="first")
+    whole = SuffixAutomaton(tokens, occurrence="first")
     assert grown.match() == whole.match()
     assert grown.draft(9).tolist() == whole.draft(9).tolist()
     assert grown.num_states == whole.num_states
@@ -179,7 +179,7 @@ def test_large_blobs_start_on_a_huge_page_and_grow_correctly():
     sa = SuffixAutomaton(tokens[:150_000])
     sa.extend(tokens[150_000:])
     assert sa.nbytes >= arena.HUGE_PAGE
-    assert sa.match() == SuffixAutomaton(tokens, policy=sa.policy).match()
+    assert sa.match() == SuffixAutomaton(tokens, occurrence=sa.occurrence).match()
     assert sa.match()[0] == 200_000 - 5003  # the text has period 5003
 
 
@@ -204,7 +204,7 @@ def test_grow_keeps_a_table_with_room_and_resizes_a_short_one():
 
 def test_reserve_makes_room_for_more_tokens_at_once():
     tokens = (np.arange(3000, dtype=np.int32) * 31) % 97
-    sa = SuffixAutomaton(tokens[:1000], policy="first")
+    sa = SuffixAutomaton(tokens[:1000], occurrence="first")
     buf = sa._buf
     assert build.reserve(buf, 10) is buf  # the default headroom already holds 10
     big = build.reserve(buf, 2000)
@@ -237,9 +237,9 @@ def test_fixed_capacity_overflow_stops_and_reports_no_match():
 # -- SuffixAutomaton: one sequence, numpy or torch input -------------------------------
 
 
-@pytest.mark.parametrize("policy", ["first", "recent", "near-first", "near-recent"])
-def test_suffix_automaton_class(policy):
-    sa = SuffixAutomaton([5, 6, 7, 8, 5, 6], policy=policy)
+@pytest.mark.parametrize("occurrence", ["first", "recent", "near-first", "near-recent"])
+def test_suffix_automaton_class(occurrence):
+    sa = SuffixAutomaton([5, 6, 7, 8, 5, 6], occurrence=occurrence)
     assert len(sa) == 6 and sa.match() == (2, 2)
     assert sa.draft(3).tolist() == [7, 8, 5]
     sa.extend(np.array([9], dtype=np.int64))
@@ -258,8 +258,8 @@ def test_suffix_automaton_accepts_torch():
 
 
 @njit(boundscheck=True)
-def extend_one(buf, token, policy, depth):
-    return core.extend(buf, token, policy, depth)
+def extend_one(buf, token, occurrence, depth):
+    return core.extend(buf, token, occurrence, depth)
 
 
 @njit
@@ -334,7 +334,7 @@ def test_at_most_one_table_edge_per_token():
             assert buf[core.H_USED] <= i + 1 and buf[core.H_NSTATES] <= max(2 * (i + 1) - 1, 2)
 
 
-# -- the near policies' defining property, stated directly -----------------------------
+# -- the near occurrence rules' defining property, stated directly -----------------------------
 #
 # oracle.near_starts re-implements the near-* rule step by step, so agreeing
 # with it shows only that two copies of one rule agree. These checks state what
@@ -351,28 +351,28 @@ def test_at_most_one_table_edge_per_token():
 def check_near_property(tokens, depth=4):
     n = len(tokens)
     ms = [max(row, default=0) for row in common_suffixes(tokens)]
-    for policy in (core.NEAR_FIRST, core.NEAR_RECENT):
+    for occurrence in (core.NEAR_FIRST, core.NEAR_RECENT):
         for d in (depth, -1):
-            m, start, drafts, counts = feed(tokens, policy, d)
-            assert m.tolist() == ms, (policy, d)
+            m, start, drafts, counts = feed(tokens, occurrence, d)
+            assert m.tolist() == ms, (occurrence, d)
             for i in range(n):
                 mi, s = int(m[i]), int(start[i])
                 if mi == 0:
                     assert s == -1 and counts[i] == 0 and drafts[i].tolist() == [-1] * K
                     continue
-                assert mi <= s <= i, (policy, i, s)
-                assert tokens[s - mi : s] == tokens[i + 1 - mi : i + 1], (policy, i, s, mi)
+                assert mi <= s <= i, (occurrence, i, s)
+                assert tokens[s - mi : s] == tokens[i + 1 - mi : i + 1], (occurrence, i, s, mi)
                 period = i + 1 - s
-                assert drafts[i].tolist() == [tokens[s + j % period] for j in range(K)], (policy, i)
+                assert drafts[i].tolist() == [tokens[s + j % period] for j in range(K)], (occurrence, i)
                 if i > 0 and m[i - 1] > 0:
                     p = int(start[i - 1])
                     if tokens[p] == tokens[i]:
-                        assert s == p + 1, (policy, d, i, p, s)
+                        assert s == p + 1, (occurrence, d, i, p, s)
 
 
 @PROFILE_NEAR
 @given(st.one_of(st.lists(st.integers(0, 3), max_size=40), st.composite(repetitive)()))
-def test_near_policies_defining_property(tokens):
+def test_near_rules_defining_property(tokens):
     check_near_property(tokens)
 
 
@@ -382,8 +382,8 @@ def test_near_property_check_catches_a_wrong_start(monkeypatch):
     check_near_property(tokens)
     real = feed
 
-    def shifted(toks, policy, depth=-1):
-        m, start, drafts, counts = real(toks, policy, depth)
+    def shifted(toks, occurrence, depth=-1):
+        m, start, drafts, counts = real(toks, occurrence, depth)
         start = np.where(start > 0, start - 1, start)
         return m, start, drafts, counts
 

@@ -19,7 +19,7 @@ import pytest
 from numba import njit
 
 from saspec import SpecEngine, core
-from saspec.build import DEFAULT_POLICY, policy_code
+from saspec.build import DEFAULT_OCCURRENCE, occurrence_code
 from saspec.rules import select_drafts, select_drafts_np
 from test_engine import step_arrays
 
@@ -38,10 +38,10 @@ def _init(buf, cap_tok, cap_st, ht_size):
 
 
 @njit
-def _fill_fixed(buf, tokens, policy):
+def _fill_fixed(buf, tokens, occurrence):
     """Feed tokens with extend_fixed; return how many were appended before overflow."""
     for i in range(tokens.shape[0]):
-        if core.extend_fixed(buf, tokens[i], policy, 4) != core.APPENDED:
+        if core.extend_fixed(buf, tokens[i], occurrence, 4) != core.APPENDED:
             return i
     return tokens.shape[0]
 
@@ -282,7 +282,7 @@ def test_slot_layout_never_runs_out_before_max_seq_len(max_seq_len):
     for seq in sequences:
         buf = np.empty(lay.words, np.int32)
         _init(buf, lay.cap_tok, lay.cap_st, lay.ht_size)
-        assert _fill_fixed(buf, seq.astype(np.int32), policy_code(DEFAULT_POLICY)) == max_seq_len
+        assert _fill_fixed(buf, seq.astype(np.int32), occurrence_code(DEFAULT_OCCURRENCE)) == max_seq_len
         assert buf[core.H_OVERFLOW] == 1  # the token past max_seq_len
     with pytest.raises(ValueError, match="max_seq_len must be >= 1"):
         slot_layout(0)
@@ -390,8 +390,8 @@ def test_constructor_arguments(cuda_backend):
             SpecEngine(backend="cuda", **bad)
     with pytest.raises(ValueError, match="more than 2\\*\\*31 - 1"):
         SpecEngine(backend="cuda", max_slots=1, max_seq_len=2**27)
-    with pytest.raises(ValueError, match="unknown policy"):
-        SpecEngine(backend="cuda", max_slots=1, max_seq_len=8, policy="best")
+    with pytest.raises(ValueError, match="unknown occurrence rule"):
+        SpecEngine(backend="cuda", max_slots=1, max_seq_len=8, occurrence="best")
 
 
 def test_cpu_backend_does_not_import_numba_cuda():

@@ -37,14 +37,14 @@ def reference_draft(sa: SuffixAutomaton, k: int) -> list[int]:
     return d + [-1] * (k - len(d))
 
 
-@pytest.mark.parametrize("policy", ["first", "near-recent"])
+@pytest.mark.parametrize("occurrence", ["first", "near-recent"])
 @pytest.mark.parametrize("parallel_threshold, lookahead", [(1, None), (1000, None), (1000, 0)])
-def test_interleaved_lifecycle_matches_single_automata(policy, parallel_threshold, lookahead, backend):
+def test_interleaved_lifecycle_matches_single_automata(occurrence, parallel_threshold, lookahead, backend):
     """``lookahead`` 0: the serial kernel prefetches rows ahead at any size."""
     if backend.cuda and (parallel_threshold == 1 or lookahead is not None):
         pytest.skip("parallel_threshold and the look-ahead are CPU-backend settings")
     rng = np.random.default_rng(0)
-    eng = backend.engine(policy=policy, parallel_threshold=parallel_threshold)
+    eng = backend.engine(occurrence=occurrence, parallel_threshold=parallel_threshold)
     if lookahead is not None:
         eng._backend._ctl[kx.C_LOOKAHEAD] = lookahead
     refs: dict[int, SuffixAutomaton] = {}
@@ -54,7 +54,7 @@ def test_interleaved_lifecycle_matches_single_automata(policy, parallel_threshol
             base = rng.integers(0, 40, rng.integers(1, 30))
             prompt = np.concatenate([base] * int(rng.integers(1, 4)))
             eng.add_request(next_id, prompt)
-            refs[next_id] = SuffixAutomaton(prompt, policy=policy)
+            refs[next_id] = SuffixAutomaton(prompt, occurrence=occurrence)
             next_id += 1
         if rng.random() < 0.1 and len(refs) > 3:  # remove
             rid = int(rng.choice(list(refs)))
@@ -319,8 +319,8 @@ def test_extend_rejects_gpu_tensor_on_cpu_backend(eng):
 
 
 def test_bad_constructor_arguments():
-    with pytest.raises(ValueError, match="unknown policy 'best'"):
-        SpecEngine(policy="best")
+    with pytest.raises(ValueError, match="unknown occurrence rule 'best'"):
+        SpecEngine(occurrence="best")
     with pytest.raises(ValueError, match="min_n"):
         NgramDrafter(min_n=3, max_n=2)
     with pytest.raises(TypeError, match="min_n must be an int"):
@@ -608,7 +608,7 @@ def test_expected_new_tokens_reserves_room_up_front():
     hinted.add_request(0, prompt, expected_new_tokens=600)
     plain.add_request(0, prompt)
     assert hinted.stats()["bytes"] > plain.stats()["bytes"]
-    ref = SuffixAutomaton(prompt, policy=hinted.policy)
+    ref = SuffixAutomaton(prompt, occurrence=hinted.occurrence)
     sizes = []
     for eng in (hinted, plain):
         eng.prepare([0])
@@ -695,18 +695,18 @@ def test_recent_depth_in_range_is_accepted(depth):
     from saspec import build
 
     assert build.MAX_RECENT_DEPTH == 1024
-    eng = SpecEngine(policy="near-recent", recent_depth=depth)
+    eng = SpecEngine(occurrence="near-recent", recent_depth=depth)
     eng.add_request("a", [1, 2, 1, 2])
-    sa = SuffixAutomaton([1, 2, 1, 2], policy="recent", recent_depth=depth)
+    sa = SuffixAutomaton([1, 2, 1, 2], occurrence="recent", recent_depth=depth)
     assert sa.match() == (2, 2)
 
 
-def test_recent_policy_cost_is_bounded_on_unary_text():
+def test_recent_rule_cost_is_bounded_on_unary_text():
     """A unary prompt makes every suffix-link path as long as the text; the
-    depth cap keeps the recent policies at O(depth) per token."""
+    depth cap keeps the recent occurrence rules at O(depth) per token."""
     unary = np.zeros(200_000, np.int32)
-    SuffixAutomaton(unary[:1000], policy="recent", recent_depth=1024)  # compile
-    sa = SuffixAutomaton(unary, policy="recent", recent_depth=1024)
+    SuffixAutomaton(unary[:1000], occurrence="recent", recent_depth=1024)  # compile
+    sa = SuffixAutomaton(unary, occurrence="recent", recent_depth=1024)
     assert sa.match()[0] == 199_999  # without the cap this build is quadratic: it would not finish
 
 

@@ -15,16 +15,16 @@ from test_engine import reference_draft, step_arrays
 K = 5
 
 
-@pytest.mark.parametrize("policy", ["near-first", "recent"])
-def test_nearly_full_blobs_grow_ahead_and_no_step_grows_one(policy):
+@pytest.mark.parametrize("occurrence", ["near-first", "recent"])
+def test_nearly_full_blobs_grow_ahead_and_no_step_grows_one(occurrence):
     rng = np.random.default_rng(3)
     b = 8
     prompts = [rng.integers(0, 6, int(rng.integers(50, 400))) for _ in range(b)]
-    eng = SpecEngine(policy=policy)
+    eng = SpecEngine(occurrence=occurrence)
     kind, grown_in_steps = eng._backend.kind, []
     real_grow = kind.grow
     kind.grow = lambda *a: grown_in_steps.append(1) or real_grow(*a)  # what a step calls for a full blob
-    refs = [SuffixAutomaton(p, policy=policy) for p in prompts]
+    refs = [SuffixAutomaton(p, occurrence=occurrence) for p in prompts]
     for i, p in enumerate(prompts):
         eng.add_request(i, p)
     eng.prepare(list(range(b)))

@@ -40,7 +40,7 @@ def run_requests(seed: int, pool: RequestPool, n_requests: int, batch: int, step
     engine without a pool run in lockstep. Returns how many rows drafted from the pool."""
     rng = random.Random(seed)
     phrases = [[rng.randrange(40) for _ in range(rng.randrange(3, 9))] for _ in range(12)]
-    eng, ref = SpecEngine(pool=pool, policy="first"), SpecEngine(policy="first")
+    eng, ref = SpecEngine(pool=pool, occurrence="first"), SpecEngine(occurrence="first")
     texts: dict[int, list[int]] = {}
     pooled = missed = 0
     for wave in range(0, n_requests, batch):

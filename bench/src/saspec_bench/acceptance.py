@@ -33,7 +33,7 @@ from saspec import kernel_cache  # noqa: F401  (first: saspec's numba cache loca
 from numba import njit
 
 from saspec import NgramDrafter, SpecEngine
-from saspec.build import DEFAULT_POLICY, POLICIES
+from saspec.build import DEFAULT_OCCURRENCE, OCCURRENCES
 from saspec.policy import N_BUCKETS
 from saspec.rules import HYBRID_THRESHOLD
 
@@ -166,8 +166,8 @@ def _accept(drafts, tokens, offsets, pos, remaining, acc, lens, hist):
 
 
 def default_hybrid_policy(policies: tuple[str, ...]) -> str:
-    """The SA occurrence policy of the hybrid rows: the engine's default, else the last one compared."""
-    return DEFAULT_POLICY if DEFAULT_POLICY in policies else policies[-1]
+    """The SA occurrence rule of the hybrid rows: the engine's default, else the last one compared."""
+    return DEFAULT_OCCURRENCE if DEFAULT_OCCURRENCE in policies else policies[-1]
 
 
 def simulate_workload(
@@ -176,7 +176,7 @@ def simulate_workload(
     p: tuple[float, ...] = DEFAULT_P,
     thresholds: tuple[int, ...] = DEFAULT_THRESHOLDS,
     threshold: int = DEFAULT_THRESHOLD,
-    sa_policies: tuple[str, ...] = tuple(POLICIES),
+    sa_policies: tuple[str, ...] = tuple(OCCURRENCES),
     hybrid_policy: str | None = None,
     seed: int = 0,
     ngram: bool = True,

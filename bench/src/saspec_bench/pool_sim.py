@@ -32,9 +32,9 @@ def accepted_prefix(draft, out: np.ndarray, q: int) -> int:
     return a
 
 
-def arrival_order(flat: Flat, k: int, pool: RequestPool | None, policy: str) -> dict[str, Any]:
+def arrival_order(flat: Flat, k: int, pool: RequestPool | None, occurrence: str) -> dict[str, Any]:
     """Replay ``flat``'s traces in order on one engine (with ``pool`` if given)."""
-    eng = SpecEngine(pool=pool, policy=policy)
+    eng = SpecEngine(pool=pool, occurrence=occurrence)
     acc, lens, mout, dout = extend_buffers(1, k)
     src = np.zeros(1, np.int32)
     steps = pool_steps = accepted = pool_accepted = 0
@@ -70,17 +70,17 @@ def arrival_order(flat: Flat, k: int, pool: RequestPool | None, policy: str) -> 
     return res
 
 
-def pool_comparison(flats: dict[str, Flat], k: int, pool_tokens: int, policy: str) -> dict[str, dict]:
+def pool_comparison(flats: dict[str, Flat], k: int, pool_tokens: int, occurrence: str) -> dict[str, dict]:
     """Per workload and variant (``VARIANTS``), ``arrival_order``'s results."""
     out = {}
     for name, flat in flats.items():
         out[name] = {v: arrival_order(flat, k, None if v == "off" else RequestPool(pool_tokens, prompts=v != "outputs"),
-                                      policy) for v in VARIANTS}
+                                      occurrence) for v in VARIANTS}
     return out
 
 
-def format_pool_table(results: dict[str, dict], k: int, pool_tokens: int, policy: str) -> str:
-    lines = [f"Cross-request pool: SA only, K = {k}, policy {policy}, arrival order, pool of {pool_tokens} tokens",
+def format_pool_table(results: dict[str, dict], k: int, pool_tokens: int, occurrence: str) -> str:
+    lines = [f"Cross-request pool: SA only, K = {k}, occurrence rule {occurrence}, arrival order, pool of {pool_tokens} tokens",
              "",
              "| workload | requests | AL off | AL pool: outputs (x off) | AL pool: prompts + outputs (x off) "
              "| pool rows / accepted from the pool (outputs) |",

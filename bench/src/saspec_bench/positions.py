@@ -111,7 +111,7 @@ def _next_tokens(tokens, offs, t, acc, lens):
 
 
 def sa_positions(
-    flat: Flat, k: int, policy: str, recent_depth: int = DEFAULT_RECENT_DEPTH, ndraft: np.ndarray | None = None
+    flat: Flat, k: int, occurrence: str, recent_depth: int = DEFAULT_RECENT_DEPTH, ndraft: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Match length and accepted draft tokens at every output position.
 
@@ -122,7 +122,7 @@ def sa_positions(
     each position's number of valid draft tokens (before the first -1).
     """
     # Serial: the steps are short and the simulator should not fight other work for cores.
-    eng = SpecEngine(policy=policy, recent_depth=recent_depth, parallel_threshold=2**31)
+    eng = SpecEngine(occurrence=occurrence, recent_depth=recent_depth, parallel_threshold=2**31)
     order = np.argsort(-flat.lengths, kind="stable")
     for i in order:
         eng.add_request(int(i), flat.prompts[i])

@@ -33,7 +33,7 @@ import numpy as np
 from saspec import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
-from saspec.build import DEFAULT_POLICY
+from saspec.build import DEFAULT_OCCURRENCE
 from saspec.policy import N_BUCKETS
 from saspec.rules import DRAFT_LENGTH_RULES, HYBRID_THRESHOLD, draft_length
 
@@ -48,14 +48,14 @@ ST_STEPS, ST_SA_STEPS, ST_VERIFIED, ST_DRAFT_FWD, ST_DRAFT_FED, ST_SECONDS, ST_N
 N_STATS = 7
 
 
-def sa_positions_wide(flat: Flat, k: int = SA_WIDTH, policy: str = DEFAULT_POLICY) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sa_positions_wide(flat: Flat, k: int = SA_WIDTH, occurrence: str = DEFAULT_OCCURRENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Like ``positions.sa_positions`` (one token per ``extend`` call, every
     trace batched), and also the number of valid draft tokens (before the
     first -1) at every position. Returns (match, accepted, ndraft), int32
     arrays aligned with ``flat.tokens``; ``accepted`` and ``ndraft`` are for
     drafts ``k`` tokens wide (a shorter draft is their prefix)."""
     ndraft = np.zeros(flat.tokens.shape[0], np.int32)
-    match, accepted = sa_positions(flat, k, policy, ndraft=ndraft)
+    match, accepted = sa_positions(flat, k, occurrence, ndraft=ndraft)
     return match, accepted, ndraft
 
 
@@ -162,9 +162,9 @@ class Arrays:
     drafter's accepted tokens (int32 [N], ``positions.neural_positions``);
     ``runs``: the draft model's runs (int32 [N]) or None."""
 
-    def __init__(self, flat: Flat, neural: np.ndarray, policy: str = DEFAULT_POLICY) -> None:
+    def __init__(self, flat: Flat, neural: np.ndarray, occurrence: str = DEFAULT_OCCURRENCE) -> None:
         self.flat = flat
-        self.match, self.sa_acc, self.sa_len = sa_positions_wide(flat, SA_WIDTH, policy)
+        self.match, self.sa_acc, self.sa_len = sa_positions_wide(flat, SA_WIDTH, occurrence)
         self.neural = np.ascontiguousarray(neural, np.int32)
         runs = getattr(flat, "draft_runs", None)
         self.runs = None if runs is None else np.ascontiguousarray(runs, np.int32)
@@ -389,18 +389,18 @@ def real_summary(rows: list[dict], threshold: int, rule: tuple[str, float]) -> s
 
 
 def speed_section(flats: dict, k: int, p: tuple[float, ...], threshold: int, seed: int,
-                  profiles: list[Profile] | None = None, policy: str = DEFAULT_POLICY) -> tuple[str, dict]:
+                  profiles: list[Profile] | None = None, occurrence: str = DEFAULT_OCCURRENCE) -> tuple[str, dict]:
     """The cost-model part of ``saspec simulate``: the draft-length study,
     the speed table (with the study's best rule) and, where workloads carry
     draft-model runs, the hybrid/draft-model ratios, all with the SA's
-    occurrence ``policy``. Returns (markdown text, JSON-able dict)."""
+    occurrence rule ``occurrence``. Returns (markdown text, JSON-able dict)."""
     profiles = profiles or default_profiles()
-    arrays = {name: Arrays(flat, neural_positions(flat, p, seed), policy) for name, flat in flats.items()}
+    arrays = {name: Arrays(flat, neural_positions(flat, p, seed), occurrence) for name, flat in flats.items()}
     study = length_study(arrays, profiles, threshold)
     t_study = model_threshold_study(arrays, profiles, study["best"])
     t_model = t_study["best"] if t_study else threshold
     rows = speed_table(arrays, profiles, k, threshold, study["best"], t_model)
-    parts = [f"Draft-length rules (SA policy {policy}; SA drafts up to 32 tokens; SA alone and hybrid K=8), "
+    parts = [f"Draft-length rules (SA occurrence rule {occurrence}; SA drafts up to 32 tokens; SA alone and hybrid K=8), "
              "modeled tokens/s:",
              format_length_study(study)]
     if t_study:
@@ -411,7 +411,7 @@ def speed_section(flats: dict, k: int, p: tuple[float, ...], threshold: int, see
     if summary:
         parts += ["", f"Real draft model (teacher-forced runs): hybrid (T={t_model}) over the draft model alone",
                   summary]
-    data = {"policy": policy, "profiles": [pr.as_json() for pr in profiles], "length_study": {"score": study["score"],
+    data = {"occurrence": occurrence, "profiles": [pr.as_json() for pr in profiles], "length_study": {"score": study["score"],
             "best": list(study["best"])}, "speed": rows,
             "model_threshold": None if t_study is None else {"best": t_study["best"],
                                                              "ratios": {str(t): v for t, v in t_study["ratios"].items()}}}

@@ -38,7 +38,7 @@ class DeviceBackend:
                  pool_words: int = 0) -> None:
         self.kind = kind
         self.host = HostSlots()  # requests built and not uploaded yet
-        self.slots = DeviceSlots(max_slots, max_seq_len, kind.policy, kind.depth, device, pool_words)
+        self.slots = DeviceSlots(max_slots, max_seq_len, kind.occurrence, kind.depth, device, pool_words)
         self._warned_overflow: set[Hashable] = set()
 
     # -- requests ----------------------------------------------------------------------

@@ -125,7 +125,7 @@ def _pool_row(buf, accepted, b, n, slot, match_out, out, k, source_out, branch_o
 
 
 @cuda.jit(cache=True)
-def extend_kernel(slots, rows, accepted, lens, match_out, draft_out, policy, depth, pool_automaton, pstate, pctl,
+def extend_kernel(slots, rows, accepted, lens, match_out, draft_out, occurrence, depth, pool_automaton, pstate, pctl,
                   source_out, branch_out):
     """One decode step; thread ``b`` handles batch row ``b``.
 
@@ -160,7 +160,7 @@ def extend_kernel(slots, rows, accepted, lens, match_out, draft_out, policy, dep
             return
         # int64: the simulator runs the core on numpy scalars, where an int32
         # token would overflow the hash (compiled code widens anyway).
-        core.extend_fixed(buf, int64(token), policy, depth)
+        core.extend_fixed(buf, int64(token), occurrence, depth)
     match_out[b] = core.match_len(buf)
     core.draft(buf, out, k)
     if b < branch_out.shape[0]:

@@ -148,20 +148,20 @@ class DeviceSlots:
     Args:
         max_slots: requests that can be resident on the device at once.
         max_seq_len: tokens a slot holds (prompt plus generated).
-        policy, depth: the occurrence policy code and recency depth (``core``).
+        occurrence, depth: the occurrence rule code and recency depth (``core``).
         device: the CUDA device (torch device, index or string); default:
             torch's current device. Ignored under the CUDA simulator.
         pool_words: device words reserved for a cross-request pool's automaton
             (``set_request_pool``); 0: no pool.
     """
 
-    def __init__(self, max_slots: int, max_seq_len: int, policy: int, depth: int, device: Any = None,
+    def __init__(self, max_slots: int, max_seq_len: int, occurrence: int, depth: int, device: Any = None,
                  pool_words: int = 0) -> None:
         if int(max_slots) < 1:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
         self.layout = slot_layout(max_seq_len)
         self.max_slots = int(max_slots)
-        self._policy = np.int32(policy)
+        self._occurrence = np.int32(occurrence)
         self._depth = np.int32(max(min(depth, 2**31 - 1), -1))
         self._dev = kc.new_device(device)
         # All -1: every slot's edge table starts empty (SRC = -1).
@@ -334,7 +334,7 @@ class DeviceSlots:
             dev.view(lens),
             dev.view(mout),
             dev.view(dout),
-            self._policy,
+            self._occurrence,
             self._depth,
             dev.view(self.pool_automaton),
             dev.view(self.pstate),

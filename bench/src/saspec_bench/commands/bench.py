@@ -32,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from saspec import NgramDrafter, SpecEngine, SuffixAutomaton, build, core
-from saspec.build import DEFAULT_POLICY
+from saspec.build import DEFAULT_OCCURRENCE
 from saspec.pool import RequestPool
 from ..synthetic import VOCAB, code_like_prompt, random_prompt
 
@@ -50,8 +50,8 @@ def progress(message: str) -> None:
 def warm_up() -> None:
     """Compile (or load from cache) every kernel the benchmarks time, growth included."""
     tokens = code_like_prompt(3000)
-    for policy in ("first", "near-first"):
-        SuffixAutomaton(policy=policy).extend(tokens)
+    for occurrence in ("first", "near-first"):
+        SuffixAutomaton(occurrence=occurrence).extend(tokens)
     for drafter in (SpecEngine(), NgramDrafter(), SpecEngine(parallel_threshold=1), NgramDrafter(parallel_threshold=1)):
         drafter.add_request(0, tokens[:10])
         drafter.prepare([0])
@@ -70,22 +70,22 @@ def best_time(fn: Callable[[], object], repeat: int) -> float:
     return best
 
 
-def bench_ingest(sizes: list[int], policies: list[str], repeat: int = 3) -> list[dict]:
+def bench_ingest(sizes: list[int], occurrences: list[str], repeat: int = 3) -> list[dict]:
     """Tokens per second of building an automaton from a prompt."""
-    SuffixAutomaton([1, 2, 1], policy=policies[0])  # compile
+    SuffixAutomaton([1, 2, 1], occurrence=occurrences[0])  # compile
     rows = []
     for kind, make in (("random", random_prompt), ("code-like", code_like_prompt)):
         for n in sizes:
             tokens = make(n)
-            for policy in policies:
-                t = best_time(lambda: SuffixAutomaton(tokens, policy=policy), repeat if n < 500_000 else 1)
-                sa = SuffixAutomaton(tokens, policy=policy)
-                progress(f"ingest {kind} {n:,} tokens, {policy}: {n / t / 1e6:.2f} M tok/s")
+            for occurrence in occurrences:
+                t = best_time(lambda: SuffixAutomaton(tokens, occurrence=occurrence), repeat if n < 500_000 else 1)
+                sa = SuffixAutomaton(tokens, occurrence=occurrence)
+                progress(f"ingest {kind} {n:,} tokens, {occurrence}: {n / t / 1e6:.2f} M tok/s")
                 rows.append(
                     {
                         "prompt": kind,
                         "tokens": n,
-                        "policy": policy,
+                        "occurrence": occurrence,
                         "Mtok_per_s": n / t / 1e6,
                         "bytes_per_token": sa.nbytes / n,
                         "states_per_token": sa.num_states / n,
@@ -306,12 +306,12 @@ def bench_grow(sizes: tuple[int, ...] = (1000, 8000, 32_000), repeat: int = 7) -
     out first (the table is copied as is), and random tokens appended until
     the blob is full, whose table runs out with its text (a larger table:
     every edge is re-inserted)."""
-    policy = build.policy_code("near-first")
+    occurrence = build.occurrence_code("near-first")
     rows = []
     for n in sizes:
-        code = build.ingest(build.new_blob(n), code_like_prompt(n, seed=1), policy, 0)
+        code = build.ingest(build.new_blob(n), code_like_prompt(n, seed=1), occurrence, 0)
         rnd = build.new_blob(n)
-        build._ingest(rnd, random_prompt(3 * n, seed=1), 0, policy, 0)  # stops when the blob is full
+        build._ingest(rnd, random_prompt(3 * n, seed=1), 0, occurrence, 0)  # stops when the blob is full
         for kind, blob in (("code-like", code), ("random", rnd)):
             grown = build.grow(blob, 1)
             calls = max(5, 200_000 // n)
@@ -424,7 +424,7 @@ def bench_peer_ingest(
     sizings: tuple[str, ...] = tuple(PEER_SIZINGS),
     cases: tuple[tuple[str, int], ...] = PEER_INGEST_CASES,
 ) -> list[dict]:
-    """Ingestion, saspec (default policy and ``first``) against sa_spec under
+    """Ingestion, saspec (default occurrence rule and ``first``) against sa_spec under
     each of ``sizings`` (keys of ``PEER_SIZINGS``), interleaved, best of
     ``repeat``, in thread CPU time; M tokens per second. One row per case and
     sizing; the two rows of a case share saspec's figures.
@@ -435,11 +435,11 @@ def bench_peer_ingest(
     makers = {"code-like": code_like_prompt, "random": random_prompt}
     prompts = [makers[kind](n) for kind, n in cases]
     peers = [f"sa_spec:{z}" for z in sizings]
-    best = [dict.fromkeys([DEFAULT_POLICY, "first", *peers], float("inf")) for _ in cases]
+    best = [dict.fromkeys([DEFAULT_OCCURRENCE, "first", *peers], float("inf")) for _ in cases]
     capacity: list[dict[str, int]] = [{} for _ in cases]
     for r in range(repeat):
         for (kind, _), tokens, b, cap in zip(cases, prompts, best, capacity):
-            drafters = [DEFAULT_POLICY, "first"]
+            drafters = [DEFAULT_OCCURRENCE, "first"]
             for d in peers:  # sa_spec's per-state tables degrade on wide alphabets: a few runs suffice
                 if not (kind == "random" and r >= 2 and b[d] > 2.0):
                     drafters.append(d)
@@ -449,7 +449,7 @@ def bench_peer_ingest(
                     b[d] = min(b[d], t)
                     continue
                 t0 = time.thread_time()
-                SuffixAutomaton(tokens, policy=d)
+                SuffixAutomaton(tokens, occurrence=d)
                 b[d] = min(b[d], time.thread_time() - t0)
         progress(f"peer ingest: round {r + 1} of {repeat} done")
     rows = []
@@ -460,10 +460,10 @@ def bench_peer_ingest(
                 "tokens": n,
                 "sa_spec_sizing": PEER_SIZINGS[z],
                 "sa_spec_capacity": cap[d],
-                "saspec_Mtok_per_s": n / b[DEFAULT_POLICY] / 1e6,
+                "saspec_Mtok_per_s": n / b[DEFAULT_OCCURRENCE] / 1e6,
                 "saspec_first_Mtok_per_s": n / b["first"] / 1e6,
                 "sa_spec_Mtok_per_s": n / b[d] / 1e6,
-                "saspec_over_sa_spec": b[d] / b[DEFAULT_POLICY],
+                "saspec_over_sa_spec": b[d] / b[DEFAULT_OCCURRENCE],
             }
             rows.append(row)
             progress(
@@ -551,7 +551,7 @@ def run(quick: bool = False, peer_sa_spec: str | None = None, only: str | None =
     try:
         if quick:
             out = {
-                "ingest": bench_ingest([1000, 20_000], [DEFAULT_POLICY], repeat=1),
+                "ingest": bench_ingest([1000, 20_000], [DEFAULT_OCCURRENCE], repeat=1),
                 "step": bench_step([1, 8], [1000], steps=20),
                 "memory": bench_memory(20_000),
                 "grow": bench_grow((1000,), repeat=1),
@@ -566,7 +566,7 @@ def run(quick: bool = False, peer_sa_spec: str | None = None, only: str | None =
         if peer:
             out["peer_ingest"] = bench_peer_ingest(peer)
             out["peer_step"] = bench_peer_step(peer)
-        out["ingest"] = bench_ingest([1000, 20_000, 200_000, 1_000_000], [DEFAULT_POLICY, "first"])
+        out["ingest"] = bench_ingest([1000, 20_000, 200_000, 1_000_000], [DEFAULT_OCCURRENCE, "first"])
         out["step"] = bench_step([1, 8, 64, 256], [1000, 8000, 32000])
         out["memory"] = bench_memory(500) + bench_memory(8000) + bench_memory(200_000)
         out["grow"] = bench_grow()

@@ -45,7 +45,7 @@ from ..prompts import FREE_FORM_PROMPTS, bench_prompts
 from ..tokenizers import get_tokenizer
 from ..workloads import Trace, chat_prompt, save_traces
 from ..lm import pick_dtype
-from saspec.build import DEFAULT_POLICY
+from saspec.build import DEFAULT_OCCURRENCE
 from saspec.pool import RequestPool
 
 # -- the commands' arguments -------------------------------------------------------
@@ -342,7 +342,7 @@ def _bench(args: argparse.Namespace) -> int:
         for p in prompts:
             toks = outputs[(p["id"], fixed_sa)]
             flat = Flat.of([Trace(np.asarray(p["prompt_ids"], np.int32), np.asarray(toks, np.int32))])
-            match, sa_acc = sa_positions(flat, args.k, DEFAULT_POLICY)
+            match, sa_acc = sa_positions(flat, args.k, DEFAULT_OCCURRENCE)
             if args.per_match > 0:  # the loop's cap on SA draft length
                 sa_acc = np.minimum(sa_acc, np.minimum(args.k, np.ceil(args.per_match * match))).astype(np.int32)
             steps = walk_hist(flat, match, sa_acc, np.zeros_like(sa_acc), args.k, SA, 1, 0.0)[0]
@@ -353,7 +353,7 @@ def _bench(args: argparse.Namespace) -> int:
     for kind in sorted({p["kind"] for p in prompts}):
         ts = [t for t in traces if t.meta["kind"] == kind]
         sim_tables[kind] = simulate_workload(Flat.of(ts), args.k, default_p(args.k),
-                                                      sa_policies=(DEFAULT_POLICY,),
+                                                      sa_policies=(DEFAULT_OCCURRENCE,),
                                                       threshold=args.threshold)
 
     summary = summarize(runs, methods)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from saspec import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 
-from saspec.build import POLICIES
+from saspec.build import OCCURRENCES
 from ..options import CliError, comma_list, int_in, nonnegative_int, output_file, positive_int, probability
 from ..positions import Flat
 from ..realsim import SA_WIDTH, speed_section
@@ -105,8 +105,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="modeled neural drafter: P(draft position i right | all before right), comma-separated, "
                         "each in [0, 1], at least K values (default: "
                         + ",".join(map(str, DEFAULT_P)) + ", extended to K by repeating the last value)")
-    p.add_argument("--policies", type=comma_list(str, choices=tuple(POLICIES), what="SA policy"),
-                   default=tuple(POLICIES), help="SA occurrence policies to compare")
+    p.add_argument("--occurrences", type=comma_list(str, choices=tuple(OCCURRENCES), what="SA occurrence rule"),
+                   default=tuple(OCCURRENCES), help="SA occurrence rules to compare")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the workload builders and neural draws")
     p.add_argument("--no-ngram", action="store_true", help="skip the n-gram baseline")
     p.add_argument("--pool-tokens", type=nonnegative_int, default=DEFAULT_POOL_TOKENS,
@@ -389,7 +389,7 @@ def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     names = list(args.workloads)
-    policies = tuple(args.policies)
+    policies = tuple(args.occurrences)
     if args.p is None:
         p = default_p(args.k)
     elif len(args.p) < args.k:
@@ -416,12 +416,12 @@ def main(args: argparse.Namespace) -> int:
     sim_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     policy = default_hybrid_policy(policies)
-    speed_text, speed = speed_section(flats, args.k, p, args.threshold, args.seed, policy=policy)
+    speed_text, speed = speed_section(flats, args.k, p, args.threshold, args.seed, occurrence=policy)
     cost_s = time.perf_counter() - t1
     pool, pool_text = None, ""
     if args.pool_tokens:
 
-        pool = pool_comparison(flats, args.k, args.pool_tokens, policy)  # the SA policy of the first screen
+        pool = pool_comparison(flats, args.k, args.pool_tokens, policy)  # the SA occurrence rule of the first screen
         pool_text = format_pool_table(pool, args.k, args.pool_tokens, policy)
     sa_tokens = sum(r["tokens"] for r in results.values()) * len(policies)
     sa_seconds = sum(v for r in results.values() for key, v in r["seconds"].items() if key.startswith("sa:"))

@@ -1,14 +1,14 @@
-"""How much can the choice of occurrence gain? SA-only AL of each policy against
+"""How much can the choice of occurrence gain? SA-only AL of each occurrence rule against
 two brute-force references, on the simulator's workloads.
 
 For every output position the longest earlier-occurring suffix (length m) is
-fixed; a policy only chooses *which* earlier occurrence of it to copy from.
+fixed; an occurrence rule only chooses *which* earlier occurrence of it to copy from.
 
 * ``freq``: the most frequent continuation, greedily token by token (among the
   occurrences still consistent with the draft so far), as suffix-tree drafters
   such as SuffixDecoding do.
 * ``oracle``: the occurrence whose continuation is accepted longest, chosen
-  with knowledge of the output: the ceiling for any occurrence policy.
+  with knowledge of the output: the ceiling for any occurrence rule.
 
 Usage: python -m saspec_bench.studies.occurrence_ceiling [--size-scale 1.0]
 """
@@ -111,11 +111,11 @@ def main() -> None:
 
         res = {}
         match = None
-        for policy in ("first", "recent", "near-first", "near-recent"):
-            m, acc = sa_positions(flat, K, policy)
+        for occurrence in ("first", "recent", "near-first", "near-recent"):
+            m, acc = sa_positions(flat, K, occurrence)
             match = m if match is None else match
-            assert np.array_equal(m, match)  # the match length never depends on the policy
-            res[policy] = al(acc)
+            assert np.array_equal(m, match)  # the match length never depends on the occurrence rule
+            res[occurrence] = al(acc)
         best = np.zeros_like(match)
         freq = np.zeros_like(match)
         for i, t in enumerate(w.traces):

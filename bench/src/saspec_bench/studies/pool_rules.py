@@ -9,7 +9,7 @@ tokens per step. Rules:
 
 * ``own``: the request's own automaton (what saspec drafts today);
 * ``prepend``: one automaton over the pool followed by the request, drafting from
-  any match with the ``first`` policy (the naive pool);
+  any match with the ``first`` occurrence rule (the naive pool);
 * ``longer+M``: the prepended automaton's draft only where its match is longer
   than the own automaton's by more than M tokens; the own draft otherwise.
 
@@ -43,8 +43,8 @@ def accepted(draft: np.ndarray, out: np.ndarray, q: int) -> int:
 
 def run(prompt: np.ndarray, out: np.ndarray, pool: list[int], rule: str, margin: int) -> int:
     """Steps to emit ``out`` under ``rule``."""
-    own = SuffixAutomaton(prompt, policy="first")
-    comb = SuffixAutomaton(np.concatenate([np.asarray(pool, np.int32), prompt]), policy="first") \
+    own = SuffixAutomaton(prompt, occurrence="first")
+    comb = SuffixAutomaton(np.concatenate([np.asarray(pool, np.int32), prompt]), occurrence="first") \
         if rule != "own" else None
     q = steps = 0
     while q < out.shape[0]:

@@ -83,7 +83,7 @@ class SADraftModel:
             requests (the server does); in saspec's loop, its ``Drafter``
             uses it, so memory across ``generate`` calls works there too.
         occurrence: which earlier occurrence drafts copy from
-            (``saspec.build.POLICIES``; None: the automaton's default).
+            (``saspec.build.OCCURRENCES``; None: the automaton's default).
         min_match: draft only after a match of at least this many tokens
             (>= 1; default 3). On a CPU, where verifying each drafted token
             costs nearly a forward of its own, the drafts of short matches
@@ -112,7 +112,7 @@ class SADraftModel:
         self.min_match = check_int(min_match, "min_match", 1)
         self._rule = check_length_rule(length_rule, length_scale)
         self.length_rule, self.length_scale = length_rule, float(length_scale)
-        kw = {} if occurrence is None else {"policy": occurrence}  # SpecEngine's name for it
+        kw = {} if occurrence is None else {"occurrence": occurrence}
         self.engine = SpecEngine(pool=pool, **kw)
         self.pool = pool
         self.occurrence = occurrence

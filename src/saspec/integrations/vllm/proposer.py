@@ -152,7 +152,7 @@ class SAProposer:
             rows (finished, preempted or moved) are kept for a possible resume
             before the oldest is freed. Default: ``$SASPEC_VLLM_MAX_DETACHED``,
             else ``max_num_seqs`` (256 when unknown).
-        policy: the automaton's occurrence policy (see ``SpecEngine``).
+        occurrence: which earlier occurrence drafts copy from (``SpecEngine``'s ``occurrence``).
         pool_tokens: a cross-request pool of this many tokens (``saspec.request_drafts.RequestDrafts``);
             finished requests join it (without the plugin: when their detached
             automaton is freed); 0: none. Default: ``$SASPEC_VLLM_POOL_TOKENS`` (set by
@@ -185,7 +185,7 @@ class SAProposer:
         *,
         min_match: int | None = None,
         max_detached: int | None = None,
-        policy: str | None = None,
+        occurrence: str | None = None,
         length_rule: str | None = None,
         length_scale: float | None = None,
         pool_tokens: int | None = None,
@@ -201,7 +201,7 @@ class SAProposer:
         self.k, self.min_match, self.max_detached = cfg.k, cfg.min_match, cfg.max_detached
         self.length_rule, self.length_scale, self.max_model_len = cfg.length_rule, cfg.length_scale, cfg.max_model_len
         self.drafter = Drafter(cfg.k, device=cfg.device, length_rule=cfg.length_rule, length_scale=cfg.length_scale,
-                               min_match=cfg.min_match, occurrence=policy, pool_tokens=cfg.pool_tokens,
+                               min_match=cfg.min_match, occurrence=occurrence, pool_tokens=cfg.pool_tokens,
                                ranks=tensor_parallel_ranks(vllm_config), max_rows=cfg.max_rows,
                                policy_settings=policy_settings, log=log, clock=clock,
                                faults=faults.from_env() if fault_hook == faults.FAULTS_ENV else fault_hook)
@@ -218,7 +218,7 @@ class SAProposer:
         self._stats = {"steps": 0, "drafted": 0, "draft_tokens": 0, "by_id": 0, "option_errors": 0}
         fix_sampled_verification()  # point proposals need exact sampled verification, with or without the plugin
         if warm:
-            warm_up(vllm_config, min_match=min_match, policy=policy, length_rule=length_rule,
+            warm_up(vllm_config, min_match=min_match, occurrence=occurrence, length_rule=length_rule,
                     length_scale=length_scale, pool_tokens=pool_tokens, policy_settings=policy_settings)
 
     # -- what the plugin calls ------------------------------------------------------

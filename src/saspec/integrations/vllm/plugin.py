@@ -188,10 +188,20 @@ def _wrap_validate_params(validate: Any) -> Any:
             try:
                 options_from_fields(extra)
             except (TypeError, ValueError) as e:
-                raise ValueError(f"saspec options: {e}") from None  # vLLM answers a ValueError with HTTP 400
+                raise _bad_request(f"saspec options: {e}") from None
         return out
 
     return _validate_params
+
+
+def _bad_request(message: str) -> Exception:
+    """vLLM's error for a request it refuses (HTTP 400 from the OpenAI server, where a bare ``ValueError`` is
+    an internal error), or a ``ValueError`` where vLLM has none."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+    except ImportError:  # pragma: no cover  (the tested version has it)
+        return ValueError(message)
+    return VLLMValidationError(message, parameter="extra_args")
 
 
 def _wrap_update_states(update_states: Any) -> Any:

@@ -188,7 +188,7 @@ def _wrap_validate_params(validate: Any) -> Any:
             try:
                 options_from_fields(extra)
             except (TypeError, ValueError) as e:
-                raise _bad_request(f"saspec options: {e}") from None
+                raise _bad_request(str(e)) from None  # it names the options ("saspec options: ...")
         return out
 
     return _validate_params

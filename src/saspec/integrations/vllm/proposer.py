@@ -396,7 +396,7 @@ def _int32_2d(x: Any, name: str) -> np.ndarray:
 
 def warm_up(vllm_config: Any, **settings: Any) -> None:
     """Compile every kernel a serving step uses while the engine starts, once per process: a throwaway
-    :class:`SAProposer` with these settings runs one step without the plugin (its gather), then its
+    :class:`SAProposer` with these settings runs a step without the plugin (its gather, its lists), then its
     drafter runs ``saspec.drafter.warm_up``. A failure is logged, never raised: serving works without."""
     global _WARMED
     if _WARMED:
@@ -406,7 +406,8 @@ def warm_up(vllm_config: Any, **settings: Any) -> None:
     p = None
     try:
         p = SAProposer(vllm_config, warm=False, fault_hook=None, **settings)
-        p.propose([[3]], np.array([4], np.int32), np.array([[1, 2, 1, 3]], np.int32))
+        texts = np.array([[1, 2, 1, 2], [5, 6, 5, 6]], np.int32)  # two rows: the many-row list conversion too
+        p.propose([[2], [6]], np.array([4, 4], np.int32), texts)
         warm_drafter(p.drafter)
         logger.info("saspec: kernels ready in %.1f s", time.perf_counter() - t0)
     except Exception:  # noqa: BLE001  (a warm-up must never stop a server from starting)

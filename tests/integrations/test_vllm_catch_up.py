@@ -192,8 +192,8 @@ def test_a_draft_model_that_never_pays_stays_out_and_runs_no_forward():
     trace = drive(h, text, 100, neural_right=False)
     assert sum(t[2] > 0 for t in trace[:5]) > 0  # tried at first
     # then out at all but a few steps: a probe where its evidence has faded towards the prior (it must not be
-    # locked out for good; with the target's step cost now extrapolated along its timed line, a catch-up is no
-    # longer over-charged, so it probes every 20-45 steps), and no catch-up forward at a step it is out
+    # locked out for good; with the target's step cost extrapolated along its timed line, a catch-up is not
+    # over-charged, so faded evidence earns an occasional probe), and no catch-up forward at a step it is out
     assert sum(t[2] > 0 for t in trace[-150:]) <= 7
     assert all(t[3] is None for t in trace[-150:] if t[2] == 0)
     assert h.stats["neural_calls"] == sum(t[2] > 0 for t in trace)

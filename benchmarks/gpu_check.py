@@ -575,7 +575,7 @@ def section_prepare() -> dict:
     import torch
 
     from saspec import SpecEngine, SuffixAutomaton
-    from saspec.device.prepare import payload_words
+    from saspec.device.slots import payload_words
 
     rng = np.random.default_rng(3)
     n = 32768

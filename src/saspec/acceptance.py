@@ -2,7 +2,7 @@
 offered automaton draft against what followed and re-estimate every bucket (see :mod:`saspec.policy`).
 
 The kernels are ``register_jitable`` functions without allocation, compiled for the host (``DraftPolicy``)
-and for CUDA (``saspec.device.decide``) from this one source; ``saspec.portable`` says how they give the
+and for CUDA (``saspec.device.policy_kernel``) from this one source; ``saspec.portable`` says how they give the
 same bits on both. A row's own evidence lives at a *state index* ``s`` (the row on the host, the engine's
 slot on the device), apart from the row ``b`` of the step's arrays.
 """

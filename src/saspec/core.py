@@ -3,7 +3,7 @@
 Every function here is a ``numba.extending.register_jitable`` function over one
 flat ``int32`` array, the *blob*, that holds one request's whole automaton. The
 same source compiles with ``numba.njit`` for the host (see ``build`` and
-``extend``) and with ``numba.cuda.jit`` for the device (see ``device.extend``), so
+``extend``) and with ``numba.cuda.jit`` for the device (see ``device.automaton_kernels``), so
 only scalar loops and array indexing are used here: no Python objects, no
 allocation, no exceptions. (A few are ``host_inline``: the same function, also
 inlined into its callers when compiled for the host.)

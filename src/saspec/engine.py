@@ -18,7 +18,7 @@ is processed by one jitted call with no Python loop over rows.
 
 ``SpecEngine(backend="cuda", max_slots=..., max_seq_len=...)`` keeps the
 automata on the GPU instead (``device.backend.DeviceBackend``; see
-``device.prepare`` and ``device.extend``): requests are
+``device.slots`` and ``device.automaton_kernels``): requests are
 still built on the host by ``add_request``; ``prepare`` moves the batch's new
 requests into fixed-size device slots, after which the device copy is the only
 one; ``extend`` is one kernel launch on torch's current stream, taking torch
@@ -406,7 +406,7 @@ class SpecEngine:
 
     @property
     def device_slots(self) -> Any:
-        """The CUDA backend's ``device.prepare.DeviceSlots`` (its ``rows`` map and ``slots``, which kernels
+        """The CUDA backend's ``device.slots.DeviceSlots`` (its ``rows`` map and ``slots``, which kernels
         enqueued after ``extend`` on the same stream may read); None on the CPU backend."""
         return self._backend.slots if self._backend.device else None
 

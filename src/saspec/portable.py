@@ -2,7 +2,7 @@
 
 The policy's kernels (``acceptance``, ``allocation``, ``step_cost.cost_of``) are
 ``register_jitable`` functions compiled for the host with ``numba.njit`` and for
-the device with ``numba.cuda.jit`` (``saspec.device.decide``), and the device
+the device with ``numba.cuda.jit`` (``saspec.device.policy_kernel``), and the device
 must choose the same draft lengths as the host. Two things differ between the
 targets unless the kernels say otherwise, and the kernels use these helpers
 where they would:

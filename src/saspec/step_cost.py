@@ -143,7 +143,7 @@ _CURVE, _INDEX, _KNOT, _KNOT_I, _RATIOS, _STEPS, _SCALE_BUF, _SCRATCH, _CTR = ra
 @register_jitable
 def cost_of(n, curve, index, knot):
     """Estimated cost of a step of ``n`` tokens (see StepCost.seconds). Compiled for the host and for CUDA
-    (``saspec.device.decide``), with the same bits on both (``saspec.portable``)."""
+    (``saspec.device.policy_kernel``), with the same bits on both (``saspec.portable``)."""
     n = max(int64(n), int64(1))
     extra = 0.0
     top = curve.shape[1] - 1

@@ -261,7 +261,7 @@ def test_slot_size_and_stats(cuda_backend):
 @pytest.mark.parametrize("max_seq_len", [1, 2, 3, 7, 64])
 def test_slot_layout_never_runs_out_before_max_seq_len(max_seq_len):
     pytest.importorskip("numba_cuda")
-    from saspec.device.prepare import slot_layout
+    from saspec.device.slots import slot_layout
 
     lay = slot_layout(max_seq_len)
     assert lay.nbytes <= 100 * max_seq_len + 80
@@ -303,7 +303,7 @@ def test_upload_rebuilds_the_same_automaton(cuda_backend):
     host's states and edges in the device layout, every edge reachable by
     ``core.find_slot`` and on exactly its state's chain."""
     from saspec import build
-    from saspec.device.prepare import payload_words, slot_layout
+    from saspec.device.slots import payload_words, slot_layout
 
     rng = np.random.default_rng(5)
     prompt = np.concatenate([np.tile(rng.integers(0, 9, 13), 8), rng.integers(0, 40, 150)])

@@ -326,12 +326,12 @@ cc = (int(sys.argv[1]), int(sys.argv[2]))
 dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
 
 from numba import cuda
-from saspec.device import drafter
+from saspec.device import drafter_kernels
 
 assert not cuda.config.ENABLE_CUDASIM
 out = {}
-for name, kernel in drafter.KERNELS.items():
-    ptx, restype = cuda.compile_ptx(kernel.py_func, drafter.SIGNATURES[name], cc=cc)
+for name, kernel in drafter_kernels.KERNELS.items():
+    ptx, restype = cuda.compile_ptx(kernel.py_func, drafter_kernels.SIGNATURES[name], cc=cc)
     out[name] = {
         "target": re.search(r"^\.target (\S+)", ptx, re.M).group(1),
         "entries": re.findall(r"\.entry\s+(\S+?)\(", ptx),
@@ -353,9 +353,9 @@ def test_the_kernels_compile_to_ptx(cc):
                           env=env, cwd=Path(__file__).parent, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    from saspec.device import drafter
+    from saspec.device import drafter_kernels
 
-    assert set(report) == set(drafter.KERNELS)
+    assert set(report) == set(drafter_kernels.KERNELS)
     for name, r in report.items():
         assert r["target"] == f"sm_{cc[0]}{cc[1]}", name
         assert len(r["entries"]) == 1 and name in r["entries"][0], (name, r["entries"])

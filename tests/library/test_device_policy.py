@@ -1,4 +1,4 @@
-"""The policy's step on the device (``saspec.device.policy_state.DevicePolicy``) chooses what the host's
+"""The policy's step on the device (``saspec.device.policy.DevicePolicy``) chooses what the host's
 ``DraftPolicy.step`` chooses: the same lengths, sources, bucket estimates, row evidence and counters, on
 random steps with requests arriving, finishing and moving between rows, random offers, emitted tokens and
 timings. Runs under numba's CUDA simulator (``SASPEC_TEST_CUDA=sim``, the default; see tests/conftest.py)
@@ -48,7 +48,7 @@ def to_host(x) -> np.ndarray:
 
 
 def device_policy(*args, **kwargs):
-    from saspec.device.policy_state import DevicePolicy
+    from saspec.device.policy import DevicePolicy
 
     return DevicePolicy(*args, **kwargs)
 
@@ -297,12 +297,12 @@ cc = (int(sys.argv[1]), int(sys.argv[2]))
 dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
 
 from numba import cuda
-from saspec.device import decide
+from saspec.device import policy_kernel
 
 assert not cuda.config.ENABLE_CUDASIM
 out = {}
-for name, kernel in decide.KERNELS.items():
-    ptx, restype = cuda.compile_ptx(kernel.py_func, decide.SIGNATURES[name], cc=cc)
+for name, kernel in policy_kernel.KERNELS.items():
+    ptx, restype = cuda.compile_ptx(kernel.py_func, policy_kernel.SIGNATURES[name], cc=cc)
     out[name] = {
         "target": re.search(r"^\.target (\S+)", ptx, re.M).group(1),
         "entries": re.findall(r"\.entry\s+(\S+?)\(", ptx),
@@ -328,9 +328,9 @@ def test_the_kernel_compiles_to_ptx_without_fused_products(cc):
                           env=env, cwd=Path(__file__).parent, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    from saspec.device import decide
+    from saspec.device import policy_kernel
 
-    assert set(report) == set(decide.KERNELS)
+    assert set(report) == set(policy_kernel.KERNELS)
     r = report["decide_kernel"]
     assert r["target"] == f"sm_{cc[0]}{cc[1]}"
     assert len(r["entries"]) == 1 and "decide_kernel" in r["entries"][0]

@@ -32,12 +32,12 @@ cc = (int(sys.argv[1]), int(sys.argv[2]))
 dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
 
 from numba import cuda
-from saspec.device import extend as extend_cuda
+from saspec.device import automaton_kernels
 
 assert not cuda.config.ENABLE_CUDASIM
 out = {}
-for name, kernel in extend_cuda.KERNELS.items():
-    ptx, restype = cuda.compile_ptx(kernel.py_func, extend_cuda.SIGNATURES[name], cc=cc)
+for name, kernel in automaton_kernels.KERNELS.items():
+    ptx, restype = cuda.compile_ptx(kernel.py_func, automaton_kernels.SIGNATURES[name], cc=cc)
     out[name] = {
         "target": re.search(r"^\.target (\S+)", ptx, re.M).group(1),
         "entries": re.findall(r"\.entry\s+(\S+?)\(", ptx),
@@ -75,10 +75,10 @@ def ptx_reports() -> dict[tuple[int, int], dict]:
 
 @pytest.mark.parametrize("cc", TARGETS, ids=lambda cc: f"sm_{cc[0]}{cc[1]}")
 def test_every_kernel_compiles_to_ptx(ptx_reports, cc):
-    from saspec.device import extend as extend_cuda
+    from saspec.device import automaton_kernels
 
     report = ptx_reports[cc]
-    assert set(report) == set(extend_cuda.KERNELS)
+    assert set(report) == set(automaton_kernels.KERNELS)
     for name, r in report.items():
         assert r["target"] == f"sm_{cc[0]}{cc[1]}", name
         assert len(r["entries"]) == 1 and name in r["entries"][0], (name, r["entries"])

@@ -2,7 +2,7 @@
 
 ``add_request`` builds a request into a host slot (``host.HostSlots``, no
 headroom: the device slot, not the host blob, holds the decoded tokens);
-``prepare`` uploads the batch's new requests into ``prepare.DeviceSlots``,
+``prepare`` uploads the batch's new requests into ``slots.DeviceSlots``,
 after which the device copy is the only one (the host slot keeps an empty blob
 until ``remove_request``); ``extend`` is one kernel launch on torch's current
 stream with no host sync. Called under the engine's lock, like the host backend.
@@ -20,7 +20,7 @@ from .. import core
 from ..arena import blob_bytes
 from ..host import EMPTY_BLOB, HostSlots, SABlobs
 from ..validate import BRANCH_PAIRS, SOURCE_PAIRS, check_no_overlap
-from .prepare import DeviceSlots
+from .slots import DeviceSlots
 
 
 class DeviceBackend:

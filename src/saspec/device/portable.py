@@ -3,7 +3,7 @@
 * ``fmul``: libdevice's ``dmul_rn``, a product the compiler never fuses into an FMA;
 * ``add_at`` / ``add_at2``: ``cuda.atomic.add``.
 
-Imported by the device kernels that use the helpers (``saspec.device.decide``).
+Imported by the device kernels that use the helpers (``saspec.device.policy_kernel``).
 Under numba's CUDA simulator the kernels run as Python and call the helpers'
 Python bodies: nothing is registered.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from numba import cuda
 
 from .. import portable
-from .extend import simulated
+from .runtime import simulated
 
 if not simulated():
     from numba.cuda import libdevice

@@ -6,7 +6,7 @@ length back each step. :class:`DevicePolicy` keeps the same state on the
 device, keyed by the engine's device slot (no host row bookkeeping): each
 match bucket's counts and estimates, each slot's own evidence and the offer
 it made last step; and one :meth:`DevicePolicy.step` is one launch of
-``saspec.device.decide.decide_kernel`` on torch's current stream, with no
+``saspec.device.policy_kernel.decide_kernel`` on torch's current stream, with no
 host sync and no allocation, so it can be captured in a CUDA graph. Its
 lengths, sources and estimates are ``DraftPolicy.step``'s (the same
 functions, compiled for CUDA), given the same inputs, with the rows' slots
@@ -33,8 +33,8 @@ from ..allocation import HIST_ROWS, N_BINS, STATS
 from ..policy_settings import PolicySettings, check_settings, engine_cost
 from ..step_cost import StepCost
 from ..validate import array_span, check_count
-from .decide import decide_kernel
-from .extend import new_device
+from .policy_kernel import decide_kernel
+from .runtime import new_device
 
 #: The most rows x K of a step: the histogram's fixed-point sums stay exact below it (saspec.allocation.FIX).
 MAX_ROW_TOKENS = 1 << 21

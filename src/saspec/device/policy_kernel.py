@@ -36,6 +36,7 @@ from ..allocation import (AUTOMATON, N_BINS, NONE, automaton_length, best_thresh
                           count_step, row_probs_row)
 from ..portable import add_at
 from . import portable  # noqa: F401  (the CUDA implementations of the helpers above)
+from . import runtime  # noqa: F401  (saspec's cache locator for the kernel below)
 
 
 @cuda.jit(cache=True)

@@ -1,6 +1,6 @@
-"""Prepare: the device slots of the CUDA backend, and uploads into them.
+"""The device slots of the CUDA backend: the requests' automata resident on the GPU, and uploads into them.
 
-A CUDA ``SpecEngine``'s backend (``device.backend``) owns a ``DeviceSlots``: ``max_slots`` fixed-capacity
+A CUDA ``SpecEngine``'s backend (``backend.DeviceBackend``) owns a ``DeviceSlots``: ``max_slots`` fixed-capacity
 automaton blobs in one int32 device tensor ``[max_slots, words]``, allocated at
 construction from torch's caching allocator, plus the batch's row-to-slot map
 ``rows`` (int32 ``[1 + max_slots]``: the batch size, then each row's slot).
@@ -22,7 +22,7 @@ the header (with the device layout), the text, the hot and cold state records
 (table-edge chains reset) and the occupied table edges compacted to
 (SRC, TOK, DST) records into a pinned
 staging buffer, O(request) words; one async copy sends them, and two kernels
-(``device.extend.unpack_kernel``, ``link_kernel``) rebuild the table and the
+(``automaton_kernels.unpack_kernel``, ``link_kernel``) rebuild the table and the
 chains in the slot. After the upload the device copy is authoritative: the
 host blob is dropped (it would be stale after the next step), and the request
 stays resident until ``remove_request`` frees its slot. A slot that is reused
@@ -40,7 +40,8 @@ from .. import kernel_cache  # noqa: F401  (first: saspec's numba cache locator 
 from numba import njit
 
 from .. import core
-from . import extend as kc
+from . import automaton_kernels as kc
+from .runtime import grid_blocks, new_device
 
 # Slot words are indexed with int32 offsets on the device.
 MAX_SLOT_WORDS = 2**31 - 1
@@ -163,7 +164,7 @@ class DeviceSlots:
         self.max_slots = int(max_slots)
         self._occurrence = np.int32(occurrence)
         self._depth = np.int32(max(min(depth, 2**31 - 1), -1))
-        self._dev = kc.new_device(device)
+        self._dev = new_device(device)
         # All -1: every slot's edge table starts empty (SRC = -1).
         self.slots = self._dev.full((self.max_slots, self.layout.words), -1)
         self.rows = self._dev.full((1 + self.max_slots,), 0)
@@ -267,9 +268,9 @@ class DeviceSlots:
             n_req, geo = np.int32(len(new)), tuple(np.int32(x) for x in (*lay.offsets, lay.ht_size))
             ys = min(len(new), 65535)
             th, mb = dev.upload_threads, dev.max_upload_blocks
-            dev.launch(kc.unpack_kernel, (kc._grid(work, th, mb), ys), th, dst, buf, n_req, *geo,
+            dev.launch(kc.unpack_kernel, (grid_blocks(work, th, mb), ys), th, dst, buf, n_req, *geo,
                        dev.view(self.pstate))
-            dev.launch(kc.link_kernel, (kc._grid(edges, th, mb), ys), th, dst, buf, n_req, *geo)
+            dev.launch(kc.link_kernel, (grid_blocks(edges, th, mb), ys), th, dst, buf, n_req, *geo)
         stage.release()
 
         for r, slot in slots.items():

@@ -145,6 +145,20 @@ def test_the_import_graph_resolves_relative_imports():
     assert {"saspec.core", "saspec.device.automaton_kernels"} <= import_graph(PACKAGE)["saspec.device.slots"]
 
 
+def test_device_kernels_live_in_kernel_modules():
+    """``saspec.device``'s files are named for what they hold: its CUDA kernels only in ``*_kernel.py`` /
+    ``*_kernels.py`` (which hold no classes), its host objects elsewhere."""
+    from conftest import kernel_modules
+
+    found = kernel_modules()
+    assert found, "no CUDA kernel found in saspec.device: the scan is broken"
+    assert [m for m in found if not m.endswith(("_kernel", "_kernels"))] == []
+    for path in sorted((PACKAGE / "device").glob("*_kernel*.py")):
+        classes = [n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)]
+        assert classes == [], f"{path.name} defines {classes}: kernel modules hold kernels only"
+        assert f"saspec.device.{path.stem}" in found, f"{path.name} defines no kernel"
+
+
 @pytest.mark.parametrize("root", [PACKAGE, BENCH], ids=["saspec", "saspec_bench"])
 def test_no_import_cycle(root):
     """Every module imports only modules below it: lazy imports inside functions count too."""

@@ -3,7 +3,7 @@
 lengths, sources and match lengths, on random streams with requests arriving and finishing, a pool,
 per-request options (off, caps, hints) and rows outgrowing their slots. Runs under numba's CUDA simulator
 (``SASPEC_TEST_CUDA=sim``, the default; see tests/conftest.py) or on a real GPU
-(``SASPEC_TEST_CUDA=device``); the kernels also compile to PTX without a GPU.
+(``SASPEC_TEST_CUDA=device``); its kernels also compile to PTX without a GPU (test_ptx.py).
 
 A row's drafts never run past its slot (``max_seq_len`` tokens, hints included), as the host's never run
 past ``width``: episodes with small slots give every request hints of one length (or none) and the host
@@ -14,45 +14,20 @@ first ``max_seq_len`` tokens.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import CUDA_SKIP, MODE
+from conftest import CUDA_SKIP, to_device, to_host
 from saspec.drafter import Drafter
 from saspec.policy import AUTOMATON, NONE, PolicySettings, StepCost, cpu_like, gpu_like, linear
 
-pytestmark = pytest.mark.skipif(bool(CUDA_SKIP), reason=str(CUDA_SKIP))
-
-
-@pytest.fixture(autouse=True)
-def fast_simulator_switching():
-    """The simulator runs a block's threads as Python threads; a short switch interval keeps its barriers
-    from waiting out the default 5 ms each."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(before)
-
-
-def to_device(a: np.ndarray):
-    if MODE != "device":
-        return a
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
-
-
-def to_host(x) -> np.ndarray:
-    return x if isinstance(x, np.ndarray) else x.cpu().numpy()
+pytestmark = [pytest.mark.skipif(bool(CUDA_SKIP), reason=str(CUDA_SKIP)),
+              pytest.mark.usefixtures("fast_thread_switching")]
 
 
 def device_drafter(*args, **kwargs):
@@ -314,52 +289,6 @@ def test_bad_calls_are_refused_and_change_nothing():
         dev.close()
     with pytest.raises(RuntimeError, match="closed"):
         dev.start("d", text)
-
-
-PTX_SCRIPT = r"""
-import json, re, sys
-from types import SimpleNamespace
-
-import numba.cuda.dispatcher as dispatcher
-
-cc = (int(sys.argv[1]), int(sys.argv[2]))
-dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
-
-from numba import cuda
-from saspec.device import drafter_kernels
-
-assert not cuda.config.ENABLE_CUDASIM
-out = {}
-for name, kernel in drafter_kernels.KERNELS.items():
-    ptx, restype = cuda.compile_ptx(kernel.py_func, drafter_kernels.SIGNATURES[name], cc=cc)
-    out[name] = {
-        "target": re.search(r"^\.target (\S+)", ptx, re.M).group(1),
-        "entries": re.findall(r"\.entry\s+(\S+?)\(", ptx),
-        "calls": len(re.findall(r"\bcall(?:\.uni)?\b", ptx)),
-        "local_bytes": sum(int(n) for n in re.findall(r"\.local\s+\.align\s+\d+\s+\.b8\s+\S+\[(\d+)\]", ptx)),
-        "restype": str(restype),
-    }
-print(json.dumps(out))
-"""
-
-
-@pytest.mark.parametrize("cc", [(9, 0)], ids=["sm_90"])
-def test_the_kernels_compile_to_ptx(cc):
-    """``numba.cuda.compile_ptx`` needs no driver (a fake current device stands in for the target, in a fresh
-    interpreter without the simulator, as in test_ptx.py)."""
-    pytest.importorskip("numba_cuda")
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    proc = subprocess.run([sys.executable, "-c", PTX_SCRIPT, str(cc[0]), str(cc[1])], capture_output=True, text=True,
-                          env=env, cwd=Path(__file__).parent, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    from saspec.device import drafter_kernels
-
-    assert set(report) == set(drafter_kernels.KERNELS)
-    for name, r in report.items():
-        assert r["target"] == f"sm_{cc[0]}{cc[1]}", name
-        assert len(r["entries"]) == 1 and name in r["entries"][0], (name, r["entries"])
-        assert r["restype"] == "none" and r["calls"] == 0 and r["local_bytes"] == 0, (name, r)
 
 
 def test_a_pool_still_empty_at_the_first_prepare_matches_rows_from_their_text_once_a_text_is_pooled():

@@ -2,49 +2,24 @@
 ``DraftPolicy.step`` chooses: the same lengths, sources, bucket estimates, row evidence and counters, on
 random steps with requests arriving, finishing and moving between rows, random offers, emitted tokens and
 timings. Runs under numba's CUDA simulator (``SASPEC_TEST_CUDA=sim``, the default; see tests/conftest.py)
-or on a real GPU (``SASPEC_TEST_CUDA=device``); the kernel also compiles to PTX without a GPU.
+or on a real GPU (``SASPEC_TEST_CUDA=device``); the kernel also compiles to PTX without a GPU (test_ptx.py, and
+here without fused products).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import CUDA_SKIP, MODE
+from conftest import CUDA_SKIP, ptx_reports, to_device, to_host
 from saspec.policy import AUTOMATON, NONE, DraftPolicy, PolicySettings, StepCost, cpu_like, gpu_like, linear
 
-pytestmark = pytest.mark.skipif(bool(CUDA_SKIP), reason=str(CUDA_SKIP))
-
-
-@pytest.fixture(autouse=True)
-def fast_simulator_switching():
-    """The simulator runs a block's threads as Python threads and polls them; a short switch interval keeps
-    its barriers from waiting out the default 5 ms each."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(before)
-
-
-def to_device(a: np.ndarray):
-    """The step's argument for ``a``: itself under the simulator, a CUDA tensor on a real device."""
-    if MODE != "device":
-        return a
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
-
-
-def to_host(x) -> np.ndarray:
-    return x if isinstance(x, np.ndarray) else x.cpu().numpy()
+pytestmark = [pytest.mark.skipif(bool(CUDA_SKIP), reason=str(CUDA_SKIP)),
+              pytest.mark.usefixtures("fast_thread_switching")]
 
 
 def device_policy(*args, **kwargs):
@@ -287,50 +262,13 @@ def test_settings_out_of_range_are_refused():
         device_policy(4, 0)
 
 
-PTX_SCRIPT = r"""
-import json, re, sys
-from types import SimpleNamespace
-
-import numba.cuda.dispatcher as dispatcher
-
-cc = (int(sys.argv[1]), int(sys.argv[2]))
-dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
-
-from numba import cuda
-from saspec.device import policy_kernel
-
-assert not cuda.config.ENABLE_CUDASIM
-out = {}
-for name, kernel in policy_kernel.KERNELS.items():
-    ptx, restype = cuda.compile_ptx(kernel.py_func, policy_kernel.SIGNATURES[name], cc=cc)
-    out[name] = {
-        "target": re.search(r"^\.target (\S+)", ptx, re.M).group(1),
-        "entries": re.findall(r"\.entry\s+(\S+?)\(", ptx),
-        "atomics": sorted(set(re.findall(r"atom\.[\w.]+", ptx))),
-        "calls": len(re.findall(r"\bcall(?:\.uni)?\b", ptx)),
-        "local_bytes": sum(int(n) for n in re.findall(r"\.local\s+\.align\s+\d+\s+\.b8\s+\S+\[(\d+)\]", ptx)),
-        "fma_f64": len(re.findall(r"\bfma\.rn\.f64\b", ptx)),
-        "mul_rn_f64": len(re.findall(r"\bmul\.rn\.f64\b", ptx)),
-        "restype": str(restype),
-    }
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.parametrize("cc", [(9, 0)], ids=["sm_90"])
 def test_the_kernel_compiles_to_ptx_without_fused_products(cc):
-    """``numba.cuda.compile_ptx`` needs no driver (a fake current device stands in for the target, in a fresh
-    interpreter without the simulator, as in test_ptx.py). No FMA may appear: a fused product rounds once
-    where the host rounds twice, and the lengths would differ."""
+    """No FMA may appear: a fused product rounds once where the host rounds twice, and the lengths would
+    differ (``conftest.ptx_reports`` compiles without a GPU)."""
     pytest.importorskip("numba_cuda")
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    proc = subprocess.run([sys.executable, "-c", PTX_SCRIPT, str(cc[0]), str(cc[1])], capture_output=True, text=True,
-                          env=env, cwd=Path(__file__).parent, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    from saspec.device import policy_kernel
-
-    assert set(report) == set(policy_kernel.KERNELS)
+    report = ptx_reports([cc], ["saspec.device.policy_kernel"])[cc]["saspec.device.policy_kernel"]
+    assert set(report) == {"decide_kernel"}
     r = report["decide_kernel"]
     assert r["target"] == f"sm_{cc[0]}{cc[1]}"
     assert len(r["entries"]) == 1 and "decide_kernel" in r["entries"][0]

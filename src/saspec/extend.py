@@ -19,8 +19,11 @@ appended so far this step) and ``ctl`` int64 [CTL_WORDS] (the ``C_*`` words).
 rejected call changes no state: the shapes against the prepared batch, that no
 output shares memory with an input or with the other output, every length and
 token, and that no row would grow past ``limit`` tokens. ``step`` is that check
-fused with the serial kernel (one jitted call per decode step, the B=1 fast
-path). ``extend_rows`` may stop a row early when its blob is full
+fused with the serial kernel, and ``step_all`` the whole serial step in one
+jitted call: ``step`` with the checks of the optional outputs before it, and
+the growth marks and the cross-request pool's side after it (the host
+backend's fast path: each jitted call pays numba's dispatch, which a one-row
+step notices). ``extend_rows`` may stop a row early when its blob is full
 (``progress[b] < lens[b]``); the engine grows that blob and calls it again,
 which resumes each row where it stopped.
 """
@@ -44,10 +47,13 @@ BAD_ROWS = -1  # draft_out.shape[0] != B
 BAD_ACCEPTED_SHAPE = -2
 BAD_LENS_SHAPE = -3
 BAD_MATCH_SHAPE = -4
-OVERLAP = -5  # err: the two arguments' indices (0 accepted, 1 accepted_lens, 2 match_len_out, 3 draft_out)
+OVERLAP = -5  # err: the two arguments' indices (0 accepted, 1 accepted_lens, 2 match_len_out, 3 draft_out,
+#              4 source_out, 5 branch_out: validate.STEP_ARG_NAMES)
 BAD_LEN = -6  # err: row
 BAD_TOKEN = -7  # err: row, column
 TOO_LONG = -8  # err: row, the tokens it would hold
+BAD_SOURCE_SHAPE = -9  # step_all: source_out.shape[0] != B
+BAD_BRANCH_SHAPE = -10  # step_all: branch_out.shape[0] != B
 
 ARG_NAMES = ("accepted", "accepted_lens", "match_len_out", "draft_out")
 
@@ -57,7 +63,8 @@ C_OCCURRENCE = 1
 C_DEPTH = 2
 C_ERR = 3  # and C_ERR + 1: where a check failed (see the codes above)
 C_LOOKAHEAD = 5  # prefetch rows ahead from this many bytes of blobs in the batch (see extend_rows)
-CTL_WORDS = 6
+C_MARKED = 6  # step_all: how many slots rows_past_mark wrote to its ``marked``
+CTL_WORDS = 7
 
 
 @njit(inline="always")
@@ -429,6 +436,73 @@ def pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, branc
                 source_out[b] = 1
                 if branch_out.shape[0] > b:
                     branch_out[b] = core.state_branches(pool, state[0, rows[b]])
+
+
+# -- the whole serial step in one call (``host.HostBackend``'s fast path) ----------------------------
+
+POOL_ON = 1  # step_all's flags: a pool is attached (source_out is checked and written, rows draft from it)
+BRANCH_ON = 2  # branch_out is the caller's (checked); else it is empty and never written
+
+
+@njit(inline="always")
+def _check_row_outs(b, accepted, lens, match_out, draft_out, source_out, branch_out, ctl, flags):
+    """``step_all``'s checks of ``source_out`` (with ``POOL_ON``) and ``branch_out`` (with
+    ``BRANCH_ON``): the shape [B], and no memory shared with the arguments before it in
+    ``extend``'s order (``OVERLAP``, ``ctl[C_ERR:]`` naming the two). ``OK`` or the code."""
+    if flags & POOL_ON:
+        if source_out.shape[0] != b:
+            return BAD_SOURCE_SHAPE
+        for j, hit in ((0, overlap(source_out, accepted)), (1, overlap(source_out, lens)),
+                       (2, overlap(source_out, match_out)), (3, overlap(source_out, draft_out))):
+            if hit:
+                ctl[C_ERR] = 4
+                ctl[C_ERR + 1] = j
+                return OVERLAP
+    if flags & BRANCH_ON:
+        if branch_out.shape[0] != b:
+            return BAD_BRANCH_SHAPE
+        for j, hit in ((0, overlap(branch_out, accepted)), (1, overlap(branch_out, lens)),
+                       (2, overlap(branch_out, match_out)), (3, overlap(branch_out, draft_out)),
+                       (4, overlap(branch_out, source_out))):
+            if hit:
+                ctl[C_ERR] = 5
+                ctl[C_ERR + 1] = j
+                return OVERLAP
+    return OK
+
+
+@njit(nogil=True, cache=True, **core.NO_NRT)
+def step_all(table, rp, accepted, lens, match_out, draft_out, source_out, branch_out, ahead, marked, pool, base,
+             pool_state, epoch, sync_tokens, ctl, flags):
+    """A whole serial step of suffix-automaton blobs in one call: the checks of every argument
+    before anything is written, the step (``step``), the rows past their fill mark
+    (``rows_past_mark`` into ``marked``, their count in ``ctl[C_MARKED]``) and the pool's side
+    (``pool_rows``; with a pool still empty, ``source_out`` all 0).
+
+    source_out: int32 [B] with ``POOL_ON`` (a scratch array where the caller gave none), else
+    unused; branch_out: int32 [B] with ``BRANCH_ON``, else empty; pool, base, pool_state,
+    epoch, sync_tokens: ``pool_rows``'s (unused without ``POOL_ON``).
+
+    Returns a negative code (nothing written; ``check_step``'s, ``BAD_SOURCE_SHAPE``,
+    ``BAD_BRANCH_SHAPE``, or ``OVERLAP`` naming source_out or branch_out), 0 (the whole step
+    is done), or the number of rows blocked for lack of room: the caller grows them, resumes the
+    step, then marks and drafts from the pool itself (neither has run).
+    """
+    code = _check_row_outs(rp.shape[1], accepted, lens, match_out, draft_out, source_out, branch_out, ctl, flags)
+    if code != OK:
+        return code
+    code = step(table, rp, accepted, lens, match_out, draft_out, branch_out, ctl)
+    if code != OK:
+        return code
+    ctl[C_MARKED] = rows_past_mark(table, rp, ahead, marked)
+    if flags & POOL_ON:
+        if pool[core.H_N] == 0:  # nothing pooled yet: every row keeps its own draft (and its pool state)
+            for b in range(source_out.shape[0]):
+                source_out[b] = 0
+        else:
+            pool_rows(table, rp, accepted, lens, match_out, draft_out, source_out, branch_out, pool, base,
+                      pool_state, epoch, sync_tokens)
+    return OK
 
 
 # Parallel kernels run one at a time in the process. numba's workqueue

@@ -33,35 +33,37 @@ from .validate import BRANCH_PAIRS, SOURCE_PAIRS, as_int32_array, check_no_overl
 
 EMPTY_BLOB = build.new_blob(0)  # what a free slot holds
 _I32 = np.dtype(np.int32)  # native byte order
-_STEP_EXACT = None  # kx.step compiled for exactly the argument types of the fast path (see _exact_step)
+_STEP_EXACT = None  # kx.step_all compiled for exactly the argument types of the fast path (see _exact_step)
 
 
 def _exact_step():
-    """``kx.step`` as a dispatcher that accepts only what a valid call passes:
+    """``kx.step_all`` as a dispatcher that accepts only what a valid call passes:
     writable C-contiguous int32 numpy arrays of the right ranks (and the int64
-    address table). Anything else fails numba's dispatch with ``TypeError``
-    before any code runs, and ``extend`` then re-checks the arguments one by
-    one to say what is wrong. ``extend`` also sends only native-byte-order
-    int32 arrays here: numba types a byte-swapped array like a native one once
-    its type cache has seen an unaligned array of that rank. Built on first
-    use (it compiles eagerly)."""
+    address table and growth marks). Anything else fails numba's dispatch with
+    ``TypeError`` before any code runs, and ``extend`` then re-checks the
+    arguments one by one to say what is wrong. ``extend`` also sends only
+    native-byte-order int32 arrays here: numba types a byte-swapped array like a
+    native one once its type cache has seen an unaligned array of that rank.
+    Built on first use (it compiles eagerly)."""
     global _STEP_EXACT
     if _STEP_EXACT is None:
-        a1, a2 = int32[::1], int32[:, ::1]
-        sig = int64(int64[:, ::1], a2, a2, a1, a1, a2, a1, int64[::1])
+        a1, a2, i2 = int32[::1], int32[:, ::1], int64[:, ::1]
+        sig = int64(i2, a2, a2, a1, a1, a2, a1, a1, i2, a1, a1, int64, a2, int64, int64, int64[::1], int64)
         _STEP_EXACT = njit(sig, nogil=True, cache=True, **core.NO_NRT)(_step_exact_impl)
     return _STEP_EXACT
 
 
-def _step_exact_impl(table, rp, accepted, lens, match_out, draft_out, branch_out, ctl):
-    return kx.step(table, rp, accepted, lens, match_out, draft_out, branch_out, ctl)
+def _step_exact_impl(table, rp, accepted, lens, match_out, draft_out, source_out, branch_out, ahead, marked, pool,
+                     base, pool_state, epoch, sync_tokens, ctl, flags):
+    return kx.step_all(table, rp, accepted, lens, match_out, draft_out, source_out, branch_out, ahead, marked, pool,
+                       base, pool_state, epoch, sync_tokens, ctl, flags)
 
 
 class BlobKind(Protocol):
     """What ``HostBackend`` needs of a drafter's blobs (``SABlobs``, ``ngram.NgramBlobs``)."""
 
     n_word: int  # the blob word that holds the token count (``check_step``)
-    fused: bool  # steps may take ``extend.step``, the check and the SA kernel in one call
+    fused: bool  # steps may take ``extend.step_all``: the checks, the SA kernel and the pool's side in one call
     grows_ahead: bool  # nearly full blobs are grown on a background thread (``extend.rows_past_mark``)
 
     def build(self, tokens: np.ndarray, headroom: int | None, alloc: Allocator) -> np.ndarray: ...
@@ -223,6 +225,7 @@ class HostBackend:
         self._source = np.zeros(0, dtype=np.int32)  # source_out when the caller gives none
         self._no_branch = np.zeros(0, dtype=np.int32)  # branch_out when the caller gives none (never written)
         self.growth = Growth(self.slots, kind)
+        self._fused = kind.fused and kind.grows_ahead  # steps may take extend.step_all (the SA kernel)
         self.slow_steps = 0  # steps run on the checked path rather than the fused fast path
 
     # -- growth's settings and counters, by the names the engine and tests use ----------
@@ -307,18 +310,12 @@ class HostBackend:
         nd = np.ndarray
         rp, parallel, table = self._rp, self._parallel, self.slots.table
         b = rp.shape[1]
-        src = None
-        outs = (accepted, accepted_lens, match_len_out, draft_out)
-        if request_pool is not None:  # before anything runs: a rejected call changes nothing
-            src = self._check_row_out(source_out, "source_out", b, outs, SOURCE_PAIRS)
-        bout = self._no_branch
-        if branch_out is not None:
-            bout = self._check_row_out(branch_out, "branch_out", b, (*outs, source_out), BRANCH_PAIRS)
         parked = self.slots.parked
         budget = None  # words this step may still copy to grow blobs (None: all of step_growth_words)
         code = None
+        src = None
         if (
-            self.kind.fused
+            self._fused
             and not parallel
             and not parked  # a parked row's tokens count toward its limit: the checks below
             and type(accepted) is nd
@@ -329,15 +326,47 @@ class HostBackend:
             and accepted_lens.dtype is _I32
             and match_len_out.dtype is _I32
             and draft_out.dtype is _I32
+            and (source_out is None or (type(source_out) is nd and source_out.dtype is _I32))
+            and (branch_out is None or (type(branch_out) is nd and branch_out.dtype is _I32))
         ):
-            # The fast path: one jitted call checks and runs the step.
+            # The fast path: one jitted call checks every argument, runs the step, marks the rows to
+            # grow ahead and drafts from the pool.
+            flags, bout, pool, base, epoch, sync = 0, self._no_branch, self._no_branch, 0, 0, 0
+            if request_pool is not None:
+                flags = kx.POOL_ON
+                src = self._scratch_source(b) if source_out is None else source_out
+                pool, epoch, base = request_pool.current  # one read: the builder swaps it whole
+                sync = request_pool.sync_tokens
+            else:
+                src = self._no_branch  # unused without a pool
+            if branch_out is not None:
+                flags |= kx.BRANCH_ON
+                bout = branch_out
+            s = self.slots
             try:
                 code = (_STEP_EXACT or _exact_step())(table, rp, accepted, accepted_lens, match_len_out, draft_out,
-                                                      bout, self._ctl)
+                                                      src, bout, s.ahead, self.growth.marked, pool, base,
+                                                      s.pool_state, epoch, sync, self._ctl, flags)
             except (TypeError, ValueError, NotImplementedError):
                 code = None  # numba rejected an argument's type: the checks below name it
+            else:
+                if code == 0:
+                    n = self._ctl[kx.C_MARKED]
+                    if n:
+                        self.growth.grow_marked(int(n))
+                    return
+                if code < 0:
+                    raise self._rejection(code, batch, accepted, accepted_lens, draft_out, match_len_out, src, bout)
             acc, lens, mout, dout = accepted, accepted_lens, match_len_out, draft_out
+            src = src if request_pool is not None else None
         if code is None:
+            # The checked path: each argument converted (CPU tensors) and checked in Python, in extend's order.
+            bout = self._no_branch
+            outs = (accepted, accepted_lens, match_len_out, draft_out)
+            if request_pool is not None:  # before anything runs: a rejected call changes nothing
+                src = self._check_row_out(source_out, "source_out", b, outs, SOURCE_PAIRS)
+            if branch_out is not None:
+                bout = self._check_row_out(branch_out, "branch_out", b, (*outs, source_out), BRANCH_PAIRS)
             acc = as_int32_array(accepted, "accepted", 2)
             lens = as_int32_array(accepted_lens, "accepted_lens", 1)
             mout = as_int32_array(match_len_out, "match_len_out", 1, writable=True)
@@ -350,8 +379,10 @@ class HostBackend:
                 if parked:
                     budget = self.growth.unpark()
                 code = self._step(parallel, acc, lens, mout, dout, bout)
-        if code < 0:
-            raise self._rejection(code, batch, acc, lens, dout, mout)
+            if code < 0:
+                raise self._rejection(code, batch, acc, lens, dout, mout, src, bout)
+        # Here the step ran on the checked path, or stopped on the fast path for lack of room: rows to
+        # grow, then the marks and the pool's side.
         if code > 0:
             # a partial, not a lambda: a closure would make the step's locals cells on every call
             self.growth.grow_full_rows(rp, lens, budget, partial(self._step, parallel, acc, lens, mout, dout, bout))
@@ -381,14 +412,18 @@ class HostBackend:
         kx.pool_rows(self.slots.table, rp, acc, lens, mout, dout, src, bout, blob, base, self.slots.pool_state,
                      epoch, request_pool.sync_tokens)
 
+    def _scratch_source(self, b: int) -> np.ndarray:
+        """The int32 [b] ``source_out`` of a step with a pool whose caller gave none."""
+        if self._source.shape[0] != b:
+            self._source = np.zeros(b, dtype=np.int32)
+        return self._source
+
     def _check_row_out(self, out: Any, name: str, b: int, others: tuple, pairs: tuple) -> np.ndarray:
         """An optional per-row output (``source_out``, ``branch_out``) as int32 [B], checked before the
         step against ``others`` (the step's arrays before it in ``extend``'s order, None where not
         given); a scratch array where it is None."""
         if out is None:
-            if self._source.shape[0] != b:
-                self._source = np.zeros(b, dtype=np.int32)
-            return self._source
+            return self._scratch_source(b)
         nd = np.ndarray
         firsts = others[:4]
         if (all(x is None for x in others[4:]) and type(out) is nd and out.dtype is _I32 and out.ndim == 1
@@ -403,11 +438,14 @@ class HostBackend:
         check_no_overlap((*others, arr), pairs)
         return arr
 
-    def _rejection(self, code: int, batch: tuple[Hashable, ...], acc, lens, dout, mout) -> Exception:
-        """The exception for a negative ``check_step`` code."""
+    def _rejection(self, code: int, batch: tuple[Hashable, ...], acc, lens, dout, mout, src, bout) -> Exception:
+        """The exception for a negative ``check_step`` or ``step_all`` code."""
         b, k = len(batch), dout.shape[1]
         limit = int(self._ctl[kx.C_LIMIT])
         r, c = int(self._ctl[kx.C_ERR]), int(self._ctl[kx.C_ERR + 1])
+        if code in (kx.BAD_SOURCE_SHAPE, kx.BAD_BRANCH_SHAPE):
+            name, arr = ("source_out", src) if code == kx.BAD_SOURCE_SHAPE else ("branch_out", bout)
+            return ValueError(f"{name} must have shape {(b,)} for batch {b}, got {arr.shape}")
         if code == kx.BAD_ROWS:
             return ValueError(f"draft_out must have {b} rows for the prepared batch, got {dout.shape[0]}")
         shapes = {

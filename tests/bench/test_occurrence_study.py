@@ -12,8 +12,9 @@ import pytest
 from oracle import draft, matches
 
 from saspec import OCCURRENCES
-from saspec_bench.occurrence_study import (BASE, CANDIDATES, MAX_K, markdown, positions, references, served_workloads,
-                                           study)
+from saspec_bench.studies.occurrence_study import (BASE, CANDIDATES, FALLBACK_BOUNDS, MAX_K, NEAR, NEW_RULES,
+                                                   causal_rules, markdown, positions, references, served_workloads,
+                                                   study)
 from saspec_bench.served_sim import CHAT
 from saspec_bench.tokenizers import get_tokenizer
 
@@ -103,7 +104,7 @@ def test_the_oracle_is_at_least_every_rule_and_the_plan_is_the_fewest_steps(seed
     requests = _random_requests(100 + seed, n=4, alphabet=2 + seed % 3)
     k = 6
     flat, acc, reach = positions(requests, k)
-    choosers = (*OCCURRENCES, *CANDIDATES)
+    choosers = (*OCCURRENCES, *CANDIDATES, *NEW_RULES, *FALLBACK_BOUNDS)
     assert set(choosers) | {"oracle"} <= set(acc)
     for name in choosers:
         assert (acc[name] <= acc["oracle"]).all(), name
@@ -147,6 +148,57 @@ def test_a_copy_is_drafted_in_full_and_the_oracle_finds_the_occurrence_first_mis
     assert "| tiny | 1 | 9 |" in text and "oracle" in text
 
 
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_each_causal_rule_drafts_from_a_real_earlier_occurrence(seed, k):
+    for prompt, output in _random_requests(200 + seed, alphabet=2 + seed % 3):
+        acc, src = causal_rules(prompt, output, k)
+        naive = _naive(prompt, output, k)
+        text = list(prompt) + list(output)
+        rows = matches(text)
+        best = references(prompt, output, k).best
+        for name in (NEAR, *NEW_RULES, *FALLBACK_BOUNDS):
+            for pos, row in enumerate(naive):
+                n = len(prompt) + pos
+                st = int(src[name][pos])
+                if row["match"] == 0:
+                    assert (st, acc[name][pos]) == (-1, 0), (name, pos)
+                    continue
+                ends = rows[n - 1][3]
+                assert st - 1 in ends, (name, pos)  # an earlier end of the matched suffix
+                d = draft(text, n, st, k)
+                a = 0
+                while a < k and pos + a < len(output) and d[a] == output[pos + a]:
+                    a += 1
+                assert acc[name][pos] == a, (name, pos)
+            assert (acc[name] <= best).all(), name
+        # following the previous occurrence while it continues is the earliest occurrence again (it stays the
+        # earliest of the match's occurrences as both grow by the same token)
+        assert src["sticky"].tolist() == [rows[len(prompt) + p - 1][3][0] + 1 if r["match"] else -1
+                                          for p, r in enumerate(naive)]
+        assert (acc["sticky-oracle"] <= best).all() and (acc["near-oracle"] <= best).all()
+    # the brute force's near-first is the engine's
+    requests = _random_requests(300 + seed, alphabet=2 + seed % 3)
+    _, got, _ = positions(requests, k)
+    assert np.concatenate([causal_rules(p, o, k)[0][NEAR] for p, o in requests]).tolist() == got[BASE].tolist()
+
+
+def test_sticky_follows_its_source_until_it_breaks_then_takes_the_earliest():
+    # text: 1 2 3 4 5 0 | 1 2 3 6 7 0 | output 1 2 3 6 8 2 3 4
+    prompt = [1, 2, 3, 4, 5, 0, 1, 2, 3, 6, 7, 0]
+    output = [1, 2, 3, 6, 8, 2, 3, 4]
+    acc, src = causal_rules(prompt, output, 8)
+    # "0" occurs once (ends at 5): draft from 6 and follow it while its next token is the output's (7, 8, 9, 10);
+    # 7 is not 8, and "8" never occurred: no draft; then "2" ends at 1, 7 and 13: the earliest, start 2, which the
+    # last token 3 continues (start 3; "2 3" ends at 2, 8 and 14)
+    assert src["sticky"].tolist() == [6, 7, 8, 9, 10, -1, 2, 3]
+    assert acc["sticky"].tolist() == [4, 3, 2, 1, 0, 0, 2, 1]
+    # near-first's anchor advanced through the unmatched 8 to 11 and finds "2" nearest it, at 13 (3 6 8: one)
+    assert src[NEAR].tolist()[5:7] == [-1, 14] and acc[NEAR][6] == 1
+    _, got, _ = positions([(prompt, output)], 8)
+    assert got[BASE].tolist() == acc[NEAR].tolist() and got["first"].tolist() == acc["sticky"].tolist()
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda: references([1], [], 4), "at least one token"),
     (lambda: references([1], [2], 0), r"k must be an int in \[1, 62\]"),
@@ -155,6 +207,9 @@ def test_a_copy_is_drafted_in_full_and_the_oracle_finds_the_occurrence_first_mis
     (lambda: references([1.5], [2], 4), "prompt token ids must be integers"),
     (lambda: references([1], [-2], 4), r"output token ids must be in \[0, 2\*\*31\)"),
     (lambda: references([2**31], [2], 4), r"prompt token ids must be in \[0, 2\*\*31\)"),
+    (lambda: causal_rules([1], [], 4), "at least one token"),
+    (lambda: causal_rules([1], [2], MAX_K + 1), r"k must be an int in \[1, 62\]"),
+    (lambda: causal_rules([1], [0.5], 4), "output token ids must be integers"),
     (lambda: positions([], 4), "at least one request"),
     (lambda: positions([([1], [2]), ([1], [])], 4), "request 1: an output needs at least one token"),
     (lambda: study([([1], [2])], ks=()), "at least one draft length"),

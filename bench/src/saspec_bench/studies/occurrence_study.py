@@ -16,13 +16,19 @@ own automaton, and counts the draft tokens each chooser gets accepted:
 * candidate rules, brute force, to see what would close the gap: ``latest`` (the most recent occurrence, exactly),
   ``freq`` (the most frequent continuation, token by token among the occurrences still consistent with the draft, as
   suffix-tree drafters do; ties to the earliest occurrence) and ``branched-freq`` (near-first, ``freq`` where the
-  occurrences went on with more than one token: the engine's branch flag).
+  occurrences went on with more than one token: the engine's branch flag);
+* causal rules that read only the text so far (``NEW_RULES``): following the previous occurrence while it continues
+  (``sticky``, which is ``first`` again: the earliest occurrence stays the earliest as the match grows), a majority
+  vote over the occurrences' continuations, the context past the token that ends the match, and near-first's anchor
+  with those as its fallback (the anchor emulated by brute force, and checked against the engine's near-first);
+* bounds on a better fallback alone (``FALLBACK_BOUNDS``): follow the previous occurrence or near-first's anchor,
+  else draft from the best occurrence.
 
 A draft is an occurrence's continuation, repeating with its period where it runs into the end of the text, as
 ``SpecEngine`` drafts. A step accepts the draft's longest prefix equal to the output and one token of the target's
 own, so the last output token is never a draft's. Deterministic: no timing.
 
-    python -m saspec_bench.occurrence_study --json benchmarks/policy/results/occurrence_study.json \\
+    python -m saspec_bench.studies.occurrence_study --json benchmarks/policy/results/occurrence_study.json \\
         --md benchmarks/policy/results/occurrence_study.md
 """
 
@@ -41,7 +47,7 @@ from numba import njit
 
 from saspec.build import OCCURRENCES
 
-from .positions import Flat, sa_positions
+from saspec_bench.positions import Flat, sa_positions
 
 #: Draft lengths the study reports.
 KS = (8, 32)
@@ -201,6 +207,247 @@ def _check_k(k: int) -> None:
         raise ValueError(f"k must be an int in [1, {MAX_K}], got {k!r}")
 
 
+# -- causal rules beyond the shipped ones ---------------------------------------------
+
+#: Causal rules the study measures beside the candidates above (brute force, text seen so far only), in the tables'
+#: column order. ``sticky`` keeps the previous position's occurrence while its next token is the new one and it is
+#: still an occurrence of the match, else the earliest; ``sticky-vote`` the same, else ``vote``; ``vote`` the
+#: occurrence whose continuation agrees with the most others', token by token (the majority's next token, then the
+#: majority among the occurrences that agree so far, up to K; ties to the earliest); ``context-run`` the occurrence
+#: whose context goes on agreeing with the text furthest past the first disagreement that ends the match (one
+#: substitution allowed; ``CONTEXT_RUN`` tokens at most), ``context-window`` the one with the most equal tokens,
+#: position by position, among the ``CONTEXT_WINDOW`` before that disagreement (ties to the earliest); ``near-vote``,
+#: ``near-run``, ``near-window``: near-first's anchor (the previous source while it continues, else the nearest
+#: occurrence within ``NEAR_WINDOW`` of it), else that rule instead of the earliest.
+NEW_RULES = ("sticky", "sticky-vote", "vote", "context-run", "context-window", "near-vote", "near-run", "near-window")
+#: Not rules (they read the output), bounds on what a better fallback could do: ``sticky-oracle`` and ``near-oracle``
+#: follow the previous occurrence (``sticky``) or near-first's anchor while they continue, else draft from the best
+#: occurrence at that position (the earliest in the prompt, where nothing is drafted).
+FALLBACK_BOUNDS = ("sticky-oracle", "near-oracle")
+#: The brute force's emulation of near-first (checked against the engine's at every position), first in the arrays.
+NEAR = "near"
+_ROWS = (NEAR, *NEW_RULES, *FALLBACK_BOUNDS)
+CONTEXT_RUN = 64
+CONTEXT_WINDOW = 32
+#: near-first's constants (saspec.core's NEAR_WINDOW and NEAR_MAX_CHECK), repeated here so the bench reads no
+#: kernel module's internals; the emulation's check against the engine catches a change.
+NEAR_WINDOW = 8
+NEAR_MAX_CHECK = 32
+
+
+@njit(cache=True)
+def _vote(text, ends, cnt, n, k, alive, nxt, srt):
+    """``vote``'s start: the occurrences' continuations (periodic past the end of the text) filtered token by token
+    to the majority's next token (ties: the earliest occurrence's), up to ``k`` tokens or one occurrence left."""
+    nc = cnt
+    for x in range(nc):
+        alive[x] = ends[x] + 1
+    a = 0
+    while a < k and nc > 1:
+        for x in range(nc):
+            nxt[x] = text[alive[x] + a % (n - alive[x])]
+            srt[x] = nxt[x]
+        s = np.sort(srt[:nc])
+        top_c = 0
+        run = 0
+        for x in range(nc):
+            run = run + 1 if x > 0 and s[x] == s[x - 1] else 1
+            top_c = max(top_c, run)
+        top = -1
+        for x in range(nc):
+            c = np.searchsorted(s, nxt[x], side="right") - np.searchsorted(s, nxt[x], side="left")
+            if c == top_c:
+                top = nxt[x]
+                break
+        kept = 0
+        for x in range(nc):
+            if nxt[x] == top:
+                alive[kept] = alive[x]
+                kept += 1
+        nc = kept
+        a += 1
+    return alive[0]
+
+
+@njit(cache=True)
+def _context(text, ends, cnt, n, m, run_cap, window):
+    """(``context-run``'s start, ``context-window``'s start): the context before each occurrence of the m-suffix,
+    compared with the text's past the token where the match ends (one substitution)."""
+    best_run, run_st = -1, -1
+    best_win, win_st = -1, -1
+    for x in range(cnt):
+        e = ends[x]
+        run = 0
+        going = True
+        win = 0
+        j = m + 1
+        while j <= m + max(run_cap, window):
+            i1 = e - j
+            if i1 < 0:
+                break
+            same = text[i1] == text[n - 1 - j]
+            if going and same and run < run_cap:
+                run += 1
+            else:
+                going = False
+            if j <= m + window and same:
+                win += 1
+            j += 1
+        if run > best_run:
+            best_run, run_st = run, e + 1
+        if win > best_win:
+            best_win, win_st = win, e + 1
+    return run_st, win_st
+
+
+@njit(cache=True)
+def _ends_with_suffix(text, n, e, m):
+    """True when the m tokens ending at position ``e`` < n - 1 equal the text's last m (of ``n``)."""
+    if e < m - 1 or e >= n - 1:
+        return False
+    for j in range(m):
+        if text[e - j] != text[n - 1 - j]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _near_end(text, n, anchor, prev_m, m, window, max_check):
+    """near-first's end position at or near ``anchor`` (or -1), as the engine finds it: the anchor itself when its
+    token is the new one, else the nearest position within ``window`` ending with the m-suffix."""
+    if anchor < 0:
+        return -1
+    if text[anchor] == text[n - 1] and (prev_m > 0 or m <= 1):
+        return anchor
+    if m > max_check:
+        return -1
+    for d in range(window + 1):
+        if _ends_with_suffix(text, n, anchor + d, m):
+            return anchor + d
+        if d > 0 and _ends_with_suffix(text, n, anchor - d, m):
+            return anchor - d
+    return -1
+
+
+@njit(cache=True)
+def _new_rules(text, n0, k, run_cap, window, near_window, near_max, acc, src):
+    """Fill ``acc`` / ``src`` (int64 [len(_ROWS), n_out]) with each row of ``_ROWS``'s accepted draft tokens and
+    draft start (-1 without a match) at every output position. The near rules see every token, the prompt's too,
+    as the engine does; the sticky ones start at the first output position without a previous draft."""
+    total = text.shape[0]
+    n_out = total - n0
+    lcs = np.zeros(total, np.int64)
+    ends = np.empty(total, np.int64)
+    alive = np.empty(total, np.int64)
+    nxt = np.empty(total, np.int64)
+    srt = np.empty(total, np.int64)
+    anchors = np.full(5, -1, np.int64)  # near, near-vote, near-run, near-window, near-oracle
+    sticky = np.full(3, -1, np.int64)  # sticky, sticky-vote, sticky-oracle: the previous position's start
+    starts = np.empty(len(acc), np.int64)
+    near = np.empty(5, np.int64)
+    prev_m = 0
+    for n in range(1, total):
+        if n >= 2:
+            t = text[n - 1]
+            for e in range(n - 2, 0, -1):
+                lcs[e] = lcs[e - 1] + 1 if text[e] == t else 0
+            lcs[0] = 1 if text[0] == t else 0
+        m = 0
+        for e in range(n - 1):
+            m = max(m, lcs[e])
+        cnt = 0
+        if m > 0:
+            for e in range(n - 1):
+                if lcs[e] == m:
+                    ends[cnt] = e
+                    cnt += 1
+        first = ends[0] + 1 if m > 0 else -1
+        vote = -2
+        run_st = -2
+        win_st = -2
+        best = first
+        if m > 0 and n >= n0:
+            top = -1
+            for x in range(cnt):
+                st = ends[x] + 1
+                a = _accepted(text, st, n - st, n, n_out, n - n0, k)
+                if a > top:
+                    top, best = a, st
+        for j in range(5):
+            start = -1
+            if m > 0:
+                e = _near_end(text, n, anchors[j], prev_m, m, near_window, near_max)
+                if e >= 0:
+                    start = e + 1
+                elif j == 0:
+                    start = first
+                elif j == 4:
+                    start = best
+                elif j == 1:
+                    if vote == -2:
+                        vote = _vote(text, ends, cnt, n, k, alive, nxt, srt)
+                    start = vote
+                else:
+                    if run_st == -2:
+                        run_st, win_st = _context(text, ends, cnt, n, m, run_cap, window)
+                    start = run_st if j == 2 else win_st
+            if start >= 0:
+                anchors[j] = start
+            elif anchors[j] >= 0 and anchors[j] + 1 < n:
+                anchors[j] += 1
+            else:
+                anchors[j] = -1
+            near[j] = start
+        prev_m = m
+        if n < n0:
+            continue
+        pos = n - n0
+        # rows: 0 near, 1 sticky, 2 sticky-vote, 3 vote, 4 context-run, 5 context-window, 6-8 near-*,
+        # 9 sticky-oracle, 10 near-oracle
+        starts[0], starts[6], starts[7], starts[8] = near[0], near[1], near[2], near[3]
+        if m > 0:
+            if vote == -2:
+                vote = _vote(text, ends, cnt, n, k, alive, nxt, srt)
+            if run_st == -2:
+                run_st, win_st = _context(text, ends, cnt, n, m, run_cap, window)
+        for j in range(3):
+            p = sticky[j]
+            if m == 0:
+                sticky[j] = -1
+            elif p >= 0 and text[p] == text[n - 1] and lcs[p] == m:
+                sticky[j] = p + 1
+            else:
+                sticky[j] = first if j == 0 else vote if j == 1 else best
+        starts[1], starts[2] = sticky[0], sticky[1]
+        starts[9], starts[10] = sticky[2], near[4]
+        starts[3] = vote if m > 0 else -1
+        starts[4] = run_st if m > 0 else -1
+        starts[5] = win_st if m > 0 else -1
+        for r in range(len(acc)):
+            st = starts[r]
+            src[r, pos] = st
+            acc[r, pos] = 0 if st < 0 else _accepted(text, st, n - st, n, n_out, pos, k)
+
+
+def causal_rules(prompt: Sequence[int], output: Sequence[int], k: int) -> tuple[dict[str, np.ndarray],
+                                                                                 dict[str, np.ndarray]]:
+    """Each of ``NEW_RULES``' and ``FALLBACK_BOUNDS``' (and the near-first emulation's, ``NEAR``) accepted draft tokens and draft start (the
+    text position its draft copies from; -1 without a match) at every output position (int64 [len(output)]).
+
+    Raises:
+        ValueError: as :func:`references`.
+    """
+    _check_k(k)
+    p, o = _ids(prompt, "prompt"), _ids(output, "output")
+    if o.size == 0:
+        raise ValueError("an output needs at least one token")
+    text = np.concatenate([p, o])
+    acc = np.zeros((len(_ROWS), o.size), np.int64)
+    src = np.full((len(_ROWS), o.size), -1, np.int64)
+    _new_rules(text, p.size, k, CONTEXT_RUN, CONTEXT_WINDOW, NEAR_WINDOW, NEAR_MAX_CHECK, acc, src)
+    return dict(zip(_ROWS, acc)), dict(zip(_ROWS, src))
+
+
 @njit(cache=True)
 def _walk(offsets, acc, k):
     """Greedy verification of every request: (steps, accepted draft tokens) with at most ``k`` accepted a step."""
@@ -242,22 +489,24 @@ def positions(requests: Sequence[Request], k: int) -> tuple[Flat, dict[str, np.n
     """Every chooser's accepted draft tokens at every output position, at draft length ``k``.
 
     Returns (flat, acceptance, reach): ``acceptance`` maps each shipped rule (``saspec.OCCURRENCES``, from the real
-    engine), each candidate (``CANDIDATES``) and ``oracle`` to an int64 array aligned with ``flat.tokens``; ``reach``
+    engine), each candidate (``CANDIDATES`` and ``NEW_RULES``) and ``oracle`` to an int64 array aligned with ``flat.tokens``; ``reach``
     (int64, aligned the same way) holds the acceptances on offer (see :class:`References`); ``acceptance["match"]``
     is the match length and ``acceptance["occurrences"]`` / ``["branched"]`` the brute force's counts.
 
     Raises:
         ValueError: no requests, or a request :func:`references` refuses (the message names it).
         RuntimeError: the engine disagrees with the brute force (its match length differs, or a rule's draft is not
-            the continuation of an earlier occurrence of the match): the study's premise fails.
+            the continuation of an earlier occurrence of the match), or the brute force's near-first differs from the
+            engine's: the study's premise fails.
     """
     _check_k(k)
     if not requests:
         raise ValueError("the study needs at least one request")
-    refs = []
+    refs, causal = [], []
     for i, (p, o) in enumerate(requests):
         try:
             refs.append(references(p, o, k))
+            causal.append(causal_rules(p, o, k)[0])
         except ValueError as exc:
             raise ValueError(f"request {i}: {exc}") from None
     prompts = [np.asarray(p, np.int32).reshape(-1) for p, _ in requests]
@@ -290,6 +539,12 @@ def positions(requests: Sequence[Request], k: int) -> tuple[Flat, dict[str, np.n
                                "no earlier occurrence's continuation")
         got[rule] = acc
     got["branched-freq"] = np.where(got["branched"] == 1, got["freq"], got[BASE])
+    for rule in _ROWS:
+        got[rule] = np.concatenate([c[rule] for c in causal])
+    bad = np.flatnonzero(got.pop(NEAR) != got[BASE])
+    if bad.size:
+        raise RuntimeError(f"the brute force's near-first differs from the engine's at {bad.size} positions (first: "
+                           f"{int(bad[0])}): the near-* rules would not be near-first's")
     return flat, got, reach
 
 
@@ -319,7 +574,7 @@ def study(requests: Sequence[Request], ks: Sequence[int] = KS) -> dict[str, Any]
     }
     for k in ks:
         rows: dict[str, dict[str, float]] = {}
-        for name in (*OCCURRENCES, *CANDIDATES, "oracle"):
+        for name in (*OCCURRENCES, *CANDIDATES, *NEW_RULES, *FALLBACK_BOUNDS, "oracle"):
             steps, accepted = _walk(flat.offsets, acc[name], k)
             rows[name] = _row(int(steps), int(accepted), tokens)
         steps, accepted = _plan(flat.offsets, reach, k, k_max)
@@ -331,7 +586,7 @@ def study(requests: Sequence[Request], ks: Sequence[int] = KS) -> dict[str, Any]
             "oracle_gain_pct": {m: _pct(best[m], base[m]) for m in ("accepted", "accepted_per_step",
                                                                         "tokens_per_step")},
             "closed": {name: (base["steps"] - rows[name]["steps"]) / gap if gap else None
-                       for name in (*OCCURRENCES, *CANDIDATES) if name != BASE},
+                       for name in (*OCCURRENCES, *CANDIDATES, *NEW_RULES, *FALLBACK_BOUNDS) if name != BASE},
         }
     return out
 
@@ -352,8 +607,8 @@ def _pct(new: float, old: float) -> float | None:
 
 def recorded_workloads() -> dict[str, list[Request]]:
     """The shipped recordings as workloads ``real:<workload>`` (both files, where present)."""
-    from .datafiles import CROSS_REQUESTS_PATH, REAL_OUTPUTS_PATH
-    from .prompts import split_workloads
+    from saspec_bench.datafiles import CROSS_REQUESTS_PATH, REAL_OUTPUTS_PATH
+    from saspec_bench.prompts import split_workloads
 
     out: dict[str, list[Request]] = {}
     for path in (REAL_OUTPUTS_PATH, CROSS_REQUESTS_PATH):
@@ -371,8 +626,8 @@ def served_workloads(folders: Sequence[Path]) -> tuple[dict[str, list[Request]],
     Raises:
         FileNotFoundError: a folder without ``dataset.jsonl`` or a plain run.
     """
-    from .served_sim import load_run
-    from .tokenizers import get_tokenizer
+    from saspec_bench.served_sim import load_run
+    from saspec_bench.tokenizers import get_tokenizer
 
     encode = get_tokenizer("qwen2.5").encode
     out: dict[str, list[Request]] = {}
@@ -399,7 +654,7 @@ def markdown(results: dict[str, Any]) -> str:
     and accepted draft tokens (near-first, the oracle), the oracle's gain and the share of its saved steps each other
     chooser saves."""
     cols = (*OCCURRENCES, *CANDIDATES, *BOUNDS)
-    others = [c for c in (*OCCURRENCES, *CANDIDATES) if c != BASE]
+    others = [c for c in (*OCCURRENCES, *CANDIDATES) if c != BASE]  # the new rules have their own table
     lines = []
     for k in results["ks"]:
         lines += [f"K = {k}, accepted draft tokens (greedy verification; a K-token draft wherever the match is "
@@ -424,6 +679,17 @@ def markdown(results: dict[str, Any]) -> str:
                 for m in ("accepted_per_step", "tokens_per_step")) + " | "
                          + " | ".join("n/a" if r["closed"][c] is None else f"{r['closed'][c]:.2f}" for c in others)
                          + " |")
+        lines += ["", f"K = {k}, the causal rules beyond the candidates: output tokens per step, and (in brackets) the "
+                  "share of the oracle's saved steps each saves:", "",
+                  f"| workload | {BASE} | oracle | " + " | ".join((*NEW_RULES, *FALLBACK_BOUNDS)) + " |",
+                  "|---|---:|---:|" + "---:|" * (len(NEW_RULES) + len(FALLBACK_BOUNDS))]
+        for name, w in results["workloads"].items():
+            r = w["k"][str(k)]
+            cells = [f"{r['rules'][c]['tokens_per_step']:.3f}" for c in (BASE, "oracle")]
+            cells += [f"{r['rules'][c]['tokens_per_step']:.3f} ("
+                      + ("n/a" if r["closed"][c] is None else f"{r['closed'][c]:.2f}") + ")"
+                      for c in (*NEW_RULES, *FALLBACK_BOUNDS)]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -441,7 +707,7 @@ def _commit() -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m saspec_bench.occurrence_study",
+    ap = argparse.ArgumentParser(prog="python -m saspec_bench.studies.occurrence_study",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--k", type=int, nargs="+", default=list(KS), help="draft lengths (default 8 32)")
     ap.add_argument("--served", type=Path, nargs="*", default=None,

@@ -3,7 +3,7 @@ gives the most tokens per second under the step-cost table, and each row's draft
 (see :mod:`saspec.policy`).
 
 The per-row and per-step pieces are ``register_jitable`` functions without allocation, compiled for the
-host (:func:`allocate`, ``DraftPolicy``) and for CUDA (``saspec.device.decide``, the automaton-only step)
+host (:func:`allocate`, ``DraftPolicy``) and for CUDA (``saspec.device.policy_kernel``, the automaton-only step)
 from this one source. The histogram's sums are fixed-point integers held in float64 (:data:`FIX`): sums of
 integers below 2**53 are exact in any order, so device threads may add them in any order and the host and
 the device rank the same tokens the same way.
@@ -244,7 +244,7 @@ def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_ma
     where ``count``. Compiled without reference counting (``core.NO_NRT``: it allocates nothing; every
     per-row call would pay an incref and a decref per array). Returns (rate, plain rate, neural k, draft
     tokens). Without the neural drafter
-    (``k_nn == 0``) this is the sequence of calls the device step makes (``saspec.device.decide``)."""
+    (``k_nn == 0``) this is the sequence of calls the device step makes (``saspec.device.policy_kernel``)."""
     rows = match.shape[0]
     src, alt, lengths = ri[0], ri[1], ri[2]
     for j in range(N_BINS):

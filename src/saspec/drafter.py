@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import numbers
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -137,6 +138,9 @@ class Drafter:
             calls; the caller closes it). Not with ``pool_tokens``.
         automaton: False: no automaton drafts (a neural drafter alone, under the same policy);
             requests are still built where a pool may take their texts.
+        automaton_k: the most automaton draft tokens of a row (in [1, K]; default K): an engine whose
+            neural drafter drafts longer than its automaton should (the policy then offers it at most
+            this many automaton tokens, and a fixed rule cuts at it).
         max_step_tokens: the most tokens a row may gain in one step (default K + 1: the accepted drafts
             and one more); more where another drafter of the engine may draft longer than K.
         ranks: tensor-parallel ranks drafting alike (see ``RequestDrafts``); with more than one the
@@ -157,6 +161,7 @@ class Drafter:
         policy: the :class:`~saspec.policy.DraftPolicy` (None with a fixed rule).
         drafts: the :class:`~saspec.request_drafts.RequestDrafts` holding the automata.
         pool: the cross-request pool (a ``RequestPool``) or None.
+        automaton_k: the most automaton draft tokens of a row.
         max_step_tokens: the most tokens a row may gain in one step.
     """
 
@@ -166,8 +171,9 @@ class Drafter:
                  cost: StepCost | None = None, neural_catchup_sunk: bool = False,
                  log: Callable[[Decision], Any] | None = None, clock: Callable[[], float] = time.perf_counter,
                  faults: Any = None, pool: RequestPool | None = None, automaton: bool = True,
-                 max_step_tokens: int | None = None) -> None:
+                 automaton_k: int | None = None, max_step_tokens: int | None = None) -> None:
         self.k = check_count(k, "k")
+        self.automaton_k = self.k if automaton_k is None else check_int(automaton_k, "automaton_k", 1, self.k)
         check_int(min_match, "min_match", 1)
         check_int(pool_tokens, "pool_tokens", 0)
         self.ranks = check_int(ranks, "ranks", 1)
@@ -199,7 +205,7 @@ class Drafter:
             if pool is not None else None
         # The automata draft max_step_tokens - 1 tokens (the width a step may append); rows take at most K.
         width = self.k if max_step_tokens is None else check_int(max_step_tokens, "max_step_tokens", self.k + 1) - 1
-        self._wide = width > self.k
+        self._wide = width > self.automaton_k  # the automata draft more than a row takes from them: cut
         self.max_step_tokens = width + 1
         self.drafts = RequestDrafts(width, min_match=min_match, length_rule="fixed" if self.policy else length_rule,
                                     length_scale=length_scale, occurrence=occurrence, pool_tokens=pool_tokens,
@@ -207,6 +213,8 @@ class Drafter:
         self.pool = self.drafts.pool
         self.automaton = bool(automaton)
         self._neural_seen: set[Hashable] = set()  # requests the neural drafter has drafted for
+        self._unstepped: set[Hashable] = set()  # started before_prefill, their first step not taken yet
+        self._prefilling = False  # the last step drafted before a row's prefill: its forward prefilled
         self.clock = clock
         self._timed = self.ranks == 1
         self._options: dict[Hashable, DraftOptions] = {}
@@ -227,9 +235,15 @@ class Drafter:
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self, request_id: Hashable, prompt: Any, options: Any = None,
-              max_new_tokens: int | None = None) -> None:
+              max_new_tokens: int | None = None, *, before_prefill: bool = False) -> None:
         """A new request: build its automaton on a background thread (without the GIL), so it overlaps
         the engine's prefill. Call it when the engine admits the request, before its first step.
+
+        A request's first step normally follows its prefill and hands over the prefill's token. Where
+        the engine verifies a draft in the prefill's forward itself (transformers' assisted decoding, a
+        loop that feeds the prompt and the draft at once), start it ``before_prefill``: its first step
+        then comes before that forward, hands over no tokens (``new_lens`` 0) and drafts from the
+        whole prompt. The request's text stays its prompt and output, as the pool receives it.
 
         Args:
             request_id: any hashable id, unique among the requests started and not finished.
@@ -238,10 +252,13 @@ class Drafter:
             options: the request's :class:`~saspec.options.DraftOptions`, or a mapping with its keys
                 (``enabled``, ``max_draft_tokens``, ``hints``), or None (defaults).
             max_new_tokens: the most tokens the request may generate, if known (room is reserved).
+            before_prefill: the request's first step comes before its prefill (see above); it needs
+                the ``prompt``.
 
         Raises:
             KeyError: ``request_id`` was started and not finished.
-            TypeError, ValueError: a bad prompt, ``max_new_tokens`` or option (named); nothing changes.
+            TypeError, ValueError: a bad prompt, ``max_new_tokens``, option or ``before_prefill``
+                (named); nothing changes.
             RuntimeError: the drafter is closed.
         """
         self._check_open()
@@ -251,7 +268,13 @@ class Drafter:
         opts = parse_options(options, f"request {request_id!r} options")
         if max_new_tokens is not None:
             max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 0)
+        if not isinstance(before_prefill, bool):
+            raise TypeError(f"before_prefill must be a bool, got {type(before_prefill).__name__}")
+        if before_prefill and tokens is None:
+            raise ValueError(f"request {request_id!r}: before_prefill needs its prompt (its first step drafts from it)")
         self._options[request_id] = opts
+        if before_prefill:
+            self._unstepped.add(request_id)
         if tokens is None:
             self.drafts.expect(request_id, max_new_tokens, opts.hints)
             return
@@ -266,6 +289,7 @@ class Drafter:
         self._options.pop(request_id, None)
         self._lengths.pop(request_id, None)
         self._neural_seen.discard(request_id)
+        self._unstepped.discard(request_id)
         self.drafts.finish(request_id)
         if self.policy is not None:
             self.policy.forget(request_id)
@@ -300,7 +324,7 @@ class Drafter:
     def step(self, request_ids: Sequence[Hashable], new_tokens: Any, new_lens: Any, *, text_len: Any = None,
              texts: Any = None, width: int | None = None, seconds: float | None = None, step_tokens: int = 0,
              neural_k: int = 0, neural_rows: Any = None, neural_behind: int = 0, neural_first: int | None = None,
-             remaining: int | None = None) -> DraftBatch:
+             remaining: int | None = None, max_draft: Any = None) -> DraftBatch:
         """Append each row's newly accepted tokens to its automaton and draft for every row.
         Call it once per engine step, after the forward (and before the next one).
 
@@ -310,14 +334,16 @@ class Drafter:
             new_tokens: int [B, >= max(new_lens)]: each row's tokens emitted since its last step
                 (accepted drafts and the target's own), first in the row.
             new_lens: int [B] in [0, K + 1]: how many of ``new_tokens[b]`` are real; 0: the row is
-                still in prefill (it appends and drafts nothing).
+                still in prefill (it appends and drafts nothing), except at the first step of a request
+                started ``before_prefill``, where it drafts from its whole prompt.
             text_len: int32 [B]: each row's text length (prompt and output) before this step's tokens,
                 where the engine keeps it (vLLM); None: the drafter counts it from the prompt.
             texts: int32 [>= B, >= text_len[b]]: each row's text, read only to rebuild a request whose
                 automaton does not hold its text (a step the drafter did not see); None: none.
             width: no draft runs past this many tokens of text (the engine's context length).
             seconds: the last forward's seconds, where the engine times it; None: the drafter's clock
-                from the last step's return to this call.
+                from the last step's return to this call. A forward that prefilled a row started
+                ``before_prefill`` is timed only with its ``step_tokens``.
             step_tokens: the tokens that forward processed (prefill chunks of other requests
                 included), where known; 0: the rows and draft tokens the last step chose.
             neural_k: the most tokens the engine's neural drafter can draft for a row this step
@@ -330,6 +356,10 @@ class Drafter:
                 None: all of them where the neural drafter has drafted for none of the rows' requests
                 yet, else none.
             remaining: tokens a row may still emit (None: unknown), for that share.
+            max_draft: None, an int >= 0 or int [B] >= 0: the most draft tokens each row may take
+                this step from either source, within its request's ``max_draft_tokens`` (e.g. the
+                tokens left before the engine's own limit); the policy decides within it, and
+                ``batch.max_lengths`` holds it.
 
         Returns:
             The step's :class:`DraftBatch` (views the next call overwrites).
@@ -344,15 +374,27 @@ class Drafter:
         rids = request_ids if isinstance(request_ids, list) else list(request_ids)
         b = len(rids)
         new, lens = _rows_array(new_tokens, "new_tokens", 2, b), _rows_array(new_lens, "new_lens", 1, b)
+        step_cap = None if max_draft is None else _step_cap(max_draft, b)
         same = rids == self._last
+        first = None  # rows at their first step before their prefill (only in a batch that changed)
         if not same:
             self._last = None  # until this step succeeds: the options below are this batch's
             self._batch_options(rids)
+            if self._unstepped:
+                first = self._first_rows(rids, lens)
+        caps, any_cap = self._caps, self._any_cap
+        if step_cap is not None:
+            caps = np.where(caps < 0, caps, np.minimum(caps, step_cap)).astype(np.int32)
+            any_cap = bool((caps < self.k).any())
         live = lens
         if self._never:  # never drafted for (no automaton without a pool)
             lens = live = np.where(self._caps < 0, 0, lens).astype(np.int32)
+            if first is not None:
+                first = first & (self._caps >= 0)
+        first_auto = first  # the first rows whose automata draft
         if not self.automaton:  # rows stay live for the neural drafter; automata only where a pool wants them
             lens = lens if self.pool is not None else np.zeros_like(lens)
+            first_auto = first if self.pool is not None else None
         if text_len is None:
             missing = [r for r in rids if r not in self._lengths]
             if missing:
@@ -364,20 +406,23 @@ class Drafter:
                                       and texts.flags.c_contiguous):
             texts = _rows_array(texts, "texts", 2, texts.shape[0] if hasattr(texts, "shape") else len(texts))
         w = int(width) if width is not None else (1 << 31) - 1
-        match, draft, offered = self.drafts.step(rids, before, new, lens, texts, w)
+        match, draft, offered = self.drafts.step(rids, before, new, lens, texts, w, first_auto)
         if self._wide:
-            draft, offered = draft[:, : self.k], np.minimum(offered, self.k).astype(np.int32)
+            ak = self.automaton_k
+            draft, offered = draft[:, :ak], np.minimum(offered, ak).astype(np.int32)
         if not self.automaton:
             offered = np.zeros_like(offered)
             lens = live
         if text_len is None:
             for r, n in zip(rids, lens.tolist()):
                 self._lengths[r] += n
-        if self._any_cap:
-            offered = np.minimum(offered, np.maximum(self._caps, 0)).astype(np.int32)
+        if any_cap:
+            offered = np.minimum(offered, np.maximum(caps, 0)).astype(np.int32)
         if seconds is None:
             seconds = now - self._t_return if self._t_return is not None and self._timed else math.nan
         elif not self._timed:
+            seconds = math.nan
+        if self._prefilling and not step_tokens:  # that forward prefilled: its size is not the drafts'
             seconds = math.nan
         if self.policy is None:
             lengths, sources, nk = offered, None, 0
@@ -391,19 +436,32 @@ class Drafter:
             lengths, sources, nk = self._neural_step(rids, same, match, draft, offered, new, lens, seconds,
                                                      int(step_tokens), check_int(neural_k, "neural_k", 0),
                                                      neural_rows, check_int(neural_behind, "neural_behind", 0),
-                                                     self._first(rids, neural_behind, neural_first), remaining)
+                                                     self._first(rids, neural_behind, neural_first), remaining,
+                                                     caps, any_cap, first)
         if not same:
             self._last = list(rids)  # a copy: the caller may change its list before the next step
-        out = self._finish_step(draft, lengths, sources, match, lens, nk)
+        if first is not None:
+            lens = np.where(first, 1, lens).astype(np.int32)  # live rows: their match is reported
+        if self._unstepped and not same:
+            self._unstepped.difference_update(rids)
+        self._prefilling = first is not None
+        out = self._finish_step(draft, lengths, sources, match, lens, nk, caps, any_cap)
         self._t_return = self.clock()
         return out
 
+    def _first_rows(self, rids: list, lens: np.ndarray) -> np.ndarray | None:
+        """bool [B]: the rows at the first step of a request started ``before_prefill`` that hand over no
+        tokens (they draft from their prompt); None where there is none."""
+        first = np.fromiter((r in self._unstepped for r in rids), np.bool_, len(rids)) & (lens == 0)
+        return first if first.any() else None
+
     def _neural_step(self, rids: list, same: bool, match: np.ndarray, draft: np.ndarray, offered: np.ndarray,
                      new: np.ndarray, lens: np.ndarray, seconds: float, step_tokens: int, neural_k: int,
-                     neural_rows: Any, behind: int, first: int, remaining: int | None
-                     ) -> tuple[np.ndarray, np.ndarray, int]:
+                     neural_rows: Any, behind: int, first: int, remaining: int | None, caps: np.ndarray,
+                     any_cap: bool, first_rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, int]:
         """A step where a neural drafter may draft: score the last step's offers of both sources, then
-        each row's source and length (a drafter that lags charged a share of its catch-up)."""
+        each row's source and length (a drafter that lags charged a share of its catch-up). ``caps`` /
+        ``any_cap``: the rows' draft caps this step; ``first_rows``: rows live without new tokens."""
         p = self.policy
         prev = self._prev
         b = len(rids)
@@ -415,12 +473,12 @@ class Drafter:
                 p.observe_neural_outcome(int(prev.neural[i]), int(accepted[i]))
         elif not same:
             p.rows(rids)
-        live = lens > 0
+        live = lens > 0 if first_rows is None else (lens > 0) | first_rows
         m = np.where(live, match, 0).astype(np.int64)
         off = offered.astype(np.int64)
         rows = live if neural_rows is None else live & _rows_array(neural_rows, "neural_rows", 1, b, np.bool_)
-        if self._any_cap:
-            rows = rows & (self._caps != 0)
+        if any_cap:
+            rows = rows & (caps != 0)
         branched = self.drafts.branched
         if p.catchup_sunk:  # the engine runs the drafter's catch-up anyway: a neural row costs its drafting only
             lengths, src = p.decide(m, off, neural_k=neural_k, neural_rows=rows, neural_behind=max(behind, 1),
@@ -429,11 +487,12 @@ class Drafter:
             in_step = int(lens[live].sum()) + b  # a forward in step reads each row's new tokens and its extra slot
             lengths, src = self._share.decide(p, m, off, neural_k, rows, max(behind, 1), in_step, remaining,
                                               first=first, branched=branched)
-        if live.any():
-            self._share.observe_tokens(float(lens.sum()) / int(np.count_nonzero(lens)))
+        emitting = int(np.count_nonzero(lens))
+        if emitting:
+            self._share.observe_tokens(float(lens.sum()) / emitting)
         lengths = lengths.astype(np.int32)
-        if self._any_cap:  # a neural row's cap too
-            lengths = np.minimum(lengths, np.maximum(self._caps, 0)).astype(np.int32)
+        if any_cap:  # a neural row's cap too
+            lengths = np.minimum(lengths, np.maximum(caps, 0)).astype(np.int32)
         src = np.where(lengths > 0, src, NONE).astype(np.int32)
         self._prev = _Offers(m, off, draft.copy(), branched.copy(), np.where(src == NEURAL, lengths, 0),
                              int(np.count_nonzero(live)) + int(lengths.sum()))
@@ -442,7 +501,7 @@ class Drafter:
         return lengths, src, p.neural_k
 
     def _finish_step(self, draft: np.ndarray, lengths: np.ndarray, sources: np.ndarray, match: np.ndarray,
-                     lens: np.ndarray, neural_k: int) -> DraftBatch:
+                     lens: np.ndarray, neural_k: int, caps: np.ndarray, any_cap: bool) -> DraftBatch:
         """The step's batch: automaton rows keep their draft up to their length, other rows -1; ``sources``
         None: a row's source is AUTOMATON where it drafts, else NONE. One jitted pass writes the batch's
         arrays, buffers of this drafter kept (with the batch over them) while the rows' count and
@@ -457,7 +516,7 @@ class Drafter:
         batch = out[2]
         derive = sources is None
         drafted, tokens, longest, neural = _finish_rows(draft, lengths, lengths if derive else sources, derive, match,
-                                                        lens, self._caps, self._any_cap, self.k, batch.tokens, out[3])
+                                                        lens, caps, any_cap, self.k, batch.tokens, out[3])
         c = self._counts
         c["steps"] += 1
         c["rows"] += b
@@ -499,6 +558,7 @@ class Drafter:
         self._last = None
         self._t_return = None
         self._prev = None
+        self._prefilling = False
 
     def mark_forward(self) -> None:
         """The engine's target forward starts now (after its own drafting, say a neural drafter's call):
@@ -577,6 +637,16 @@ def _rows_array(x: Any, name: str, ndim: int, rows: int, dtype: Any = np.int32) 
             raise ValueError(f"{name} holds values outside int32")
         a = np.ascontiguousarray(a, dtype=dtype)
     return a
+
+
+def _step_cap(max_draft: Any, rows: int) -> np.ndarray:
+    """``Drafter.step``'s ``max_draft`` as int32 [rows] (>= 0); ``TypeError`` / ``ValueError`` naming it."""
+    if isinstance(max_draft, (bool, numbers.Integral)):  # a bool: check_int's TypeError
+        return np.full(rows, min(check_int(max_draft, "max_draft", 0), (1 << 31) - 1), np.int32)
+    cap = _rows_array(max_draft, "max_draft", 1, rows)
+    if cap.size and int(cap.min()) < 0:
+        raise ValueError(f"max_draft must be >= 0, got {int(cap.min())}")
+    return cap
 
 
 def warm_up(drafter: Drafter, neural_k: int = 0) -> None:

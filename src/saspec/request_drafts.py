@@ -50,16 +50,18 @@ from .rules import check_length_rule, draft_length
 
 logger = logging.getLogger(__name__)
 
+_NO_FIRST = np.zeros(0, np.bool_)  # step's ``first`` where no row is at its first step
+
 #: With a pool, every this many steps the texts of requests finished since the last
 #: publish become the rows' pool (built meanwhile in the background; see ``RequestPool.publish``).
 POOL_PUBLISH_STEPS = 8
 
 
 @njit(nogil=True, cache=True)
-def _live_rows(text_len, new, new_lens, k1, row_end, n_last, rows, before, lens, acc):
-    """Gather the rows with new tokens (``new_lens[b] > 0``) into ``rows``,
-    ``before`` (text lengths), ``lens`` and ``acc`` (their tokens). Returns
-    ``(n, same)``: how many, and whether their text lengths equal
+def _live_rows(text_len, new, new_lens, k1, row_end, n_last, rows, before, lens, acc, first):
+    """Gather the rows with new tokens (``new_lens[b] > 0``), and those with ``first[b]`` (where
+    ``first`` has rows), into ``rows``, ``before`` (text lengths), ``lens`` and ``acc`` (their tokens).
+    Returns ``(n, same)``: how many, and whether their text lengths equal
     ``row_end[:n_last]`` (each continues where the last step left it); ``n = -1``
     when a length is outside ``[0, k1]``."""
     n = 0
@@ -67,7 +69,7 @@ def _live_rows(text_len, new, new_lens, k1, row_end, n_last, rows, before, lens,
         s = new_lens[b]
         if s < 0 or s > k1 or s > new.shape[1]:
             return -1, False
-        if s == 0:
+        if s == 0 and (b >= first.shape[0] or not first[b]):
             continue
         rows[n] = b
         before[n] = text_len[b]
@@ -277,7 +279,8 @@ class RequestDrafts:
     # -- each step ----------------------------------------------------------------
 
     def step(self, rids: Sequence[Hashable], text_len: np.ndarray, new: np.ndarray, new_lens: np.ndarray,
-             texts: np.ndarray | None, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             texts: np.ndarray | None, width: int, first: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Append each row's new tokens and draft for every row.
 
         Args:
@@ -291,6 +294,9 @@ class RequestDrafts:
                 class does not have at that length; None: such a row drafts
                 nothing (the caller keeps no texts and never skips a step).
             width: no draft runs past this many tokens of text (vLLM's ``max_model_len``).
+            first: bool [B] or None: rows that draft from their text as it stands, with no new
+                tokens (``new_lens[b]`` 0): a request's first step where the engine's prefill
+                verifies it (see ``Drafter.start``'s ``before_prefill``).
 
         Raises:
             ValueError: lengths of the wrong size or above ``k + 1``, or an id
@@ -310,7 +316,7 @@ class RequestDrafts:
         if new_lens.shape[0] != b_all or text_len.shape[0] != b_all:
             raise ValueError(f"{b_all} rows need text_len and new_lens of {b_all} entries")
         n, same = _live_rows(text_len, new, new_lens, self.k + 1, self._ends, len(self._rows), self._live,
-                             self._before, self._lens, self._acc)
+                             self._before, self._lens, self._acc, _NO_FIRST if first is None else first)
         if n < 0:
             raise ValueError(f"new_lens must be in [0, k + 1 = {self.k + 1}] and fit new's {new.shape[1]} columns")
         act_rids = rids if n == b_all else [rids[i] for i in self._live[:n].tolist()]

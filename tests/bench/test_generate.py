@@ -562,9 +562,10 @@ def test_a_pool_across_generations_drafts_from_the_earlier_outputs(models):
     pool.flush()
     assert first.tokens == second.tokens == expected
     assert first.stats.target_forwards == 60 and second.stats.target_forwards < 15, "the second copies the first"
-    # whole outputs, the last step's too; each with the prompt's last token, which the loop's first step appends
-    # (the drafts verified by the prefill are made from the whole prompt), and the pool's separator
-    assert pool.stats()["texts"] == 2 and pool.stats()["tokens"] == 2 * (1 + 60 + 1)
+    # whole outputs exactly, the last step's too (the pool keeps no prompt token by default), each with the
+    # pool's separator
+    assert [t.tolist() for t in pool.texts()] == [expected, expected]
+    assert pool.stats()["texts"] == 2 and pool.stats()["tokens"] == 2 * (60 + 1)
 
 
 # -- the library's Drafter holds the policy; per-request options pass through -------

@@ -683,8 +683,9 @@ def test_a_pool_kept_across_calls_drafts_from_the_earlier_outputs(models):
             assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_policy=False, saspec_pool=pool),
                                expected)
         pool.flush()
-        # the whole output (with the prompt's last token: the first step hands it over) and a separator
-        assert pool.stats()["texts"] == 1 and pool.tokens == 62, pool.stats()
+        # the output exactly (the pool keeps no prompt token by default) and a separator
+        assert [t.tolist() for t in pool.texts()] == [expected[0, len(prompt):].tolist()]
+        assert pool.stats()["texts"] == 1 and pool.tokens == 61, pool.stats()
         with Forwards(target) as second:
             assert torch.equal(spec(target, prompt, max_new_tokens=60, saspec_policy=False, saspec_pool=pool),
                                expected)

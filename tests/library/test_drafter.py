@@ -451,3 +451,178 @@ def test_a_refused_step_of_another_batch_leaves_the_last_batchs_options():
             d.step(["capped"], np.array([[3] + [0] * K], np.int32), np.array([K + 2], np.int32))
         out = d.step(["a"], np.array([[1] + [0] * K], np.int32), lens)
         assert out.max_lengths[0] == K and out.lengths[0] > 1
+
+
+#: Drafter settings per length rule for tests that need drafts at every match: the policy on a GPU's
+#: prior cost shape (flat: drafting nearly always pays), the fixed rules at any match.
+DRAFTS_ALWAYS = {"fixed": {"length_rule": "fixed"}, "per-match": {"length_rule": "per-match"},
+                 "policy": {"device": "cuda"}}
+
+
+def _old_first_step(d: Drafter, rid, prompt) -> list[int]:
+    """The first step's draft the way adapters had to get it: the prompt but its last token, then that
+    token as the first step's new one."""
+    d.start(rid, prompt[:-1])
+    return d.step([rid], np.array([[prompt[-1]] + [0] * K], np.int32), np.array([1], np.int32)).row(0)
+
+
+@pytest.mark.parametrize("rule", ["fixed", "policy"])
+def test_a_request_started_before_its_prefill_drafts_from_its_whole_prompt_at_its_first_step(rule):
+    """A request started ``before_prefill``: its first step hands over no tokens and drafts from the whole
+    prompt, as the last token's own step did; a request started plainly drafts nothing at a step without
+    tokens (a row in prefill)."""
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1, 2, 3, 4]
+    with Drafter(K, min_match=1, **DRAFTS_ALWAYS[rule]) as d:
+        d.start("a", prompt, before_prefill=True)
+        out = d.step(["a"], np.zeros((1, 0), np.int32), np.array([0], np.int32))
+        assert out.match[0] == 4 and out.sources[0] == AUTOMATON
+        first = out.row(0)
+        assert first and first == [5, 6, 7, 8, 9, 10, 11, 1][: len(first)]
+        d.start("b", prompt)
+        plain = d.step(["b"], np.zeros((1, K + 1), np.int32), np.array([0], np.int32))
+        assert plain.lengths[0] == 0 and plain.match[0] == 0
+    with Drafter(K, min_match=1, **DRAFTS_ALWAYS[rule]) as d:
+        assert _old_first_step(d, "a", prompt) == first
+    with Drafter(K, length_rule="fixed", min_match=1) as d:  # the next step continues from the whole prompt
+        d.start("a", prompt, before_prefill=True)
+        d.step(["a"], np.zeros((1, K + 1), np.int32), np.array([0], np.int32))
+        out = d.step(["a"], np.array([[5, 6, 0, 0, 0, 0, 0, 0, 0]], np.int32), np.array([2], np.int32))
+        assert out.match[0] == 6 and out.row(0) == [7, 8, 9, 10, 11, 1, 2, 3]
+
+
+def test_a_request_started_before_its_prefill_pools_exactly_its_prompt_and_output():
+    """The pool receives the request's text as the engine has it: prompt and output, no token twice or
+    out of place (the pool keeps outputs alone by default: not the prompt's last token)."""
+    from saspec import RequestPool
+
+    prompts, outputs = copy_task(9, n=1)
+    prompt, output = prompts["r0"], outputs["r0"]
+    for keep_prompts in (False, True):
+        pool = RequestPool(100_000, prompts=keep_prompts)
+        try:
+            with Drafter(K, length_rule="fixed", min_match=1, pool=pool) as d:
+                d.start("a", prompt, before_prefill=True)
+                new, fed = [], 0
+                while fed < len(output):
+                    batch = d.step(["a"], np.array([new + [0] * (K + 1 - len(new))], np.int32),
+                                   np.array([len(new)], np.int32))
+                    draft = batch.row(0)
+                    a = 0
+                    while a < len(draft) and fed + a < len(output) - 1 and draft[a] == output[fed + a]:
+                        a += 1
+                    new = output[fed: fed + a + 1]
+                    fed += len(new)
+                d.step(["a"], np.array([new + [0] * (K + 1 - len(new))], np.int32), np.array([len(new)], np.int32))
+                d.finish("a")
+            pool.flush(timeout=60)
+            assert [t.tolist() for t in pool.texts()] == [(prompt if keep_prompts else []) + output]
+            with Drafter(K, length_rule="fixed", min_match=1, pool=pool) as d:  # a first step drafts from the pool
+                d.start("b", output[:10], before_prefill=True)
+                out = d.step(["b"], np.zeros((1, 0), np.int32), np.array([0], np.int32))
+                assert out.row(0) == output[10: 10 + K] and d.drafts.source[0] == 1
+        finally:
+            pool.close()
+
+
+def test_a_neural_drafter_may_draft_at_the_first_step_before_the_prefill():
+    """Without an automaton, a request started ``before_prefill`` is a live row at its first step: the
+    neural drafter is on offer there (its first read, the prompt, charged)."""
+    clock = Clock()
+    with Drafter(K, device="cuda", automaton=False, clock=clock) as d:
+        d.start("a", list(range(100, 140)), before_prefill=True)
+        out = d.step(["a"], np.zeros((1, 0), np.int32), np.array([0], np.int32), neural_k=4, neural_behind=40)
+        assert out.sources[0] == 2 and out.lengths[0] > 0 and out.max_lengths[0] == K
+    with Drafter(K, device="cuda", automaton=False, clock=clock) as d:
+        d.start("a", list(range(100, 140)))  # a row in prefill: nothing
+        out = d.step(["a"], np.zeros((1, 0), np.int32), np.array([0], np.int32), neural_k=4, neural_behind=40)
+        assert out.sources[0] == NONE and out.lengths[0] == 0
+
+
+def test_before_prefill_is_checked_and_only_the_first_step_drafts_without_tokens():
+    with Drafter(K, length_rule="fixed", min_match=1) as d:
+        with pytest.raises(ValueError, match="before_prefill needs its prompt"):
+            d.start("a", None, before_prefill=True)
+        with pytest.raises(TypeError, match="before_prefill must be a bool"):
+            d.start("a", [1, 2], before_prefill=1)
+        assert "a" not in d
+        d.start("a", [1, 2, 3, 1, 2], before_prefill=True)
+        zero = (np.zeros((1, K + 1), np.int32), np.array([0], np.int32))
+        assert d.step(["a"], *zero).row(0)[:3] == [3, 1, 2]
+        d.start("b", [1, 2, 3, 1, 2])
+        out = d.step(["a", "b"], np.zeros((2, K + 1), np.int32), np.zeros(2, np.int32))  # a new batch
+        assert out.lengths.tolist() == [0, 0]  # "a" is past its first step: a step without tokens drafts nothing
+        d.finish("a")
+        d.start("a", [1, 2, 3, 1, 2], before_prefill=True)  # the id again, a new request
+        d.finish("a")  # finished before its first step: forgotten
+        d.start("a", [1, 2, 3, 1, 2])
+        assert d.step(["a"], *zero).lengths[0] == 0
+
+
+@pytest.mark.parametrize("rule", ["fixed", "per-match", "policy"])
+def test_the_automaton_k_caps_automaton_drafts_within_k(rule):
+    text = list(range(10, 40)) * 2
+    clock = Clock()
+    with Drafter(K, min_match=1, automaton_k=3, clock=clock, **DRAFTS_ALWAYS[rule]) as d:
+        assert d.automaton_k == 3
+        d.start("a", text[:40])
+        new = np.zeros((1, K + 1), np.int32)
+        pos, longest = 40, 0
+        for _ in range(8):
+            new[0, 0] = text[pos]
+            out = d.step(["a"], new, np.array([1], np.int32))
+            clock.t += 0.001
+            assert out.lengths[0] <= 3 and len(out.row(0)) <= 3
+            longest = max(longest, int(out.lengths[0]))
+            pos += 1
+        assert longest == 3
+    for bad, error in ((0, ValueError), (K + 1, ValueError), (True, TypeError), (2.0, TypeError)):
+        with pytest.raises(error, match="automaton_k"):
+            Drafter(K, automaton_k=bad)
+
+
+@pytest.mark.parametrize("rule", ["fixed", "policy"])
+def test_max_draft_caps_one_steps_drafts(rule):
+    """A step's ``max_draft`` (an int or per row) caps that step's drafts of either source within the
+    request's own cap; the next step without it drafts as before."""
+    text = list(range(10, 40)) * 2
+    clock = Clock()
+    with Drafter(K, min_match=1, clock=clock, **DRAFTS_ALWAYS[rule]) as d:
+        d.start("a", text[:40])
+        d.start("b", text[:40], {"max_draft_tokens": 1})
+        new = np.zeros((2, K + 1), np.int32)
+        lens = np.ones(2, np.int32)
+        pos = 40
+        for cap, want in ((2, [2, 1]), (np.array([0, 5], np.int32), [0, 1]), ([K, K], [K, 1]), (None, [K, 1])):
+            new[:, 0] = text[pos]
+            out = d.step(["a", "b"], new, lens, max_draft=cap)
+            clock.t += 0.001
+            pos += 1
+            assert out.max_lengths.tolist() == want
+            assert (out.lengths <= out.max_lengths).all()
+        assert out.lengths[0] > 2  # uncapped again
+    with Drafter(K, device="cuda", automaton=False, clock=clock) as d:  # the neural drafter's rows too
+        d.start("a", list(range(100, 140)))
+        new, lens = np.zeros((1, K + 1), np.int32), np.ones(1, np.int32)
+        for step in range(5):
+            new[0, 0] = 1000 + step
+            out = d.step(["a"], new, lens, neural_k=6, max_draft=2)
+            clock.t += 0.01
+            assert out.lengths[0] <= 2 and out.max_lengths[0] == 2
+
+
+@pytest.mark.parametrize("cap, error, text", [
+    (-1, ValueError, "max_draft must be"),
+    (True, TypeError, "max_draft must be"),
+    (1.5, TypeError, "max_draft must hold integers"),
+    ([1, -1], ValueError, "max_draft must be >= 0"),
+    ([1, 2, 3], ValueError, "max_draft must have 1 dimension"),
+])
+def test_a_bad_max_draft_is_refused_and_changes_nothing(cap, error, text):
+    with Drafter(K, length_rule="fixed", min_match=1) as d:
+        d.start("a", [1, 2, 3, 1, 2])
+        d.start("b", [1, 2, 3, 1, 2])
+        new, lens = np.array([[3] + [0] * K] * 2, np.int32), np.array([1, 1], np.int32)
+        with pytest.raises(error, match=text):
+            d.step(["a", "b"], new, lens, max_draft=cap)
+        out = d.step(["a", "b"], new, lens)  # nothing appended: both continue where they were
+        assert out.match.tolist() == [3, 3] and out.row(0)[:3] == [1, 2, 3]

@@ -223,10 +223,10 @@ class _Session:
     step's offers and the neural drafter's evidence; this holds which request runs and the tokens it
     gained since its last step, with the loop's timing of the forward that verified them.
 
-    The Drafter drafts at a step that appends at least one token, so a request starts with its prompt
-    but the last token, which its first step appends: drafts made from the prompt alone are verified by
-    the prefill (a pool takes that token with the output). The Drafter is made at the first :meth:`begin` (a hybrid's parts never make theirs) and
-    kept across sequences, so what its policy learnt carries over.
+    A sequence starts ``before_prefill`` (see :meth:`Drafter.start <saspec.drafter.Drafter.start>`):
+    its first step hands over no tokens and drafts from the whole prompt, and the prefill verifies
+    that draft. The Drafter is made at the first :meth:`begin` (a hybrid's parts never make theirs)
+    and kept across sequences, so what its policy learnt carries over.
 
     Args:
         k: the Drafter's K: the most draft tokens of a step from any source (>= 1).
@@ -234,13 +234,15 @@ class _Session:
         length_scale: the fixed rules' tokens per matched token.
         pool: a ``RequestPool`` the automaton also drafts from and each finished sequence joins.
         automaton: False: no automaton drafts (a draft model alone).
+        automaton_k: the most automaton draft tokens of a step (default ``k``).
         clock: the Drafter's time source (seconds).
     """
 
     def __init__(self, k: int, *, length_rule: str, length_scale: float = 2.0, pool: RequestPool | None = None,
-                 automaton: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
+                 automaton: bool = True, automaton_k: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self._settings = dict(length_rule=length_rule, length_scale=length_scale, min_match=1, pool=pool,
-                              automaton=automaton, clock=clock)
+                              automaton=automaton, automaton_k=automaton_k, clock=clock)
         self.k = k
         self.clock = clock
         self.drafter: Drafter | None = None
@@ -250,15 +252,15 @@ class _Session:
         self._seconds, self._tokens = math.nan, 0  # the forward that verified them
 
     def begin(self, prompt: Sequence[int], options: Any) -> None:
-        tokens = as_tokens(prompt, "prompt")  # the whole prompt: its last token is appended at the first step
+        tokens = as_tokens(prompt, "prompt")
         if tokens.shape[0] == 0:
             raise ValueError("prompt is empty")
         if self.drafter is None:
             self.drafter = Drafter(self.k, **self._settings)
         self.end()
         rid = next(self._ids)
-        self.drafter.start(rid, tokens[:-1], options)
-        self.rid, self._new = rid, [int(tokens[-1])]
+        self.drafter.start(rid, tokens, options, before_prefill=True)
+        self.rid, self._new = rid, []
         self._seconds, self._tokens = math.nan, 0
 
     def update(self, new: Sequence[int], seconds: float | None, tokens: int) -> None:
@@ -267,7 +269,7 @@ class _Session:
 
     def step(self, **neural: Any) -> DraftBatch:
         """The Drafter's step with the tokens gained since the last one (``neural``: its ``neural_k``,
-        ``neural_behind`` and ``remaining``)."""
+        ``neural_behind``, ``remaining`` and ``max_draft``)."""
         if self.rid is None:
             raise RuntimeError("no sequence: call begin first")
         new = np.asarray([self._new], np.int32)
@@ -345,7 +347,7 @@ class ModelDrafter:
     def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
         k = _limited(self.k, limit)
         if not self.policy:
-            k = min(k, int(self.session.step().max_lengths[0]))  # the sequence's cap
+            k = int(self.session.step(max_draft=k).max_lengths[0])  # within the sequence's cap
             return (self.draft(seq, k) if k else []), "draft"
         batch = self.session.step(neural_k=k, neural_behind=self.behind(seq), remaining=limit)
         if batch.sources[0] != NEURAL:
@@ -464,10 +466,9 @@ class SADrafter:
         self.session.begin(prompt, options)
 
     def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
-        batch = self.session.step()
+        batch = self.session.step(max_draft=_limited(self.k, limit))
         self.match = int(batch.match[0])
         draft = batch.row(0)
-        draft = draft[: _limited(len(draft), limit)]
         return (draft, "sa") if draft else ([], "none")
 
     def update(self, seq: list[int], n_new: int, *, seconds: float | None = None, tokens: int = 0) -> None:
@@ -501,8 +502,9 @@ class SAModelDrafter:
 
     The hybrid holds one :class:`~saspec.drafter.Drafter` of ``sa``'s settings
     (its ``per_match``, ``pool``), of K ``max(sa.k, model.k)`` (a step may
-    accept that many draft-model tokens), and drives ``model``'s LM itself; its
-    parts take no ``policy`` of their own.
+    accept that many draft-model tokens; with the fixed rules its automaton K is
+    ``sa.k``), and drives ``model``'s LM itself; its parts take no ``policy`` of
+    their own.
     """
 
     name = "hybrid"
@@ -520,7 +522,8 @@ class SAModelDrafter:
         self.policy = bool(policy)
         self.clock = clock
         self.session = _Session(max(sa.k, model.k), length_rule=POLICY if policy else sa.length_rule,
-                                length_scale=sa.length_scale, pool=sa.pool, clock=clock)
+                                length_scale=sa.length_scale, pool=sa.pool,
+                                automaton_k=None if policy else sa.k, clock=clock)
         self._sa_draft: list[int] = []
         self._sa_failures = 0
 
@@ -532,14 +535,15 @@ class SAModelDrafter:
     def propose(self, seq: list[int], limit: int | None = None) -> tuple[list[int], str]:
         model_k = _limited(self.model.k, limit)
         if self.policy:
-            batch = self.session.step(neural_k=model_k, neural_behind=self.model.behind(seq), remaining=limit)
+            batch = self.session.step(neural_k=model_k, neural_behind=self.model.behind(seq), remaining=limit,
+                                      max_draft=_limited(self.session.k, limit))
             source = int(batch.sources[0])
             if source == NEURAL:
                 return _neural(self.model, self.session.drafter, seq, int(batch.lengths[0]))
-            draft = batch.row(0)[: _limited(self.session.k, limit)]
+            draft = batch.row(0)
             return (draft, "sa") if draft else ([], "none")
         batch = self.session.step()
-        match, draft = int(batch.match[0]), batch.row(0)[: self.sa.k]  # the fixed rule's cut at the SA's own K
+        match, draft = int(batch.match[0]), batch.row(0)  # the fixed rule's draft, at most the SA's own K
         self._sa_draft = draft
         if draft and (match >= self.threshold or self._sa_failures < self.patience):
             return draft[: _limited(len(draft), limit)], "sa"

@@ -249,8 +249,9 @@ class SACandidateGenerator:
     :meth:`close`.
 
     The first step drafts from the prompt (its candidates are verified with the
-    prefill): the request starts with the prompt but its last token, which the
-    first step hands over as the step's new token. The first forward (the
+    prefill): the request starts ``before_prefill`` (see
+    :meth:`Drafter.start <saspec.drafter.Drafter.start>`), so its first step hands
+    over no tokens and drafts from the whole prompt. The first forward (the
     prefill) is not timed.
 
     With the drafter's policy (``drafter.policy`` not None) each step's source
@@ -308,12 +309,12 @@ class SACandidateGenerator:
         self.request_id = request_id if request_id is not None else ("saspec.integrations.hf", next(_request_ids))
         prompt = input_ids[0].cpu().numpy()
         new_tokens = min(max(0, self.max_length - int(prompt.shape[0])), _MAX_RESERVED_TOKENS)
-        drafter.start(self.request_id, prompt[:-1], options, max_new_tokens=new_tokens + 1)
+        drafter.start(self.request_id, prompt, options, max_new_tokens=new_tokens, before_prefill=True)
         self._open = True
         opts = drafter.options(self.request_id)
         # The request's cap on a step's draft holds for the assistant too (None: none of its own).
         self._cap = 0 if not opts.drafts else opts.max_draft_tokens
-        self._fed = int(prompt.shape[0]) - 1  # tokens the drafter holds
+        self._fed = int(prompt.shape[0])  # tokens the drafter holds
         self._steps = 0
         self._fallback_started = False
         self._source = "none"

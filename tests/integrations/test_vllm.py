@@ -784,6 +784,31 @@ def test_the_plugin_tells_the_proposer_what_the_timed_forward_processed():
     assert seen == [517, 3]
 
 
+def test_the_plugin_hands_the_schedulers_news_to_the_proposer():
+    """At the start of each step the plugin starts the scheduler's new requests (with their saspec
+    options) and frees the finished ones; the ids of requests back from preemption change nothing."""
+    from saspec.integrations.vllm import plugin
+    from saspec.integrations.vllm.config import PROPOSER_CLASS
+
+    proposer = SAProposer(vllm_config(k=8), warm=False)
+    runner = SimpleNamespace(speculative_config=SimpleNamespace(method="custom_class", model=PROPOSER_CLASS,
+                                                                num_speculative_tokens=8), drafter=proposer)
+    wrapped = plugin._wrap_update_states(lambda self, out: "vLLM's")
+
+    def news(new=(), finished=(), resumed=()):
+        return SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id=r, prompt_token_ids=[5, 6, 7, 5, 6],
+                                                                   sampling_params=SimpleNamespace(
+                                                                       max_tokens=4, extra_args=extra))
+                                                   for r, extra in new],
+                               finished_req_ids=set(finished),
+                               scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set(resumed)))
+
+    assert wrapped(runner, news(new=[("a", {"saspec": {"max_draft_tokens": 2}}), ("b", None)])) == "vLLM's"
+    assert proposer.drafter.options("a").max_draft_tokens == 2 and "b" in proposer.drafter
+    wrapped(runner, news(finished=["a"], resumed=["b"]))
+    assert "a" not in proposer.drafter and "b" in proposer.drafter and proposer.tracked == 1
+
+
 def test_a_named_row_whose_request_finished_is_built_again_from_its_row():
     """The proposer looks a batch's requests up in its drafter only when its rows change or a request
     finished: a finished request named in a row again is built from the row, never refused."""

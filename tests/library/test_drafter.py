@@ -342,6 +342,35 @@ def test_the_step_is_timed_by_the_drafters_clock_between_steps():
         assert d.stats()["policy_timed"] == 1
 
 
+def test_a_forward_that_also_prefilled_is_not_timed():
+    """Where the engine's forward processed more tokens than the rows verify (another request's
+    prefill chunk rode along), its seconds are not the drafts' cost: it is not timed (a prefill token
+    costs less than a verified one, so it would make drafts look cheap)."""
+    clock = Clock()
+    with Drafter(K, length_rule="fixed", min_match=1, clock=clock) as d:
+        d.start("a", [1, 2, 3, 4] * 10)
+        new, lens = np.array([[1] + [0] * K], np.int32), np.array([1], np.int32)
+        batch = d.step(["a"], new, lens)
+        verified = 1 + int(batch.lengths[0])
+        assert verified > 1
+        clock.t += 0.5
+        d.step(["a"], new, lens, step_tokens=verified + 512)  # a prefill chunk in the same forward
+        assert d.stats()["mixed_steps"] == 1
+    clock = Clock()
+    with Drafter(K, clock=clock) as d:
+        d.start("a", [1, 2, 3, 4] * 10)
+        batch = d.step(["a"], new, lens)
+        verified = 1 + int(batch.lengths[0])
+        clock.t += 0.5
+        d.step(["a"], new, lens, step_tokens=verified)  # verification alone: timed
+        assert d.stats()["policy_timed"] == 1 and d.stats()["mixed_steps"] == 0
+        clock.t += 0.5
+        before = d.stats()["policy_ignored_timings"]
+        d.step(["a"], new, lens, step_tokens=4096)
+        st = d.stats()
+        assert st["policy_timed"] == 1 and st["mixed_steps"] == 1 and st["policy_ignored_timings"] == before + 1
+
+
 def test_a_neural_drafter_is_chosen_where_the_automaton_has_nothing():
     """With a neural drafter on offer and free text (no match), rows take neural drafts; a row whose
     request capped its drafts at 0 takes none."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import numpy as np
@@ -278,6 +279,9 @@ def test_served_drafters_are_visited_interleaved_and_bad_sweeps_rejected():
     for bad in ("0,8", "one", ""):
         with pytest.raises(CliError, match="--concurrency must"):
             sv._concurrency(bad)
+    too_many = argparse.Namespace(served_free_prompts=len(sv.FREE_FORM_PROMPTS) + 1)
+    with pytest.raises(CliError, match="--served-free-prompts must be at most"):  # never silently fewer
+        sv.main(too_many)
 
 
 def test_a_served_server_is_stopped_with_its_process_group(tmp_path):

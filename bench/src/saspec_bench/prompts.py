@@ -21,6 +21,12 @@ FREE_FORM_PROMPTS = (
     "Write a short story (about 300 words) about a lighthouse keeper who finds a message in a bottle.",
     "What are the main differences between processes and threads in an operating system? "
     "Explain with examples.",
+    "Summarize the causes and consequences of the French Revolution in a few paragraphs.",
+    "I am planning a week-long trip to Japan in spring. Suggest an itinerary with cities, sights and "
+    "how to travel between them.",
+    "Explain to a beginner what gradient descent is and why the learning rate matters. No formulas.",
+    "Write a polite email to a landlord asking for a broken heater to be repaired this week.",
+    "Compare renting and buying a home: the financial and practical trade-offs, in plain prose.",
 )
 
 

@@ -397,6 +397,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.served_free_prompts > len(FREE_FORM_PROMPTS):
+        raise CliError(f"--served-free-prompts must be at most {len(FREE_FORM_PROMPTS)} (the bench's free-form "
+                       f"questions), got {args.served_free_prompts}")
     methods = pick(args.served_methods, SERVED_METHODS, "--served-methods", "served drafter", allow_empty=True)
     if "plain" not in methods:
         methods.insert(0, "plain")  # every output is compared with plain's
@@ -423,8 +426,7 @@ def _main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     tok = get_tokenizer()
-    prompts = bench_prompts(tok, args.served_code_prompts, min(args.served_free_prompts, len(FREE_FORM_PROMPTS)),
-                            args.seed)
+    prompts = bench_prompts(tok, args.served_code_prompts, args.served_free_prompts, args.seed)
     rows = dataset_rows(prompts, tok.decode, args.served_max_tokens)
     dataset = out / "dataset.jsonl"
     write_dataset(dataset, rows)

@@ -111,7 +111,7 @@ BAD = [
     (["bench-e2e", "--methods", "sa,eagle"], "saspec bench-e2e", "unknown method 'eagle'"),
     (["bench-e2e", "--prompt-lookup", "8,0"], "saspec bench-e2e", "token count '0': must be >= 1"),
     (["bench-e2e", "--max-contention", "15"], "saspec bench-e2e", "must be in [0, 1], got 15"),
-    (["bench-e2e", "--free-prompts", "9"], "saspec bench-e2e", "must be in [0, 3], got 9"),
+    (["bench-e2e", "--free-prompts", "9"], "saspec bench-e2e", "must be in [0, 8], got 9"),
     (["bench-e2e", "--retries", "-1"], "saspec bench-e2e", "must be >= 0"),
     (["bench-e2e", "--pool-tokens", "-5"], "saspec bench-e2e", "argument --pool-tokens: must be >= 0"),
     (["bench-e2e", "--code-prompts", "0", "--free-prompts", "0"], "saspec bench-e2e", "no prompts"),

@@ -15,25 +15,86 @@ from .acceptance import N_BUCKETS, bucket_priors, estimate, keep_offer, match_bu
 from .allocation import HIST_ROWS, N_BINS, STATS, allocate
 from .core import NO_NRT
 from .policy_settings import Decision, PolicySettings, check_settings, engine_cost, env_log
-from .slab import slab, view1, view2
 from .step_cost import StepCost, cost_arrays, observe_cost
 from .validate import check_count, check_int, check_timing
 
-# DraftPolicy's state, likewise in a few arrays (views of three buffers, in the order of _SLABS, by which _step
-# finds them):
+# DraftPolicy's state, in one int64 array made once per capacity (numba unpacks each array argument of a call
+# on its own, so the per-step call takes the whole state as one). It begins with the layout, three entries per
+# array in the order of _SLABS (its offset in int64 words, rows, columns); each array is a view of it, of the
+# dtype _DTYPES gives (the float64 and int32 ones through ``ndarray.view``):
 #   rowf   float64 [3, rows]: each row's odds factor, and the hits and misses behind it
 #   bk     float64 [5, 3 * N_BUCKETS]: each match bucket's hits, trials, prior, estimate, and its odds (q / (1 - q));
 #          the second third: a branched match's first token; the last: tokens beyond the match's length
 #   probs  float64 [rows, k_max + 1]: the row's cumulative acceptance chances, and its expected tokens (scratch)
-#   ri     int32 [3, rows]: each row's source, a trial source (scratch) and draft length (at first: its candidates)
 #   hist   float64 [HIST_ROWS, N_BINS]: the histogram (saspec.allocation's H_* rows; scratch)
-#   st     int64 [len(STATS)]: the counters (DraftPolicy.stats)
+#   par    float64 [4]: DraftPolicy.step's settings: row_memory, prior_weight, step_tolerance, the cost's quantile
+#   ri     int32 [3, rows]: each row's source, a trial source (scratch) and draft length (at first: its candidates)
 #   prev   int32 [rows, k_max + 3]: for DraftPolicy.step, each row's last match, offer, branched and offered draft
+#   unbr   int32 [rows]: zeros, ``branched`` where the caller gives none
+#   st     int64 [len(STATS)]: the counters (DraftPolicy.stats)
 #   last   int64 [2]: the rows and the tokens (rows plus draft tokens) of the last step
-#: The arrays' order in DraftPolicy's slab, by which _step finds them.
-_SLABS = ("rowf", "bk", "probs", "hist", "ri", "prev", "st", "last")
-_ROWF, _BK, _PROBS, _HIST, _RI, _PREV, _STC, _LAST = range(len(_SLABS))
+#   pari   int64 [1]: the cost's max_age (for DraftPolicy.step)
+#: The arrays' order in DraftPolicy's state, by which _step finds them.
+_SLABS = ("rowf", "bk", "probs", "hist", "par", "ri", "prev", "unbr", "st", "last", "pari")
+_ROWF, _BK, _PROBS, _HIST, _PAR, _RI, _PREV, _UNBR, _STC, _LAST, _PARI = range(len(_SLABS))
+_DTYPES = {"rowf": np.float64, "bk": np.float64, "probs": np.float64, "hist": np.float64, "par": np.float64,
+           "ri": np.int32, "prev": np.int32, "unbr": np.int32, "st": np.int64, "last": np.int64, "pari": np.int64}
 _ST = {name: i for i, name in enumerate(STATS)}
+
+
+def _make_state(shapes: dict[str, tuple[int, ...]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Allocate DraftPolicy's state: ``{name: shape}`` in the order of _SLABS (1-D or 2-D). Returns the zeroed
+    int64 backing array (its layout first) and each array, a view of it of its _DTYPES dtype, by name."""
+    header = 3 * len(_SLABS)
+    layout, at = [], header
+    for name in _SLABS:
+        shape = shapes[name]
+        rows, cols = (shape[0], shape[1]) if len(shape) == 2 else (shape[0], 1)
+        words = rows * cols if _DTYPES[name] is not np.int32 else (rows * cols + 1) // 2
+        layout.append((at, rows, cols))
+        at += words
+    buf = np.zeros(at, np.int64)
+    buf[:header] = np.asarray(layout, np.int64).reshape(-1)
+    views = {}
+    for name, (o, rows, cols) in zip(_SLABS, layout):
+        n = rows * cols
+        if _DTYPES[name] is np.int32:
+            a = buf[o: o + (n + 1) // 2].view(np.int32)[:n]
+        elif _DTYPES[name] is np.float64:
+            a = buf[o: o + n].view(np.float64)
+        else:
+            a = buf[o: o + n]
+        views[name] = a.reshape(shapes[name])
+    return buf, views
+
+
+@njit(cache=True)
+def _f64(buf, i):
+    """Array ``i`` of DraftPolicy's state, float64, 2-D (``buf``: the state)."""
+    o, rows, cols = buf[3 * i], buf[3 * i + 1], buf[3 * i + 2]
+    return buf[o: o + rows * cols].view(np.float64).reshape((rows, cols))
+
+
+@njit(cache=True)
+def _i32(buf, i):
+    """Array ``i`` of DraftPolicy's state, int32, 2-D."""
+    o, rows, cols = buf[3 * i], buf[3 * i + 1], buf[3 * i + 2]
+    n = rows * cols
+    return buf[o: o + (n + 1) // 2].view(np.int32)[:n].reshape((rows, cols))
+
+
+@njit(cache=True)
+def _i32_1(buf, i):
+    """Array ``i`` of DraftPolicy's state, int32, 1-D."""
+    o, n = buf[3 * i], buf[3 * i + 1] * buf[3 * i + 2]
+    return buf[o: o + (n + 1) // 2].view(np.int32)[:n]
+
+
+@njit(cache=True)
+def _i64(buf, i):
+    """Array ``i`` of DraftPolicy's state, int64, 1-D."""
+    o = buf[3 * i]
+    return buf[o: o + buf[3 * i + 1] * buf[3 * i + 2]]
 
 
 @njit(cache=True, **NO_NRT)
@@ -52,17 +113,23 @@ def _keep_offers(prev, match, offered, branched, drafts, width):
 
 
 @njit(cache=True)
-def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, same, k_max, pf, p32, p64, no_nn, decay,
-          w, tol, cf, ci, max_age, q):
+def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, same, state, cf, ci):
     """DraftPolicy.step in one call: the last step's timing (at ``step_tokens`` where > 0, else the rows
     and drafts it chose) and scores where ``same``, then this step's choice (automaton only). The policy's
-    state comes as its three buffers (``no_nn``: an empty bool array), the cost's as its two. The loops over
-    the rows run in kernels without reference counting (``core.NO_NRT``), which every per-row call of the
-    policy's functions would otherwise pay per array. Returns (rate, plain rate)."""
-    rowf, bk, probs, hist = view2(pf, p64, _ROWF), view2(pf, p64, _BK), view2(pf, p64, _PROBS), view2(pf, p64, _HIST)
-    ri, prev, st, last = view2(p32, p64, _RI), view2(p32, p64, _PREV), view1(p64, p64, _STC), view1(p64, p64, _LAST)
+    state and settings come as its one array (``branched`` None: its zeros), the cost's as its two buffers.
+    The loops over the rows run in kernels without reference counting (``core.NO_NRT``), which every per-row
+    call of the policy's functions would otherwise pay per array. Returns (rate, plain rate)."""
+    rowf, bk, probs, hist = _f64(state, _ROWF), _f64(state, _BK), _f64(state, _PROBS), _f64(state, _HIST)
+    ri, prev, st, last = _i32(state, _RI), _i32(state, _PREV), _i64(state, _STC), _i64(state, _LAST)
+    par = _f64(state, _PAR)
+    decay, w, tol, q, max_age = par[0, 0], par[1, 0], par[2, 0], par[3, 0], _i64(state, _PARI)[0]
     curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr = cost_arrays(cf, ci)
     b = match.shape[0]
+    if branched is None:
+        br = _i32_1(state, _UNBR)[:b]
+    else:
+        br = branched
+    no_nn = state[:0].view(np.bool_)
     rowf, probs, ri = rowf[:, :b], probs[:b], ri[:, :b]
     k = prev.shape[1] - 3
     if same and last[0] == b:
@@ -73,9 +140,9 @@ def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, sam
         else:
             st[10] += 1
         _score_kept(prev, new, lens, rowf, bk, decay, w)
-    rate, plain, _, tokens = allocate(match, offered, branched, no_nn, 0.0, 0, 0.0, 0.0, k_max, rowf, bk, probs, ri,
+    rate, plain, _, tokens = allocate(match, offered, br, no_nn, 0.0, 0, 0.0, 0.0, k, rowf, bk, probs, ri,
                                        hist, st, True, curve, index, knot, tol)
-    _keep_offers(prev, match, offered, branched, drafts, min(drafts.shape[1], k))
+    _keep_offers(prev, match, offered, br, drafts, min(drafts.shape[1], k))
     last[0] = b
     last[1] = b + tokens
     return rate, plain
@@ -200,11 +267,10 @@ class DraftPolicy:
         if rows <= self._cap:
             return
         cap = max(rows, 2 * self._cap)
-        specs = {"rowf": (np.float64, (3, cap)), "bk": (np.float64, (5, 3 * N_BUCKETS)),
-                 "probs": (np.float64, (cap, self.k_max + 1)), "hist": (np.float64, (HIST_ROWS, N_BINS)),
-                 "ri": (np.int32, (3, cap)), "prev": (np.int32, (cap, self.k_max + 3)),
-                 "st": (np.int64, (len(STATS),)), "last": (np.int64, (2,))}
-        self._buffers, v = slab({name: specs[name] for name in _SLABS})
+        shapes = {"rowf": (3, cap), "bk": (5, 3 * N_BUCKETS), "probs": (cap, self.k_max + 1),
+                  "hist": (HIST_ROWS, N_BINS), "par": (4,), "ri": (3, cap), "prev": (cap, self.k_max + 3),
+                  "unbr": (cap,), "st": (len(STATS),), "last": (2,), "pari": (1,)}
+        self._state, v = _make_state(shapes)
         v["rowf"][0] = 1.0
         if self._cap:  # the evidence moves to the new buffers
             v["rowf"][:, : self._cap] = self._rowf
@@ -212,9 +278,10 @@ class DraftPolicy:
                 v[name][:] = getattr(self, "_" + name)
         self._rowf, self._bk, self._probs, self._hist = v["rowf"], v["bk"], v["probs"], v["hist"]
         self._ri, self._prev, self._st, self._last = v["ri"], v["prev"], v["st"], v["last"]
+        self._par, self._pari = v["par"], v["pari"]
         self.p_bucket = self._bk[3]
         self._nn_ok = np.zeros(cap, np.bool_)
-        self._unbranched = np.zeros(cap, np.int32)  # ``branched`` where the caller gives none
+        self._unbranched = v["unbr"]  # ``branched`` where the caller gives none
         self._last[0] = -1  # no last step to score: the rows moved
         self._cap = cap
         self._views: tuple | None = None
@@ -360,18 +427,22 @@ class DraftPolicy:
         b = match_len.shape[0]
         if not (offered.shape == new_lens.shape == (b,) and drafts.shape[0] == b and new.shape[0] == b):
             raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
-        seconds = check_timing(seconds, "seconds")  # TypeError unless a real number (None, a bool)
+        if type(seconds) is not float:  # a float passes as is (the ABC checks cost more than the call's arrays)
+            seconds = check_timing(seconds, "seconds")  # TypeError unless a real number (None, a bool)
         if self._rows is not None and len(self._rows) != b:
             self._rows = None
         v = self._batch(b)
         tail = self._step_tail
-        if tail is None or tail[0] is not self._buffers or tail[1] is not self.cost:  # kept while they stay
-            c, f = self.cost, self._buffers
-            tail = self._step_tail = (f, c, (self.k_max, f[np.float64], f[np.int32], f[np.int64], self._nn_ok[:0],
-                                             self.settings.row_memory, self.prior_weight, self.step_tolerance,
-                                             *c.slabs(), c.max_age, c.quantile))
-        rate, plain = _step(match_len, offered, self._branched(branched, b), drafts, new, new_lens, seconds,
-                            int(step_tokens), same_rows, *tail[2])
+        if tail is None or tail[0] is not self._state or tail[1] is not self.cost:  # kept while they stay
+            c = self.cost
+            self._par[:] = (self.settings.row_memory, self.prior_weight, self.step_tolerance, c.quantile)
+            self._pari[0] = c.max_age
+            tail = self._step_tail = (self._state, c, (self._state, *c.slabs()))
+        if branched is not None and not (type(branched) is np.ndarray and branched.dtype == np.int32
+                                         and branched.shape == (b,)):
+            branched = self._branched(branched, b)
+        rate, plain = _step(match_len, offered, branched, drafts, new, new_lens, seconds, int(step_tokens),
+                            same_rows, *tail[2])
         lengths, src = v[5], v[6]
         self.neural_k = 0
         if self.log is not None:

@@ -124,3 +124,33 @@ def test_neural_timings_and_step_tokens_are_checked_like_step_timings():
         p.observe_step(True, 0.01)
     p.observe_neural(float("nan"), read=4, drafted=2)  # not finite: ignored, as before
     assert p.neural_ratio() == p.neural_cost
+
+
+
+def test_step_takes_branched_in_any_integer_form_alike_and_refuses_a_wrong_shape():
+    """``branched`` as None (zeros), an int32 array (passed on as is), or any other integer form (converted)
+    gives the same lengths and evidence; an int32 array of another shape raises naming it, changing nothing."""
+    rng = np.random.default_rng(3)
+    b = 6
+    flags = (rng.random(b) < 0.5).astype(np.int32)
+    matches = [rng.integers(0, 30, b).astype(np.int32) for _ in range(12)]
+    forms = {"int32": lambda: flags, "int64": lambda: flags.astype(np.int64), "list": lambda: flags.tolist(),
+             "strided": lambda: np.repeat(flags, 2)[::2], "none": lambda: None,
+             "zeros": lambda: np.zeros(b, np.int32)}
+    runs = {}
+    for name, form in forms.items():
+        p, out = DraftPolicy(K), []
+        for step, match in enumerate(matches):
+            drafts = (np.arange(K, dtype=np.int32)[None] + match[:, None]) % 5
+            out.append(p.step(match, np.minimum(match, K).astype(np.int32), drafts, drafts[:, :4] % 3,
+                              np.full(b, 3, np.int32), 0.01, step > 0, form()).copy())
+        runs[name] = (np.stack(out), p._bk.copy())
+    for name, want in (("int64", "int32"), ("list", "int32"), ("strided", "int32"), ("none", "zeros")):
+        assert np.array_equal(runs[name][0], runs[want][0]) and np.array_equal(runs[name][1], runs[want][1])
+    assert not np.array_equal(runs["int32"][1], runs["zeros"][1])  # the flags mattered
+    p = DraftPolicy(K)
+    p.step(*_batch(), 0.01, False)
+    stats, bk, tokens = p.stats, p._bk.copy(), p.last_tokens
+    with pytest.raises(ValueError, match="branched"):
+        p.step(*_batch(), 0.01, True, np.zeros(2, np.int32))
+    assert p.stats == stats and p.last_tokens == tokens and np.array_equal(p._bk, bk)

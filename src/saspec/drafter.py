@@ -216,6 +216,7 @@ class Drafter:
         self._unstepped: set[Hashable] = set()  # started before_prefill, their first step not taken yet
         self._prefilling = False  # the last step drafted before a row's prefill: its forward prefilled
         self._verified = 0  # the tokens the last step's live rows verify: each row's new token and its draft
+        self._counts_last = 0  # the draft tokens of the last step's batch
         self.clock = clock
         self._timed = self.ranks == 1
         self._options: dict[Hashable, DraftOptions] = {}
@@ -377,6 +378,7 @@ class Drafter:
         rids = request_ids if isinstance(request_ids, list) else list(request_ids)
         b = len(rids)
         new, lens = _rows_array(new_tokens, "new_tokens", 2, b), _rows_array(new_lens, "new_lens", 1, b)
+        verifying = int(np.count_nonzero(lens))  # rows in the engine's forward, drafted for or not
         step_cap = None if max_draft is None else _step_cap(max_draft, b)
         same = rids == self._last
         first = None  # rows at their first step before their prefill (only in a batch that changed)
@@ -452,6 +454,7 @@ class Drafter:
             self._unstepped.difference_update(rids)
         self._prefilling = first is not None
         out = self._finish_step(draft, lengths, sources, match, lens, nk, caps, any_cap)
+        self._verified = verifying + self._counts_last
         self._t_return = self.clock()
         return out
 
@@ -523,7 +526,7 @@ class Drafter:
         derive = sources is None
         drafted, tokens, longest, neural = _finish_rows(draft, lengths, lengths if derive else sources, derive, match,
                                                         lens, caps, any_cap, self.k, batch.tokens, out[3])
-        self._verified = int(np.count_nonzero(lens)) + tokens
+        self._counts_last = tokens
         c = self._counts
         c["steps"] += 1
         c["rows"] += b

@@ -451,7 +451,7 @@ def test_the_first_hybrid_of_a_process_compiles_its_kernels_before_any_request()
         "from saspec import catch_up_plan\n"
         "from saspec.integrations.vllm.config import HybridSettings\n"
         "from saspec.integrations.vllm.hybrid import HybridDrafter\n"
-        "kernels = (extend.pool_rows, allocation.allocate, draft_policy._score, catch_up_plan._gather)\n"
+        "kernels = (extend.step_all, allocation.allocate, draft_policy._score, catch_up_plan._gather)\n"
         "assert not any(k.signatures for k in kernels)\n"
         "h = HybridDrafter(HybridSettings('draft_model', 4, 32, 4, 36, pool_tokens=1 << 16), 512, device='cpu',\n"
         "                  catch_up_capacity=1024)\n"

@@ -85,6 +85,7 @@ def run_episode(seed: int, steps: int) -> dict:
     live: list[int] = []
     next_id = 0
     last: list[int] | None = None
+    verified = 0  # the tokens the host's last step verifies (its rows' new tokens and drafts)
     seen = dict.fromkeys(["rows", "drafted", "none", "overflowed", "off", "capped", "hints", "finished",
                           "pooled_finishes", "same"], 0)
     try:
@@ -153,8 +154,10 @@ def run_episode(seed: int, steps: int) -> dict:
             seconds = float(rng.choice([0.01 * (1 + rng.random()), 0.02 * rng.random(), 0.0, math.nan],
                                        p=[0.75, 0.15, 0.05, 0.05]))
             tokens = int(rng.integers(1, n_slots * (k + 1) + 8))
+            mixed = same and verified > 0 and tokens > verified  # that forward also prefilled: not timed
             want = host.step(ids, new, lens, seconds=seconds, step_tokens=tokens, width=width)
-            dev.observe_step(tokens, seconds)
+            dev.observe_step(tokens, math.nan if mixed else seconds)
+            verified = int((lens > 0).sum()) + int(want.lengths.sum())  # what the host's next step compares with
             out = outputs(b, k)
             dev.step(to_device(new), to_device(lens), *out)
             got_tokens, got_len, got_src, got_match = (to_host(x) for x in out)

@@ -268,7 +268,9 @@ class DeviceDrafter:
     def observe_step(self, tokens: int, seconds: float) -> None:
         """The last step's target forward verified ``tokens`` tokens in ``seconds`` (host timing): the cost
         table learns it at the next :meth:`step` where the rows stay the same (as the host ``Drafter``:
-        a step after the batch changed is not timed), its corrections copied to the device then."""
+        a step after the batch changed is not timed), its corrections copied to the device then. Time only
+        forwards that verified drafts alone: the host ``Drafter`` does not time one that also prefilled
+        (a prefill token costs less than a verified one), and this object cannot tell without a sync."""
         self._timing = (int(tokens), float(seconds))
 
     def close(self) -> None:

@@ -723,15 +723,15 @@ def test_the_first_proposer_of_a_process_compiles_the_serving_kernels_before_any
 
     code = (
         "from types import SimpleNamespace\n"
-        "from saspec import extend\n"
+        "from saspec import host\n"
         "from saspec.integrations.vllm import SAProposer\n"
-        "assert not extend.step_all.signatures\n"
+        "assert host._STEP_EXACT is None\n"
         "cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),\n"
         "                      model_config=SimpleNamespace(max_model_len=512),\n"
         "                      scheduler_config=SimpleNamespace(max_num_seqs=4))\n"
         "p = SAProposer(cfg)\n"
         "from saspec.integrations.vllm import proposer\n"
-        "print(len(extend.step_all.signatures), p.stats['steps'], p.stats['new'],\n"
+        "print(int(host._STEP_EXACT is not None), p.stats['steps'], p.stats['new'],\n"
         "      p.drafts.pool.stats()['added'], len(proposer._compact.signatures))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "SASPEC_VLLM_POOL_TOKENS"}  # the pool as by default

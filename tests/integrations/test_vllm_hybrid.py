@@ -447,15 +447,16 @@ def test_the_first_hybrid_of_a_process_compiles_its_kernels_before_any_request()
     import sys
 
     code = (
-        "from saspec import allocation, draft_policy, extend\n"
+        "from saspec import allocation, draft_policy, host\n"
         "from saspec import catch_up_plan\n"
         "from saspec.integrations.vllm.config import HybridSettings\n"
         "from saspec.integrations.vllm.hybrid import HybridDrafter\n"
-        "kernels = (extend.step_all, allocation.allocate, draft_policy._score, catch_up_plan._gather)\n"
-        "assert not any(k.signatures for k in kernels)\n"
+        "kernels = (allocation.allocate, draft_policy._score, catch_up_plan._gather)\n"
+        "assert not any(k.signatures for k in kernels) and host._STEP_EXACT is None\n"
         "h = HybridDrafter(HybridSettings('draft_model', 4, 32, 4, 36, pool_tokens=1 << 16), 512, device='cpu',\n"
         "                  catch_up_capacity=1024)\n"
-        "print(*[len(k.signatures) for k in kernels], h.drafts.pool.stats()['added'], h.stats['steps'])\n"
+        "print(int(host._STEP_EXACT is not None), *[len(k.signatures) for k in kernels],\n"
+        "      h.drafts.pool.stats()['added'], h.stats['steps'])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
     assert all(int(n) >= 1 for n in out[:4]) and out[4:] == ["0", "0"]  # compiled; the user's drafter saw nothing

@@ -23,6 +23,7 @@ import ast
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -227,3 +228,10 @@ def ptx_reports(targets, modules) -> dict[tuple[int, int], dict[str, dict[str, d
         for module, report in json.loads(out.strip().splitlines()[-1]).items():
             _ptx_done[cc, module] = report
     return {cc: {m: _ptx_done[cc, m] for m in modules} for cc in targets}
+
+
+def slow_selected(config) -> bool:
+    """Whether the slow tests were asked for: ``-m slow`` (not ``not slow``) or ``SASPEC_SLOW=1``."""
+    expr = config.getoption("markexpr") or ""
+    by_marker = re.search(r"\bslow\b", expr) is not None and re.search(r"\bnot\s+slow\b", expr) is None
+    return os.environ.get("SASPEC_SLOW") == "1" or by_marker

@@ -10,23 +10,10 @@ import numpy as np
 import pytest
 
 from saspec.catch_up_plan import DraftCatchUp
+from token_rows import new_tokens, table
 from saspec.integrations.vllm import HybridDrafter
 from saspec.integrations.vllm.catch_up import forward_inputs
 from saspec.integrations.vllm.config import HybridSettings
-
-
-def table(texts: list[list[int]], width: int = 1024) -> np.ndarray:
-    out = np.zeros((len(texts), width), np.int32)
-    for b, t in enumerate(texts):
-        out[b, : len(t)] = t
-    return out
-
-
-def new_tokens(rows: list[list[int]], width: int = 20) -> np.ndarray:
-    out = np.full((len(rows), width), -1, np.int32)
-    for b, r in enumerate(rows):
-        out[b, : len(r)] = r
-    return out
 
 
 @dataclass

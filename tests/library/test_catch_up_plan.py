@@ -7,20 +7,7 @@ import numpy as np
 import pytest
 
 from saspec.catch_up_plan import DraftCatchUp
-
-
-def table(texts: list[list[int]], width: int = 1024) -> np.ndarray:
-    out = np.zeros((len(texts), width), np.int32)
-    for b, t in enumerate(texts):
-        out[b, : len(t)] = t
-    return out
-
-
-def new_tokens(rows: list[list[int]], width: int = 20) -> np.ndarray:
-    out = np.full((len(rows), width), -1, np.int32)
-    for b, r in enumerate(rows):
-        out[b, : len(r)] = r
-    return out
+from token_rows import new_tokens, table
 
 
 def test_a_plan_reads_each_rows_unread_span_and_the_next_forward_starts_where_it_stopped():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
+from conftest import slow_selected
 from oracle import common_suffixes, draft, matches, near_starts
 from saspec import SuffixAutomaton, core
 from saspec import arena, build
@@ -399,12 +399,6 @@ def test_near_property_check_catches_a_wrong_start(monkeypatch):
 #   SASPEC_SLOW_EXAMPLES=2000 pytest -m slow ... (a smaller count, e.g. to try it)
 
 
-def _slow_selected(config) -> bool:
-    expr = config.getoption("markexpr") or ""
-    by_marker = re.search(r"\bslow\b", expr) is not None and re.search(r"\bnot\s+slow\b", expr) is None
-    return os.environ.get("SASPEC_SLOW") == "1" or by_marker
-
-
 SLOW_PROPERTIES = {
     "small_alphabet": (st.lists(st.integers(0, 2), max_size=40), check_sequence),
     "huge_token_ids": (st.lists(st.sampled_from([0, 1, 7, 2**31 - 1, 2**30, 123456789]), max_size=40), check_sequence),
@@ -417,7 +411,7 @@ SLOW_PROPERTIES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(SLOW_PROPERTIES))
 def test_slow_profile(name, request):
-    if not _slow_selected(request.config):
+    if not slow_selected(request.config):
         pytest.skip("slow profile: run with `pytest -m slow` or SASPEC_SLOW=1")
     examples = int(os.environ.get("SASPEC_SLOW_EXAMPLES", "100000"))
     strategy, check = SLOW_PROPERTIES[name]

@@ -9,13 +9,11 @@ here without fused products).
 from __future__ import annotations
 
 import math
-import os
-import re
 
 import numpy as np
 import pytest
 
-from conftest import CUDA_SKIP, ptx_reports, to_device, to_host
+from conftest import CUDA_SKIP, ptx_reports, slow_selected, to_device, to_host
 from saspec.policy import AUTOMATON, NONE, DraftPolicy, PolicySettings, StepCost, cpu_like, gpu_like, linear
 
 pytestmark = [pytest.mark.skipif(bool(CUDA_SKIP), reason=str(CUDA_SKIP)),
@@ -143,15 +141,9 @@ def test_device_step_equals_host_step():
     assert min(totals.values()) >= 10, totals  # every case was met, many times
 
 
-def _slow_selected(config) -> bool:
-    expr = config.getoption("markexpr") or ""
-    by_marker = re.search(r"\bslow\b", expr) is not None and re.search(r"\bnot\s+slow\b", expr) is None
-    return os.environ.get("SASPEC_SLOW") == "1" or by_marker
-
-
 @pytest.mark.slow
 def test_device_step_equals_host_step_on_10000_steps(request):
-    if not _slow_selected(request.config):
+    if not slow_selected(request.config):
         pytest.skip("slow: run with `pytest -m slow` or SASPEC_SLOW=1")
     steps = 0
     for seed in range(100, 150):

@@ -216,7 +216,6 @@ class Drafter:
         self._unstepped: set[Hashable] = set()  # started before_prefill, their first step not taken yet
         self._prefilling = False  # the last step drafted before a row's prefill: its forward prefilled
         self._verified = 0  # the tokens the last step's live rows verify: each row's new token and its draft
-        self._counts_last = 0  # the draft tokens of the last step's batch
         self.clock = clock
         self._timed = self.ranks == 1
         self._options: dict[Hashable, DraftOptions] = {}
@@ -453,8 +452,7 @@ class Drafter:
         if self._unstepped and not same:
             self._unstepped.difference_update(rids)
         self._prefilling = first is not None
-        out = self._finish_step(draft, lengths, sources, match, lens, nk, caps, any_cap)
-        self._verified = verifying + self._counts_last
+        out = self._finish_step(draft, lengths, sources, match, lens, nk, caps, any_cap, verifying)
         self._t_return = self.clock()
         return out
 
@@ -510,11 +508,12 @@ class Drafter:
         return lengths, src, p.neural_k
 
     def _finish_step(self, draft: np.ndarray, lengths: np.ndarray, sources: np.ndarray, match: np.ndarray,
-                     lens: np.ndarray, neural_k: int, caps: np.ndarray, any_cap: bool) -> DraftBatch:
+                     lens: np.ndarray, neural_k: int, caps: np.ndarray, any_cap: bool, verifying: int) -> DraftBatch:
         """The step's batch: automaton rows keep their draft up to their length, other rows -1; ``sources``
         None: a row's source is AUTOMATON where it drafts, else NONE. One jitted pass writes the batch's
         arrays, buffers of this drafter kept (with the batch over them) while the rows' count and
-        ``neural_k`` stay."""
+        ``neural_k`` stay. ``verifying``: the rows in the engine's next forward (with the drafts, what it
+        verifies)."""
         b = draft.shape[0]
         out = self._out
         if out is None or out[0] != b or out[1] != neural_k:
@@ -526,7 +525,7 @@ class Drafter:
         derive = sources is None
         drafted, tokens, longest, neural = _finish_rows(draft, lengths, lengths if derive else sources, derive, match,
                                                         lens, caps, any_cap, self.k, batch.tokens, out[3])
-        self._counts_last = tokens
+        self._verified = verifying + tokens
         c = self._counts
         c["steps"] += 1
         c["rows"] += b

@@ -92,6 +92,37 @@ def _accepted(text, st, per, n, n_out, pos, k):
 
 
 @njit(cache=True)
+def _majority(text, alive, nc, n, a, nxt, srt):
+    """The ``a``-th next token of each of the ``nc`` occurrences continuing at ``alive`` (periodic past the end
+    of the text) into ``nxt``; returns the most frequent one (ties: the earliest occurrence's)."""
+    for x in range(nc):
+        nxt[x] = text[alive[x] + a % (n - alive[x])]
+        srt[x] = nxt[x]
+    s = np.sort(srt[:nc])
+    top_c = 0
+    run = 0
+    for x in range(nc):
+        run = run + 1 if x > 0 and s[x] == s[x - 1] else 1
+        top_c = max(top_c, run)
+    for x in range(nc):
+        c = np.searchsorted(s, nxt[x], side="right") - np.searchsorted(s, nxt[x], side="left")
+        if c == top_c:
+            return nxt[x]
+    return -1
+
+
+@njit(cache=True)
+def _keep(alive, nxt, nc, top):
+    """Keeps the occurrences whose next token is ``top`` at the front of ``alive``; returns how many."""
+    kept = 0
+    for x in range(nc):
+        if nxt[x] == top:
+            alive[kept] = alive[x]
+            kept += 1
+    return kept
+
+
+@njit(cache=True)
 def _references(text, n0, k, match, occ, branched, best, reach, latest, freq):
     """Fill the per-position arrays of :class:`References` for ``text`` = prompt (``n0`` tokens) + output.
 
@@ -143,29 +174,10 @@ def _references(text, n0, k, match, occ, branched, best, reach, latest, freq):
             alive[x] = ends[x] + 1
         a = 0
         while a < k and pos + a < n_out:
-            for x in range(nc):
-                nxt[x] = text[alive[x] + a % (n - alive[x])]
-                srt[x] = nxt[x]
-            s = np.sort(srt[:nc])
-            top_c = 0
-            run = 0
-            for x in range(nc):
-                run = run + 1 if x > 0 and s[x] == s[x - 1] else 1
-                top_c = max(top_c, run)
-            top = -1
-            for x in range(nc):  # ties: the earliest occurrence's token
-                c = np.searchsorted(s, nxt[x], side="right") - np.searchsorted(s, nxt[x], side="left")
-                if c == top_c:
-                    top = nxt[x]
-                    break
+            top = _majority(text, alive, nc, n, a, nxt, srt)
             if top != text[n + a]:
                 break
-            kept = 0
-            for x in range(nc):
-                if nxt[x] == top:
-                    alive[kept] = alive[x]
-                    kept += 1
-            nc = kept
+            nc = _keep(alive, nxt, nc, top)
             a += 1
         freq[pos] = a
 
@@ -244,27 +256,7 @@ def _vote(text, ends, cnt, n, k, alive, nxt, srt):
         alive[x] = ends[x] + 1
     a = 0
     while a < k and nc > 1:
-        for x in range(nc):
-            nxt[x] = text[alive[x] + a % (n - alive[x])]
-            srt[x] = nxt[x]
-        s = np.sort(srt[:nc])
-        top_c = 0
-        run = 0
-        for x in range(nc):
-            run = run + 1 if x > 0 and s[x] == s[x - 1] else 1
-            top_c = max(top_c, run)
-        top = -1
-        for x in range(nc):
-            c = np.searchsorted(s, nxt[x], side="right") - np.searchsorted(s, nxt[x], side="left")
-            if c == top_c:
-                top = nxt[x]
-                break
-        kept = 0
-        for x in range(nc):
-            if nxt[x] == top:
-                alive[kept] = alive[x]
-                kept += 1
-        nc = kept
+        nc = _keep(alive, nxt, nc, _majority(text, alive, nc, n, a, nxt, srt))
         a += 1
     return alive[0]
 

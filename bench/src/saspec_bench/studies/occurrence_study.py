@@ -123,6 +123,33 @@ def _keep(alive, nxt, nc, top):
 
 
 @njit(cache=True)
+def _advance_lcs(text, lcs, n):
+    """Make ``lcs`` describe the text of ``n`` tokens (it described ``n - 1``): ``lcs[e]``, the longest common
+    suffix of the text and its prefix ending at ``e`` (``e`` <= n - 2)."""
+    if n >= 2:
+        t = text[n - 1]
+        for e in range(n - 2, 0, -1):  # descending: lcs[e - 1] still describes the text one token shorter
+            lcs[e] = lcs[e - 1] + 1 if text[e] == t else 0
+        lcs[0] = 1 if text[0] == t else 0
+
+
+@njit(cache=True)
+def _matched_ends(lcs, n, ends):
+    """The match of the text of ``n`` tokens (the largest ``lcs``) and how many earlier ends reach it, written
+    in order into ``ends``; (0, 0) without a match."""
+    m = 0
+    for e in range(n - 1):
+        m = max(m, lcs[e])
+    cnt = 0
+    if m > 0:
+        for e in range(n - 1):
+            if lcs[e] == m:
+                ends[cnt] = e
+                cnt += 1
+    return m, cnt
+
+
+@njit(cache=True)
 def _references(text, n0, k, match, occ, branched, best, reach, latest, freq):
     """Fill the per-position arrays of :class:`References` for ``text`` = prompt (``n0`` tokens) + output.
 
@@ -136,26 +163,15 @@ def _references(text, n0, k, match, occ, branched, best, reach, latest, freq):
     nxt = np.empty(total, np.int64)
     srt = np.empty(total, np.int64)
     for n in range(total):
-        if n >= 2:
-            t = text[n - 1]
-            for e in range(n - 2, 0, -1):  # descending: lcs[e - 1] still describes the text one token shorter
-                lcs[e] = lcs[e - 1] + 1 if text[e] == t else 0
-            lcs[0] = 1 if text[0] == t else 0
+        _advance_lcs(text, lcs, n)
         if n < n0:
             continue
         pos = n - n0
         reach[pos] = 1
-        m = 0
-        for e in range(n - 1):
-            m = max(m, lcs[e])
+        m, cnt = _matched_ends(lcs, n, ends)
         match[pos] = m
         if m == 0:
             continue
-        cnt = 0
-        for e in range(n - 1):
-            if lcs[e] == m:
-                ends[cnt] = e
-                cnt += 1
         occ[pos] = cnt
         reach[pos] = 0
         for x in range(cnt):
@@ -339,20 +355,8 @@ def _new_rules(text, n0, k, run_cap, window, near_window, near_max, acc, src):
     near = np.empty(5, np.int64)
     prev_m = 0
     for n in range(1, total):
-        if n >= 2:
-            t = text[n - 1]
-            for e in range(n - 2, 0, -1):
-                lcs[e] = lcs[e - 1] + 1 if text[e] == t else 0
-            lcs[0] = 1 if text[0] == t else 0
-        m = 0
-        for e in range(n - 1):
-            m = max(m, lcs[e])
-        cnt = 0
-        if m > 0:
-            for e in range(n - 1):
-                if lcs[e] == m:
-                    ends[cnt] = e
-                    cnt += 1
+        _advance_lcs(text, lcs, n)
+        m, cnt = _matched_ends(lcs, n, ends)
         first = ends[0] + 1 if m > 0 else -1
         vote = -2
         run_st = -2

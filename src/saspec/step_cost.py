@@ -7,13 +7,16 @@ taken) or one of the prior shapes (:func:`cpu_like`, :func:`gpu_like`). The
 correction ``r`` is learnt from the timed steps: per knot (token counts 1, 2,
 3, 4, 6, 8, 12, ...: half-octaves) the lower quartile of the knot's latest
 ``window`` timings, each as a ratio to ``shape``, once it has two; with one
-or none, a *pseudo-timing*: what the knot cost when it was last timed twice,
-relative to the global scale (the lower quartile of the latest ``4 * window``
-ratios of all steps), that deviation fading by half in log every
-``2 * max_age`` steps; else the correction of the nearest knots timed twice
-lately, interpolated between them and flat beyond (a size next to dear ones
-is dear: no need to try it), but above them no dearer than the line through
-the two largest; else the global scale itself. Timings older than
+or none, a *pseudo-timing*: what its neighbours say (the correction of the
+nearest knots timed twice lately, interpolated between them and flat beyond:
+a size next to dear ones is dear, no need to try it; but above them no dearer
+than the line through the two largest; with none, the global scale, the lower
+quartile of the latest ``4 * window`` ratios of all steps), times the knot's
+deviation from its neighbours when it was last timed twice, that deviation
+fading by half in log every ``2 * max_age`` steps. (Not a deviation from the
+global scale: where the shape is wrong, that scale moves with the sizes timed
+lately, threefold on a CPU between code edits that verify full drafts and
+prose that verifies a token a step.) Timings older than
 ``max_age`` steps no longer count; ``r`` is interpolated between knots and
 made to rise with the tokens; below the smallest knot timed lately, sizes not
 timed lately are assumed no dearer than their share of it (so a wrong prior
@@ -164,6 +167,40 @@ def cost_arrays(cf, ci):
 
 
 @njit(cache=True)
+def _neighbours(knot, scratch, f, k, n_knots, s):
+    """What the knots timed twice lately (``scratch[f + j] >= 2``) other than ``k`` say of knot ``k``'s
+    correction: interpolated between the nearest below and above, flat beyond them (a size near dear ones is
+    dear) but above them no dearer than the line through the two largest; ``s`` (the global scale) where none
+    is."""
+    lo = k - 1
+    while lo >= 0 and scratch[f + lo] < 2:
+        lo -= 1
+    hi = k + 1
+    while hi < n_knots and scratch[f + hi] < 2:
+        hi += 1
+    if lo >= 0 and hi < n_knots:
+        return knot[2, lo] + (knot[2, hi] - knot[2, lo]) * (k - lo) / (hi - lo)
+    if hi < n_knots:
+        return knot[2, hi]
+    if lo < 0:
+        return s
+    near = knot[2, lo]
+    # Above every knot timed twice: no dearer than the line through the two largest of them. The flat
+    # correction makes every token past them as dear as a token there with its share of the overhead (where
+    # the prior shape's fixed part is too small, a knot at a time is all the policy would try); the last chord
+    # of a cost curve with an overhead is no flatter than the curve beyond it.
+    lo2 = lo - 1
+    while lo2 >= 0 and scratch[f + lo2] < 2:
+        lo2 -= 1
+    if lo2 >= 0:  # a chord that does not rise (a flat stretch, or noise) says nothing of the slope
+        c_lo = knot[1, lo] * knot[2, lo]
+        slope = (c_lo - knot[1, lo2] * knot[2, lo2]) / (knot[0, lo] - knot[0, lo2])
+        if slope > 0.0:
+            near = min(near, (c_lo + slope * (knot[0, k] - knot[0, lo])) / knot[1, k])
+    return near
+
+
+@njit(cache=True)
 def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q, ratio, k):
     """Record a timing (``ratio`` at knot ``k``; none where ``k < 0``) and recompute every knot's
     correction (see the module doc)."""
@@ -193,9 +230,8 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
                 scratch[cnt] = ratios[k, j]
                 cnt += 1
                 last = max(last, steps[k, j])
-        if cnt >= 2:  # two fresh timings or more: their lower quantile, remembered as a deviation from s
+        if cnt >= 2:  # two fresh timings or more: their lower quantile
             knot[2, k] = _low_quantile(scratch, cnt, q)
-            knot[3, k] = knot[2, k] / s
             knot_i[1, k] = last
         scratch[f + k] = cnt
     first = -1  # the smallest knot with fresh timings
@@ -203,40 +239,19 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
         cnt = int(scratch[f + k])
         if cnt > 0 and first < 0:
             first = k
-        if cnt >= 2:
+        # What the other knots timed twice lately say of this one: interpolated between the nearest of them,
+        # flat beyond (a size near dear ones is dear), else the global scale.
+        near = _neighbours(knot, scratch, f, k, n_knots, s)
+        if cnt >= 2:  # remembered as a deviation from what the neighbours say, not from the global scale:
+            # where the prior shape is wrong, the global scale moves with which sizes were timed lately
+            # (a CPU's code edits verify full drafts, its prose one token a step), the neighbours do not
+            knot[3, k] = knot[2, k] / near
             continue
-        # One timing or none: with a pseudo-timing. That is what the knot cost when last timed twice (its
-        # deviation from the global scale fading, by half in log every 2 max_age steps), else the correction
-        # of the nearest knots timed twice lately, interpolated between them and flat beyond (a size near
-        # dear ones is dear), else the global scale.
-        lo = k - 1
-        while lo >= 0 and scratch[f + lo] < 2:
-            lo -= 1
-        hi = k + 1
-        while hi < n_knots and scratch[f + hi] < 2:
-            hi += 1
-        if lo >= 0 and hi < n_knots:
-            pseudo = knot[2, lo] + (knot[2, hi] - knot[2, lo]) * (k - lo) / (hi - lo)
-        elif lo >= 0:
-            pseudo = knot[2, lo]
-            # Above every knot timed twice: no dearer than the line through the two largest of them. The flat
-            # correction makes every token past them as dear as a token there with its share of the overhead
-            # (where the prior shape's fixed part is too small, a knot at a time is all the policy would try);
-            # the last chord of a cost curve with an overhead is no flatter than the curve beyond it.
-            lo2 = lo - 1
-            while lo2 >= 0 and scratch[f + lo2] < 2:
-                lo2 -= 1
-            if lo2 >= 0:  # a chord that does not rise (a flat stretch, or noise) says nothing of the slope
-                c_lo = knot[1, lo] * knot[2, lo]
-                slope = (c_lo - knot[1, lo2] * knot[2, lo2]) / (knot[0, lo] - knot[0, lo2])
-                if slope > 0.0:
-                    pseudo = min(pseudo, (c_lo + slope * (knot[0, k] - knot[0, lo])) / knot[1, k])
-        elif hi < n_knots:
-            pseudo = knot[2, hi]
-        else:
-            pseudo = s
+        # One timing or none: with a pseudo-timing. That is what the neighbours say, times the knot's deviation
+        # from them when it was last timed twice (fading, by half in log every 2 max_age steps).
+        pseudo = near
         if knot_i[1, k] >= 0:
-            pseudo = s * knot[3, k] ** (0.5 ** ((step - knot_i[1, k]) / (2.0 * max_age)))
+            pseudo = near * knot[3, k] ** (0.5 ** ((step - knot_i[1, k]) / (2.0 * max_age)))
         scratch[0] = pseudo
         if cnt == 1:
             for j in range(min(knot_i[0, k], ratios.shape[1])):

@@ -310,6 +310,27 @@ def test_one_timing_moves_no_knot_and_a_lasting_change_is_learnt():
     assert cost.seconds(8) == pytest.approx(12.0, rel=0.02)
 
 
+def test_a_size_not_timed_lately_keeps_its_cost_whichever_sizes_were_timed_since():
+    # An engine whose fixed part is worth about 21 tokens, under the prior shape 4 + n: the correction falls
+    # threefold from 1 token to 33. Code edits verify full drafts (now and then a shorter one), then prose
+    # verifies one to four tokens a step: the global scale moves threefold, what the long sizes cost does not.
+    def truth(n):
+        return 0.144 + 0.0069 * n
+
+    cost = StepCost(cpu_like)
+    rng = np.random.default_rng(0)
+    code = [33 if rng.random() < 0.7 else int(rng.choice([6, 8, 12, 16, 24])) for _ in range(150)]
+    prose = [int(rng.choice([1, 1, 1, 2, 4])) if rng.random() < 0.95 else int(rng.choice([6, 16])) for _ in range(400)]
+    sizes = np.array([6, 8, 12, 16, 24, 33])
+    worst = 1.0
+    for i, n in enumerate(code + prose):
+        cost.observe(n, truth(n) * float(rng.uniform(1.0, 1.1)))
+        if i >= 40:
+            err = cost.seconds(sizes) / truth(sizes)
+            worst = max(worst, float(np.max(np.maximum(err, 1 / err))))
+    assert worst < 1.5  # remembered against the global scale: 1.9-2.6x off
+
+
 def test_rows_keep_their_request_evidence_across_moves_and_every_decision_is_logged():
     seen = []
     p = DraftPolicy(4, cost=StepCost(gpu_like, max_tokens=16), log=seen.append)
@@ -565,3 +586,4 @@ def test_for_engine_builds_the_cost_model_from_the_device_and_the_settings(cls, 
     assert policy(cls.for_engine(4)).log is log_decision
     with pytest.raises(ValueError, match="k_max"):
         cls.for_engine(0)
+

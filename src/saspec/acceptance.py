@@ -9,6 +9,8 @@ slot on the device), apart from the row ``b`` of the step's arrays.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import int64
 from numba.extending import register_jitable
@@ -20,6 +22,11 @@ from .portable import add_at2, fmul
 #: draft token within the match's length of the draft's start, the first draft token of a branched match, and a
 #: token further than the match is long.
 N_BUCKETS = 16
+#: The trials a bucket remembers: past this, its hits and trials are halved (rounded down: integers, so the
+#: device adds them in any order to the same bits). Its estimate then follows the requests of late, not every
+#: request since the start: a server's code edits copy on far past a match, its prose questions do not, and the
+#: rows' own factors cannot move a bucket learnt on thousands of code tokens far enough.
+BUCKET_MEMORY = 256.0
 #: The prior odds of a branched match's first token, as a share of an unbranched one's (m to 1).
 BRANCHED_PRIOR_ODDS = 0.25
 
@@ -111,8 +118,12 @@ def score_row(match, branched, n, drafts, dr, d0, new, b, rowf, s, bk, decay):
 
 @host_inline
 def estimate_bucket(bk, j, w):
-    """Bucket ``j``'s acceptance: its counts with ``w`` pseudo-tokens of its prior, kept inside (0, 1), and its
-    odds (which the kernels scale by a row's factor)."""
+    """Bucket ``j``'s acceptance: its counts (halved first where they pass :data:`BUCKET_MEMORY` trials) with
+    ``w`` pseudo-tokens of its prior, kept inside (0, 1), and its odds (which the kernels scale by a row's
+    factor)."""
+    if bk[1, j] > BUCKET_MEMORY:
+        bk[0, j] = math.floor(bk[0, j] * 0.5)
+        bk[1, j] = math.floor(bk[1, j] * 0.5)
     p = (bk[0, j] + fmul(w, bk[2, j])) / (bk[1, j] + w)
     q = min(max(p, 1e-6), 1.0 - 1e-6)
     bk[3, j] = q

@@ -27,7 +27,8 @@ cold start moves for good.
 
 **Acceptance.** The automaton's draft token ``i`` at a match of ``m`` tokens
 continues a copy matched over ``m + i`` tokens; its probability comes from
-per-match-bucket counts (``match_bucket(m + i)``) with ``prior_weight``
+per-match-bucket counts (``match_bucket(m + i)``; about the latest
+``BUCKET_MEMORY`` trials of each, so that they follow the requests of late) with ``prior_weight``
 pseudo-tokens of prior at odds ``m`` to 1, times the row's own odds factor (a
 Mantel-Haenszel ratio of its recent hits and misses against what was
 predicted). Where the matched suffix's earlier occurrences went on with

@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from saspec.policy import (AUTOMATON, NEURAL, NONE, CatchUpShare, DraftPolicy, PolicySettings, SequencePolicy, StepCost,
-                           cpu_like, gpu_like, linear)
+from saspec.policy import (AUTOMATON, N_BUCKETS, NEURAL, NONE, CatchUpShare, DraftPolicy, PolicySettings, SequencePolicy,
+                           StepCost, cpu_like, gpu_like, linear, match_bucket)
 
 K = 8
 
@@ -587,3 +587,24 @@ def test_for_engine_builds_the_cost_model_from_the_device_and_the_settings(cls, 
     with pytest.raises(ValueError, match="k_max"):
         cls.for_engine(0)
 
+
+def test_the_buckets_follow_the_requests_of_late_not_every_request_since_the_start():
+    # A server's code edits copy on past the match (the tokens beyond a 4-token match are kept), then its prose
+    # questions do not: the beyond-the-match bucket learnt on thousands of code tokens turns within a few dozen
+    # prose steps, as the rows' own evidence alone could not (new rows each request: no row factor to lean on).
+    policy = DraftPolicy(K, cost=StepCost(cpu_like, max_tokens=8 * (K + 1)))
+    b = 8
+    match, offered = np.full(b, 4, np.int32), np.full(b, K, np.int32)
+    drafts = np.tile(np.arange(K, dtype=np.int32), (b, 1))
+    lens = np.full(b, K, np.int32)
+    beyond = 2 * N_BUCKETS + match_bucket(8)  # draft token 4 of a 4-token match: further than the match is long
+    for step in range(300):
+        policy.rows([("code", step // 20, r) for r in range(b)])
+        policy.step(match, offered, drafts, drafts, lens, 0.01, step % 20 > 0)
+    assert policy.p_bucket[beyond] > 0.9
+    prose = drafts.copy()
+    prose[:, 4] = 99  # the copy holds for the match's 4 tokens, then the text goes its own way
+    for step in range(60):
+        policy.rows([("prose", step // 20, r) for r in range(b)])
+        policy.step(match, offered, drafts, prose, lens, 0.01, step % 20 > 0)
+    assert policy.p_bucket[beyond] < 0.3

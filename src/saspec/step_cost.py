@@ -131,7 +131,7 @@ def _low_quantile(vals, n, q):
 # updates all of it:
 #   curve   float64 [2, max_tokens + 1]: the shape, and each token count's weight between its two knots
 #   index   int64 [2, max_tokens + 1]: each token count's lower knot, and its nearest knot
-#   knot    float64 [4, knots]: token count, shape there, correction, deviation from the global scale when
+#   knot    float64 [4, knots]: token count, shape there, correction, deviation from its neighbours when
 #           last timed twice
 #   knot_i  int64 [2, knots]: timings written, step of the last remembered deviation (-1: never)
 #   ratios, steps  [knots, window]: each knot's latest timings (as ratios to the shape) and their steps

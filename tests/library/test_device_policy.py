@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from conftest import CUDA_SKIP, ptx_reports, slow_selected, to_device, to_host
-from saspec.policy import AUTOMATON, NONE, DraftPolicy, PolicySettings, StepCost, cpu_like, gpu_like, linear
+from saspec.policy import (AUTOMATON, N_BUCKETS, NONE, DraftPolicy, PolicySettings, StepCost, cpu_like, gpu_like, linear,
+                           match_bucket)
 
 pytestmark = [pytest.mark.skipif(bool(CUDA_SKIP), reason=str(CUDA_SKIP)),
               pytest.mark.usefixtures("fast_thread_switching")]
@@ -150,6 +151,31 @@ def test_device_step_equals_host_step_on_10000_steps(request):
         run_episode(seed, 200)
         steps += 200
     assert steps == 10_000
+
+
+def test_device_buckets_forget_as_the_hosts_do():
+    """Past ``BUCKET_MEMORY`` trials a bucket's counts are halved on the device as on the host (the random
+    episodes above stay under it): full copies past a 4-token match, then copies that stop at the match."""
+    k, b = 8, 8
+    host = DraftPolicy(k, cost=StepCost(cpu_like, max_tokens=b * (k + 1)))
+    dev = device_policy(k, b, max_rows=b, cost=StepCost(cpu_like, max_tokens=b * (k + 1)))
+    match, offered = np.full(b, 4, np.int32), np.full(b, k, np.int32)
+    branched, lens = np.zeros(b, np.int32), np.full(b, k, np.int32)
+    drafts = np.tile(np.arange(k, dtype=np.int32), (b, 1))
+    prose = drafts.copy()
+    prose[:, 4] = 99
+    slots = np.arange(b, dtype=np.int32)
+    beyond = 2 * N_BUCKETS + match_bucket(8)  # draft token 4 of a 4-token match
+    for step in range(80):
+        new = drafts if step < 40 else prose
+        want = host.step(match, offered, drafts, new, lens, 0.01, step > 0, branched, b * (k + 1)).copy()
+        if step > 0:
+            dev.observe_step(b * (k + 1), 0.01)
+        out = [to_device(np.zeros(b, np.int32)) for _ in range(2)]
+        dev.step(*(to_device(x) for x in (match, offered, branched, drafts, new, lens, slots)), *out)
+        assert np.array_equal(to_host(out[0]), want), step
+        assert np.array_equal(dev.p_bucket, host.p_bucket), step
+    assert dev.p_bucket[beyond] < 0.3  # 40 steps of misses turned a bucket of 1,280 hits: its counts were halved
 
 
 def test_the_cost_table_is_uploaded_when_the_host_timings_change_it_and_only_then():

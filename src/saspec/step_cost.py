@@ -239,8 +239,6 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
         cnt = int(scratch[f + k])
         if cnt > 0 and first < 0:
             first = k
-        # What the other knots timed twice lately say of this one: interpolated between the nearest of them,
-        # flat beyond (a size near dear ones is dear), else the global scale.
         near = _neighbours(knot, scratch, f, k, n_knots, s)
         if cnt >= 2:  # remembered as a deviation from what the neighbours say, not from the global scale:
             # where the prior shape is wrong, the global scale moves with which sizes were timed lately

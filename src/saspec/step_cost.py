@@ -15,8 +15,8 @@ quartile of the latest ``4 * window`` ratios of all steps), times the knot's
 deviation from its neighbours when it was last timed twice, that deviation
 fading by half in log every ``2 * max_age`` steps. (Not a deviation from the
 global scale: where the shape is wrong, that scale moves with the sizes timed
-lately, threefold on a CPU between code edits that verify full drafts and
-prose that verifies a token a step.) Timings older than
+lately, as between a CPU's code edits that verify full drafts and its prose
+that verifies a token a step.) Timings older than
 ``max_age`` steps no longer count; ``r`` is interpolated between knots and
 made to rise with the tokens; below the smallest knot timed lately, sizes not
 timed lately are assumed no dearer than their share of it (so a wrong prior

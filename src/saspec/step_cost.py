@@ -22,10 +22,12 @@ made to rise with the tokens; below the smallest knot timed lately, sizes not
 timed lately are assumed no dearer than their share of it (so a wrong prior
 there is found out by trying). So
 
-* one slow timing moves nothing: a knot's single timing is taken only where
-  it is lower than its pseudo-timing (what the knot cost when last timed, or
-  the global scale); two or more give their lower quartile, so one fast
-  timing counts only until the next ones outvote it;
+* a few slow timings move nothing: a knot's single timing is taken only
+  where it is lower than its pseudo-timing (what the knot cost when last
+  timed, or the global scale); two or more give their lower quartile, but
+  no dearer than the knot was believed until there are ``DEAR_TIMINGS``
+  (a size believed dear is not tried again), so one fast timing counts only
+  until the next ones outvote it;
 * a burst of load or a competing process (timings 2-5x on a third of the
   steps) is ignored by the lower quartiles, and a burst long enough to move a
   knot ages out after ``max_age`` steps, after which the knot follows the
@@ -52,6 +54,10 @@ from .validate import check_count, check_timing
 
 #: How many times ``window`` of the latest timings set the global scale.
 SCALE_WINDOWS = 4
+#: The fresh timings a knot needs to be believed dearer than it was: with fewer, it may only get cheaper. Under
+#: contention two slow timings in a row at a size tried now and then are common, a size believed dear is not
+#: tried again, and every size above it is at least as dear: drafting stopped until the timings aged out.
+DEAR_TIMINGS = 4
 #: The most tokens a step may verify in the model (``StepCost(max_tokens=...)``): its tables take
 #: O(max_tokens) memory and time to build.
 MAX_STEP_TOKENS = 1 << 20
@@ -230,8 +236,9 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
                 scratch[cnt] = ratios[k, j]
                 cnt += 1
                 last = max(last, steps[k, j])
-        if cnt >= 2:  # two fresh timings or more: their lower quantile
-            knot[2, k] = _low_quantile(scratch, cnt, q)
+        if cnt >= 2:  # two fresh timings or more: their lower quantile, no dearer than believed till DEAR_TIMINGS
+            own = _low_quantile(scratch, cnt, q)
+            knot[2, k] = own if cnt >= DEAR_TIMINGS else min(own, knot[2, k])
             knot_i[1, k] = last
         scratch[f + k] = cnt
     first = -1  # the smallest knot with fresh timings

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from saspec.step_cost import DEAR_TIMINGS
 from saspec.policy import (AUTOMATON, N_BUCKETS, NEURAL, NONE, CatchUpShare, DraftPolicy, PolicySettings, SequencePolicy,
                            StepCost, cpu_like, gpu_like, linear, match_bucket)
 
@@ -322,13 +323,52 @@ def test_a_size_not_timed_lately_keeps_its_cost_whichever_sizes_were_timed_since
     code = [33 if rng.random() < 0.7 else int(rng.choice([6, 8, 12, 16, 24])) for _ in range(150)]
     prose = [int(rng.choice([1, 1, 1, 2, 4])) if rng.random() < 0.95 else int(rng.choice([6, 16])) for _ in range(400)]
     sizes = np.array([6, 8, 12, 16, 24, 33])
-    worst = 1.0
+    dearest, worst_prose = 1.0, 1.0
     for i, n in enumerate(code + prose):
         cost.observe(n, truth(n) * float(rng.uniform(1.0, 1.1)))
-        if i >= 40:
-            err = cost.seconds(sizes) / truth(sizes)
-            worst = max(worst, float(np.max(np.maximum(err, 1 / err))))
-    assert worst < 1.5  # remembered against the global scale: 1.9-2.6x off
+        err = cost.seconds(sizes) / truth(sizes)
+        if i >= 40:  # the code edits: a size timed fewer than DEAR_TIMINGS times may be too cheap, never too dear
+            dearest = max(dearest, float(err.max()))
+        if i >= len(code):
+            worst_prose = max(worst_prose, float(np.max(np.maximum(err, 1 / err))))
+    assert dearest < 1.5
+    assert worst_prose < 1.5  # remembered against the global scale: 1.9-2.6x off
+
+
+def test_a_size_is_believed_dearer_only_on_dear_timings_fresh_timings():
+    cost = StepCost(linear(4.0, 1.0), max_tokens=64, window=8, max_age=32)
+    for _ in range(10):
+        cost.observe(1, 5.0)
+    believed = cost.seconds(2)
+    for _ in range(DEAR_TIMINGS - 1):
+        cost.observe(2, 60.0)  # a competing process: each of the few 2-token steps happened to be 10x slow
+    assert cost.seconds(2) == pytest.approx(believed)
+    assert cost.seconds(9) == pytest.approx(13.0)  # nor every size above it, through "never cheaper with more"
+    cost.observe(2, 5.5)  # one fast one: believed at once
+    assert cost.seconds(2) == pytest.approx(5.5)
+    for _ in range(DEAR_TIMINGS):
+        cost.observe(2, 18.0)  # verifying 2 tokens now costs 3x: learnt on DEAR_TIMINGS fresh timings
+    assert cost.seconds(2) == pytest.approx(18.0)
+
+
+def test_two_slow_timings_of_a_short_draft_do_not_lock_drafting_out():
+    # A flat-cost engine (a tiny model) beside a competing process: its first two 1-token drafts were timed 10x
+    # slow. Believed, they made every larger size as dear, and no draft followed until they aged out, not even
+    # on a 40-token match whose every draft token is accepted.
+    policy = DraftPolicy(8, cost=StepCost(cpu_like, max_tokens=9))
+    drafts = np.arange(8, dtype=np.int32).reshape(1, -1)
+    last, slow_left, chosen = 0, 2, []
+    for step in range(60):
+        slow = last == 1 and slow_left > 0
+        slow_left -= slow
+        seconds = (1.0 + 0.01 * (1 + last)) * (10.0 if slow else 1.0)
+        new = drafts + 100 if step <= 20 else drafts  # a 1-token match whose drafts miss, then a long copy
+        lengths = policy.step(np.array([1 if step < 20 else 40], np.int32), np.array([8], np.int32), drafts, new,
+                              np.array([last + 1], np.int32), seconds, step > 0)
+        last = int(lengths[0])
+        chosen.append(last)
+    assert slow_left == 0  # both slow timings were taken
+    assert sum(chosen[30:]) == 8 * 30
 
 
 def test_rows_keep_their_request_evidence_across_moves_and_every_decision_is_logged():

@@ -24,10 +24,11 @@ there is found out by trying). So
 
 * a few slow timings move nothing: a knot's single timing is taken only
   where it is lower than its pseudo-timing (what the knot cost when last
-  timed, or the global scale); two or more give their lower quartile, but
-  no dearer than the knot was believed until there are ``DEAR_TIMINGS``
-  (a size believed dear is not tried again), so one fast timing counts only
-  until the next ones outvote it;
+  timed, or the global scale); two or more give their lower quartile, so one
+  fast timing counts only until the next ones outvote it, but with fewer
+  than ``DEAR_TIMINGS`` no dearer than the knot was believed where they make
+  a token dearer than a fresh timing of a smaller knot allows (a size
+  believed dear is not tried again);
 * a burst of load or a competing process (timings 2-5x on a third of the
   steps) is ignored by the lower quartiles, and a burst long enough to move a
   knot ages out after ``max_age`` steps, after which the knot follows the
@@ -54,9 +55,11 @@ from .validate import check_count, check_timing
 
 #: How many times ``window`` of the latest timings set the global scale.
 SCALE_WINDOWS = 4
-#: The fresh timings a knot needs to be believed dearer than it was: with fewer, it may only get cheaper. Under
-#: contention two slow timings in a row at a size tried now and then are common, a size believed dear is not
-#: tried again, and every size above it is at least as dear: drafting stopped until the timings aged out.
+#: A step of n tokens costs at most n / m times a step of m (it could run as that many steps), within this slack.
+#: A knot with fewer than ``DEAR_TIMINGS`` fresh timings that says more than that against a fresh timing of a
+#: smaller knot is not believed dearer than it was: under contention two slow timings in a row at a size tried now and
+#: then are common, a size believed dear is not tried again, and every size above it is at least as dear.
+PER_TOKEN_SLACK = 1.25
 DEAR_TIMINGS = 4
 #: The most tokens a step may verify in the model (``StepCost(max_tokens=...)``): its tables take
 #: O(max_tokens) memory and time to build.
@@ -228,18 +231,24 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
     s = _low_quantile(scratch, m, q)
     ctr[_SCALE] = s
     f = scale_buf.shape[0]  # scratch[f + k]: knot k's fresh timings
+    per_token = math.inf  # the least a token cost in a fresh timing of a smaller knot: timing noise only adds
     for k in range(n_knots):
         cnt = 0
         last = -1
+        fastest = math.inf
         for j in range(min(knot_i[0, k], ratios.shape[1])):  # the timings written (none: nothing to scan)
             if step - steps[k, j] <= max_age:
                 scratch[cnt] = ratios[k, j]
                 cnt += 1
                 last = max(last, steps[k, j])
-        if cnt >= 2:  # two fresh timings or more: their lower quantile, no dearer than believed till DEAR_TIMINGS
+                fastest = min(fastest, ratios[k, j])
+        if cnt >= 2:  # two fresh timings or more: their lower quantile
             own = _low_quantile(scratch, cnt, q)
-            knot[2, k] = own if cnt >= DEAR_TIMINGS else min(own, knot[2, k])
+            if cnt < DEAR_TIMINGS and own * knot[1, k] > PER_TOKEN_SLACK * per_token * knot[0, k]:
+                own = min(own, knot[2, k])  # a token far dearer than at a smaller size: noise, until more say so
+            knot[2, k] = own
             knot_i[1, k] = last
+        per_token = min(per_token, fastest * knot[1, k] / knot[0, k])
         scratch[f + k] = cnt
     first = -1  # the smallest knot with fresh timings
     for k in range(n_knots):

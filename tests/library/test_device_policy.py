@@ -188,7 +188,7 @@ def test_the_cost_table_is_uploaded_when_the_host_timings_change_it_and_only_the
     dev.step(*map(to_device, args), to_device(slots), *map(to_device, out))
     assert dev.uploads == 0  # the table went with the state; nothing changed since
     changes = 0
-    for tokens, seconds in ((8, 0.011), (8, 0.01), (None, None), (20, 0.031), (20, 0.03), (8, 0.0), (8, math.nan)):
+    for tokens, seconds in ((8, 0.01), (8, 0.011), (None, None), (20, 0.03), (20, 0.031), (8, 0.0), (8, math.nan)):
         before = dev.cost.knot_ratio.copy()
         if tokens is not None:
             dev.observe_step(tokens, seconds)

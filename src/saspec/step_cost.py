@@ -56,10 +56,11 @@ from .validate import check_count, check_timing
 #: How many times ``window`` of the latest timings set the global scale.
 SCALE_WINDOWS = 4
 #: A step of n tokens costs at most n / m times a step of m (it could run as that many steps), within this slack.
-#: A knot with fewer than ``DEAR_TIMINGS`` fresh timings that says more than that against a fresh timing of a
-#: smaller knot is not believed dearer than it was: under contention two slow timings in a row at a size tried now and
-#: then are common, a size believed dear is not tried again, and every size above it is at least as dear.
 PER_TOKEN_SLACK = 1.25
+#: The fresh timings a knot needs to be believed dearer than it was where they say more than ``PER_TOKEN_SLACK``
+#: allows against a fresh timing of a smaller knot (timing noise only adds time): under contention two slow timings
+#: in a row at a size tried now and then are common, a size believed dear is not tried again, and every size above
+#: it is at least as dear.
 DEAR_TIMINGS = 4
 #: The most tokens a step may verify in the model (``StepCost(max_tokens=...)``): its tables take
 #: O(max_tokens) memory and time to build.

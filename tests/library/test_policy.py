@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from saspec.step_cost import DEAR_TIMINGS
 from saspec.policy import (AUTOMATON, N_BUCKETS, NEURAL, NONE, CatchUpShare, DraftPolicy, PolicySettings, SequencePolicy,
                            StepCost, cpu_like, gpu_like, linear, match_bucket)
+from saspec.step_cost import DEAR_TIMINGS
 
 K = 8
 

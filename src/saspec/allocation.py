@@ -118,11 +118,40 @@ def row_probs_row(b, s, match, offered, branched, rowf, odds_bucket, k_max, prob
 
 
 @register_jitable
-def best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, knot, hist, tol):
+def running_rate(rate):
+    """The running rate (tokens a second) of ``rate`` (float64 [3]: the decayed sums of the tokens the rows
+    emitted and of the seconds the model gives the steps chosen, and the last step's modeled seconds apart
+    from its target forward: the neural drafter's); 0 before any step. A step's own best rate falls short of it
+    at a short match (prose), where the tokens it would draft deep are drafted at the next step from a longer
+    match anyway."""
+    if rate[1] > 0.0:
+        return rate[0] / rate[1]
+    return 0.0
+
+
+@register_jitable
+def update_rate(rate, new_lens, rows, memory, tokens, curve, index, knot):
+    """Add the last step to ``rate`` (see :func:`running_rate`), after decaying both sums by ``memory``: the
+    tokens its ``rows`` rows emitted (``new_lens``) and its seconds under the step-cost table as it stands
+    (its forward verified ``tokens``; the timing just observed included). Nothing where no step was chosen
+    (``tokens`` 0) or ``memory`` is 0."""
+    if tokens <= 0 or memory <= 0.0:
+        return
+    emitted = 0.0
+    for r in range(rows):
+        emitted += new_lens[r]
+    rate[0] = fmul(rate[0], memory) + emitted
+    rate[1] = fmul(rate[1], memory) + (cost_of(tokens, curve, index, knot) + rate[2])
+
+
+@register_jitable
+def best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, knot, hist, tol, lam):
     """The histogram pass over a step of ``base`` rows: (rate, bin) of the best threshold over the rows'
     candidate tokens (automaton rows: probs; neural rows (src == 2): q_nn ** (i + 1), i < k_nn); bin N_BINS
     means no draft. With more than one row and ``tol > 0``, the highest threshold (the fewest tokens) whose
-    rate is within ``tol`` of the best. Without neural rows (``k_nn == 0``) the automaton histogram of
+    rate is within ``tol`` of the best. With a running rate ``lam > 0`` (tokens a second), no lower threshold
+    than the one that earns the most tokens less ``lam`` times the step's seconds (see
+    :func:`running_rate`). Without neural rows (``k_nn == 0``) the automaton histogram of
     :func:`row_probs_row` is the histogram (every row with candidates has src 1 then) and neither ``probs``
     nor ``src`` is read."""
     for j in range(N_BINS):
@@ -170,9 +199,13 @@ def best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, k
                 if cnt > 0.0:
                     hist[H_CNT, run_bin] += cnt
                     hist[H_SUM, run_bin] += fixed(tot)
-    plain = base / (cost_of(base, curve, index, knot) + fixed_s)
+    seconds = cost_of(base, curve, index, knot) + fixed_s
+    plain = base / seconds
     best = plain
     best_bin = int64(N_BINS)
+    # what the step earns at the running rate: its tokens less what its seconds would have made
+    net = base - fmul(lam, seconds)
+    net_bin = int64(N_BINS)
     n = int64(base)
     e_fix = 0.0
     for j in range(N_BINS - 1, -1, -1):
@@ -180,20 +213,33 @@ def best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, k
             continue
         n += int64(hist[H_CNT, j])
         e_fix += hist[H_SUM, j]
-        r = (base + fmul(e_fix, INV_FIX)) / (cost_of(n, curve, index, knot) + fixed_s)
+        tokens = base + fmul(e_fix, INV_FIX)
+        seconds = cost_of(n, curve, index, knot) + fixed_s
+        r = tokens / seconds
         hist[H_RATE, j] = r
         if r > best:
             best = r
             best_bin = int64(j)
+        v = tokens - fmul(lam, seconds)
+        if v > net:
+            net = v
+            net_bin = int64(j)
     if tol > 0.0 and base > 1 and best_bin < N_BINS:
         # Where the rate is flat near its best (a compute-bound step), the extra tokens buy next to nothing
         # and make the step longer for every row in it and for the prefills that wait for it.
         floor = fmul(1.0 - tol, best)
         if plain >= floor:
-            return plain, int64(N_BINS)
-        for j in range(N_BINS - 1, best_bin, -1):
-            if hist[H_CNT, j] > 0.0 and hist[H_RATE, j] >= floor:
-                return hist[H_RATE, j], int64(j)
+            best, best_bin = plain, int64(N_BINS)
+        else:
+            for j in range(N_BINS - 1, best_bin, -1):
+                if hist[H_CNT, j] > 0.0 and hist[H_RATE, j] >= floor:
+                    best, best_bin = hist[H_RATE, j], int64(j)
+                    break
+    if lam > 0.0 and net_bin > best_bin:
+        # A step whose own best rate is below the running rate (a short match) drafts only the tokens that
+        # pay at the running rate: a token it skips is drafted at the next step from a longer match.
+        best_bin = net_bin
+        best = plain if net_bin >= N_BINS else hist[H_RATE, net_bin]
     return best, best_bin
 
 
@@ -239,11 +285,11 @@ def count_step(st, rows, neural, tokens):
 
 @njit(cache=True, **NO_NRT)
 def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_max, rowf, bk, probs, ri, hist, st,
-             count, curve, index, knot, tol):
-    """Each row's draft length (ri[2]) and source (ri[0]); see the module doc. Counts the step into ``st``
-    where ``count``. Compiled without reference counting (``core.NO_NRT``: it allocates nothing; every
-    per-row call would pay an incref and a decref per array). Returns (rate, plain rate, neural k, draft
-    tokens). Without the neural drafter
+             count, curve, index, knot, tol, lam):
+    """Each row's draft length (ri[2]) and source (ri[0]); see the module doc, ``lam`` the running rate
+    (:func:`running_rate`). Counts the step into ``st`` where ``count``. Compiled without reference counting
+    (``core.NO_NRT``: it allocates nothing; every per-row call would pay an incref and a decref per array).
+    Returns (rate, plain rate, neural k, draft tokens, the neural drafter's modeled seconds). Without the neural drafter
     (``k_nn == 0``) this is the sequence of calls the device step makes (``saspec.device.policy_kernel``)."""
     rows = match.shape[0]
     src, alt, lengths = ri[0], ri[1], ri[2]
@@ -253,10 +299,10 @@ def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_ma
         lengths[b] = row_probs_row(b, b, match[b], offered[b], branched[b], rowf, bk[4], k_max, probs, hist)
         src[b] = AUTOMATON if lengths[b] > 0 else NONE
     plain = rows / cost_of(rows, curve, index, knot)
-    best, best_bin = best_threshold(probs, k_max, src, q_nn, 0, rows, 0.0, curve, index, knot, hist, tol)
+    best, best_bin = best_threshold(probs, k_max, src, q_nn, 0, rows, 0.0, curve, index, knot, hist, tol, lam)
     best_k = 0
+    one = cost_of(rows, curve, index, knot)
     if k_nn > 0:  # the neural drafter at each of its lengths, for the rows it drafts better than the automaton
-        one = cost_of(rows, curve, index, knot)
         for kk in range(1, k_nn + 1):
             e_nn = 0.0
             p = 1.0
@@ -272,7 +318,7 @@ def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_ma
             if not any_nn:
                 continue
             fixed_s = nn_fwd * (nn_catch + (kk - 1) * one)
-            r, bn = best_threshold(probs, k_max, alt, q_nn, kk, rows, fixed_s, curve, index, knot, hist, tol)
+            r, bn = best_threshold(probs, k_max, alt, q_nn, kk, rows, fixed_s, curve, index, knot, hist, tol, lam)
             if r > best:
                 best, best_bin, best_k = r, bn, kk
         if best_k > 0:
@@ -305,4 +351,5 @@ def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_ma
             count_row(st, src[b], d)
     if count:
         count_step(st, rows, best_k > 0, tokens)
-    return best, plain, best_k, tokens
+    neural_s = nn_fwd * (nn_catch + (best_k - 1) * one) if best_k > 0 else 0.0
+    return best, plain, best_k, tokens, neural_s

@@ -12,7 +12,7 @@ from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator f
 from numba import njit
 
 from .acceptance import N_BUCKETS, bucket_priors, estimate, keep_offer, match_bucket, score, score_kept
-from .allocation import HIST_ROWS, N_BINS, STATS, allocate
+from .allocation import HIST_ROWS, N_BINS, STATS, allocate, running_rate, update_rate
 from .core import NO_NRT
 from .policy_settings import Decision, PolicySettings, check_settings, engine_cost, env_log
 from .step_cost import StepCost, cost_arrays, observe_cost
@@ -27,7 +27,9 @@ from .validate import check_count, check_int, check_timing
 #          the second third: a branched match's first token; the last: tokens beyond the match's length
 #   probs  float64 [rows, k_max + 1]: the row's cumulative acceptance chances, and its expected tokens (scratch)
 #   hist   float64 [HIST_ROWS, N_BINS]: the histogram (saspec.allocation's H_* rows; scratch)
-#   par    float64 [4]: DraftPolicy.step's settings: row_memory, prior_weight, step_tolerance, the cost's quantile
+#   par    float64 [5]: DraftPolicy.step's settings: row_memory, prior_weight, step_tolerance, the cost's quantile,
+#          rate_memory
+#   rate   float64 [3]: the running rate's sums and the last step's modeled seconds (allocation.running_rate)
 #   ri     int32 [3, rows]: each row's source, a trial source (scratch) and draft length (at first: its candidates)
 #   prev   int32 [rows, k_max + 3]: for DraftPolicy.step, each row's last match, offer, branched and offered draft
 #   unbr   int32 [rows]: zeros, ``branched`` where the caller gives none
@@ -35,9 +37,10 @@ from .validate import check_count, check_int, check_timing
 #   last   int64 [2]: the rows and the tokens (rows plus draft tokens) of the last step
 #   pari   int64 [1]: the cost's max_age (for DraftPolicy.step)
 #: The arrays' order in DraftPolicy's state, by which _step finds them.
-_SLABS = ("rowf", "bk", "probs", "hist", "par", "ri", "prev", "unbr", "st", "last", "pari")
-_ROWF, _BK, _PROBS, _HIST, _PAR, _RI, _PREV, _UNBR, _STC, _LAST, _PARI = range(len(_SLABS))
+_SLABS = ("rowf", "bk", "probs", "hist", "par", "rate", "ri", "prev", "unbr", "st", "last", "pari")
+_ROWF, _BK, _PROBS, _HIST, _PAR, _RATE, _RI, _PREV, _UNBR, _STC, _LAST, _PARI = range(len(_SLABS))
 _DTYPES = {"rowf": np.float64, "bk": np.float64, "probs": np.float64, "hist": np.float64, "par": np.float64,
+           "rate": np.float64,
            "ri": np.int32, "prev": np.int32, "unbr": np.int32, "st": np.int64, "last": np.int64, "pari": np.int64}
 _ST = {name: i for i, name in enumerate(STATS)}
 
@@ -121,7 +124,7 @@ def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, sam
     call of the policy's functions would otherwise pay per array. Returns (rate, plain rate)."""
     rowf, bk, probs, hist = _f64(state, _ROWF), _f64(state, _BK), _f64(state, _PROBS), _f64(state, _HIST)
     ri, prev, st, last = _i32(state, _RI), _i32(state, _PREV), _i64(state, _STC), _i64(state, _LAST)
-    par = _f64(state, _PAR)
+    par, rate = _f64(state, _PAR), _f64(state, _RATE)[:, 0]
     decay, w, tol, q, max_age = par[0, 0], par[1, 0], par[2, 0], par[3, 0], _i64(state, _PARI)[0]
     curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr = cost_arrays(cf, ci)
     b = match.shape[0]
@@ -140,18 +143,25 @@ def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, sam
         else:
             st[10] += 1
         _score_kept(prev, new, lens, rowf, bk, decay, w)
-    rate, plain, _, tokens = allocate(match, offered, br, no_nn, 0.0, 0, 0.0, 0.0, k, rowf, bk, probs, ri,
-                                       hist, st, True, curve, index, knot, tol)
+        update_rate(rate, lens, b, par[4, 0], last[1], curve, index, knot)
+    best, plain, _, tokens, rate[2] = allocate(match, offered, br, no_nn, 0.0, 0, 0.0, 0.0, k, rowf, bk, probs,
+                                                ri, hist, st, True, curve, index, knot, tol, running_rate(rate))
     _keep_offers(prev, match, offered, br, drafts, min(drafts.shape[1], k))
     last[0] = b
     last[1] = b + tokens
-    return rate, plain
+    return best, plain
 
 
 @njit(cache=True, **NO_NRT)
 def _score(match, offered, branched, drafts, new, lens, rowf, bk, decay, w):
     """:func:`saspec.acceptance.score`, compiled for DraftPolicy.observe."""
     score(match, offered, branched, drafts, new, lens, rowf, bk, decay, w)
+
+
+@njit(cache=True, **NO_NRT)
+def _update_rate(rate, new_lens, rows, memory, tokens, curve, index, knot):
+    """:func:`saspec.allocation.update_rate`, compiled for DraftPolicy.observe."""
+    update_rate(rate, new_lens, rows, memory, tokens, curve, index, knot)
 
 
 @njit(cache=True, **NO_NRT)
@@ -205,6 +215,7 @@ class DraftPolicy:
         v = check_settings(s)
         self.prior_weight, self.neural_prior = v["prior_weight"], v["neural_prior"]
         self.neural_cost, self.step_tolerance = v["neural_cost"], v["step_tolerance"]
+        self.rate_memory = v["rate_memory"]
         if not callable(clock):
             raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
         if log is not None and not callable(log):
@@ -259,6 +270,13 @@ class DraftPolicy:
         return dict(zip(STATS, self._st.tolist()))
 
     @property
+    def running_rate(self) -> float:
+        """The tokens a second the rows have emitted of late, at the seconds the cost model gave each step
+        (decayed by ``settings.rate_memory`` a step); 0 before a step is scored or where ``rate_memory`` is 0.
+        A step drafts no token whose chance does not pay its cost at this rate (see :mod:`saspec.policy`)."""
+        return float(running_rate(self._rate)) if self.rate_memory > 0.0 else 0.0
+
+    @property
     def last_tokens(self) -> int:
         """The draft tokens the last :meth:`decide` or :meth:`step` chose."""
         return int(self._last[1] - self._last[0])
@@ -268,17 +286,17 @@ class DraftPolicy:
             return
         cap = max(rows, 2 * self._cap)
         shapes = {"rowf": (3, cap), "bk": (5, 3 * N_BUCKETS), "probs": (cap, self.k_max + 1),
-                  "hist": (HIST_ROWS, N_BINS), "par": (4,), "ri": (3, cap), "prev": (cap, self.k_max + 3),
+                  "hist": (HIST_ROWS, N_BINS), "par": (5,), "rate": (3,), "ri": (3, cap), "prev": (cap, self.k_max + 3),
                   "unbr": (cap,), "st": (len(STATS),), "last": (2,), "pari": (1,)}
         self._state, v = _make_state(shapes)
         v["rowf"][0] = 1.0
         if self._cap:  # the evidence moves to the new buffers
             v["rowf"][:, : self._cap] = self._rowf
-            for name in ("bk", "st", "last"):
+            for name in ("bk", "st", "last", "rate"):
                 v[name][:] = getattr(self, "_" + name)
         self._rowf, self._bk, self._probs, self._hist = v["rowf"], v["bk"], v["probs"], v["hist"]
         self._ri, self._prev, self._st, self._last = v["ri"], v["prev"], v["st"], v["last"]
-        self._par, self._pari = v["par"], v["pari"]
+        self._par, self._pari, self._rate = v["par"], v["pari"], v["rate"]
         self.p_bucket = self._bk[3]
         self._nn_ok = np.zeros(cap, np.bool_)
         self._unbranched = v["unbr"]  # ``branched`` where the caller gives none
@@ -387,11 +405,12 @@ class DraftPolicy:
             if not self.catchup_sunk:
                 catch = self.cost.seconds(max(int(neural_behind), 1)) * min(max(float(catchup_share), 0.0), 1.0)
         c = self.cost
-        rate, plain, nk, tokens = allocate(match_len, offered, branched, nn_ok, q_nn, int(neural_k), ratio, catch,
-                                            self.k_max, rowf, self._bk, probs, ri, self._hist, self._st, bool(count),
-                                            *c.arrays()[:3], self.step_tolerance)
+        rate, plain, nk, tokens, seconds = allocate(
+            match_len, offered, branched, nn_ok, q_nn, int(neural_k), ratio, catch, self.k_max, rowf, self._bk, probs,
+            ri, self._hist, self._st, bool(count), *c.arrays()[:3], self.step_tolerance, self.running_rate)
         if count:
             self._last[:] = (b, b + tokens)
+            self._rate[2] = seconds
             self.neural_k = int(nk)
             if self.log is not None:
                 self.log(Decision(int(self._st[0]), lengths.copy(), src.copy(), float(rate), float(plain), int(nk)))
@@ -435,7 +454,8 @@ class DraftPolicy:
         tail = self._step_tail
         if tail is None or tail[0] is not self._state or tail[1] is not self.cost:  # kept while they stay
             c = self.cost
-            self._par[:] = (self.settings.row_memory, self.prior_weight, self.step_tolerance, c.quantile)
+            self._par[:] = (self.settings.row_memory, self.prior_weight, self.step_tolerance, c.quantile,
+                            self.rate_memory)
             self._pari[0] = c.max_age
             tail = self._step_tail = (self._state, c, (self._state, *c.slabs()))
         if branched is not None and not (type(branched) is np.ndarray and branched.dtype == np.int32
@@ -495,6 +515,7 @@ class DraftPolicy:
             raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
         _score(match_len, offered, self._branched(branched, b), drafts, new, new_lens, self._batch(b)[1], self._bk,
                self.settings.row_memory, self.prior_weight)
+        _update_rate(self._rate, np.asarray(new_lens), b, self.rate_memory, int(self._last[1]), *self.cost.arrays()[:3])
 
     def _branched(self, branched: Any, b: int) -> np.ndarray:
         """``branched`` as int32 [b] (zeros where None); raises ``ValueError`` naming a wrong shape."""

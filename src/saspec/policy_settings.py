@@ -90,6 +90,9 @@ class PolicySettings:
             tokens per second are within this share of the best, in [0, 0.5) (0: the best): where the
             rate is flat (verification compute-bound) longer steps buy next to nothing and delay every
             row and any prefill that waits for them.
+        rate_memory: per step, how much of the running rate's tokens and seconds is kept, in [0, 1) (0:
+            none): a step drafts no token whose chance does not pay its cost at the tokens a second the
+            rows have emitted of late (see :mod:`saspec.policy`).
         cost_shape: the cost curve's prior shape (see :class:`StepCost`) where no profile is given.
         window, max_age, quantile: the cost model's refresh rule (see :class:`StepCost`).
     """
@@ -100,6 +103,7 @@ class PolicySettings:
     neural_memory: float = 0.995
     row_memory: float = 0.9
     step_tolerance: float = 0.02
+    rate_memory: float = 0.999
     cost_shape: Any = field(default=None)
     window: int = 16
     max_age: int = 64
@@ -108,7 +112,7 @@ class PolicySettings:
 
 def check_settings(settings: PolicySettings) -> dict[str, float]:
     """The numbers of ``settings`` a policy uses, checked: ``prior_weight``, ``neural_prior``, ``neural_cost``,
-    ``step_tolerance``, ``neural_memory`` and ``row_memory`` (as floats).
+    ``step_tolerance``, ``neural_memory``, ``row_memory`` and ``rate_memory`` (as floats).
 
     Raises:
         ValueError: one out of range (named in the message).
@@ -120,6 +124,7 @@ def check_settings(settings: PolicySettings) -> dict[str, float]:
            "step_tolerance": check_prob(s.step_tolerance, "step_tolerance", open_top=True)}
     if out["step_tolerance"] >= 0.5:
         raise ValueError(f"step_tolerance must be in [0, 0.5), got {s.step_tolerance!r}")
+    out["rate_memory"] = check_prob(s.rate_memory, "rate_memory", open_top=True)
     for name in ("neural_memory", "row_memory"):
         v = out[name] = check_prob(getattr(s, name), name)
         if v == 0.0:

@@ -73,7 +73,7 @@ def run_episode(seed: int, steps: int) -> dict:
     free = list(range(n_slots))
     next_id = 0
     last_ids: list[int] | None = None
-    seen = dict.fromkeys(["scored", "not_same", "finished", "replaced", "drafted", "none", "uploads"], 0)
+    seen = dict.fromkeys(["scored", "not_same", "finished", "replaced", "drafted", "none", "uploads", "running_rate"], 0)
     for step in range(steps):
         if free and (not slot_of or rng.random() < 0.25):  # arrivals
             for _ in range(int(rng.integers(1, 3))):
@@ -125,6 +125,8 @@ def run_episode(seed: int, steps: int) -> dict:
         for row, rid in enumerate(ids):
             assert q_of(p_bucket, dev.evidence(slot_of[rid])[0]) == host.q_automaton(5, row), (seed, step, row)
         assert dev.stats == host.stats, (seed, step)
+        assert dev.running_rate == host.running_rate, (seed, step)
+        seen["running_rate"] += int(host.running_rate > 0.0)
         seen["scored" if same else "not_same"] += 1
         seen["drafted"] += int((got_src == AUTOMATON).sum())
         seen["none"] += int((got_src == NONE).sum())

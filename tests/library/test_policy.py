@@ -264,7 +264,8 @@ def test_a_step_timed_at_zero_or_nan_seconds_is_ignored():
                                          ("neural_prior", math.nan), ("neural_prior", 1.0), ("neural_prior", -0.1),
                                          ("neural_cost", math.inf), ("neural_memory", 0.0), ("row_memory", 1.5),
                                          ("window", 0), ("max_age", 0), ("quantile", 0.9), ("prior_weight", True),
-                                         ("step_tolerance", 0.5), ("step_tolerance", -0.01), ("step_tolerance", "x")])
+                                         ("step_tolerance", 0.5), ("step_tolerance", -0.01), ("step_tolerance", "x"),
+                                         ("rate_memory", 1.0), ("rate_memory", -0.1), ("rate_memory", math.nan)])
 def test_invalid_settings_are_rejected(field, value):
     with pytest.raises(ValueError, match=field):
         DraftPolicy(K, settings=PolicySettings(**{field: value}))
@@ -367,8 +368,9 @@ def test_two_slow_timings_of_a_short_draft_do_not_lock_drafting_out():
         slow_left -= slow
         seconds = (1.0 + 0.01 * (1 + last)) * (10.0 if slow else 1.0)
         new = drafts + 100 if step <= 20 else drafts  # a 1-token match whose drafts miss, then a long copy
+        emitted = 1 if step <= 20 else last + 1
         lengths = policy.step(np.array([1 if step < 20 else 40], np.int32), np.array([8], np.int32), drafts, new,
-                              np.array([last + 1], np.int32), seconds, step > 0)
+                              np.array([emitted], np.int32), seconds, step > 0)
         last = int(lengths[0])
         chosen.append(last)
     assert slow_left == 0  # both slow timings were taken
@@ -485,6 +487,51 @@ def test_each_row_takes_the_prefix_of_its_chances_above_one_threshold(k_max):
         low = min(bins[r][lengths[r] - 1] for r in drafted)
         left = [bins[r][lengths[r]] for r in range(b) if lengths[r] < len(bins[r])]
         assert not left or max(left) < low, step
+
+
+def test_a_step_below_the_running_rate_drafts_only_what_pays_at_it():
+    """Two policies see the same offers, tokens and (fixed) cost; one keeps a running rate. Each step its rows
+    draft no more than the other's, the running rate is the decayed tokens over the decayed modelled seconds of
+    the steps it chose, and where the choices differ its step earns more tokens less the running rate times
+    the seconds; at short matches (a low step rate) it leaves out deep tokens of small chance."""
+    rng = np.random.default_rng(3)
+    cost = lambda: StepCost(linear(6.0, 1.0), max_tokens=8 * (K + 1))  # noqa: E731
+    with_rate = DraftPolicy(K, cost=cost())
+    without = DraftPolicy(K, cost=cost(), settings=PolicySettings(rate_memory=0.0))
+    g = PolicySettings().rate_memory
+    tok_sum = sec_sum = last_seconds = 0.0
+    b, short_steps = 4, 0
+    for step in range(300):
+        long_copy = step % 50 < 25  # a stretch of long copies, then one of short matches
+        match = (rng.integers(40, 200, b) if long_copy else rng.integers(1, 4, b)).astype(np.int32)
+        offered = np.full(b, K, np.int32)
+        drafts = rng.integers(0, 3, (b, K)).astype(np.int32)
+        new = drafts.copy()
+        new[rng.random((b, K)) < (0.02 if long_copy else 0.5)] += 1
+        lens = rng.integers(1, K + 2, b).astype(np.int32) if long_copy else np.ones(b, np.int32)
+        got = with_rate.step(match, offered, drafts, new, lens, 0.0, True).copy()
+        base = without.step(match, offered, drafts, new, lens, 0.0, True).copy()
+        lam = with_rate.running_rate  # the step's own: it adds the last step before it chooses
+        if step > 0:  # the running rate counts the step the last call chose and the tokens it emitted
+            tok_sum, sec_sum = tok_sum * g + lens.sum(), sec_sum * g + last_seconds
+        assert with_rate.running_rate == pytest.approx(tok_sum / sec_sum if sec_sum else 0.0, rel=1e-12)
+        last_seconds = float(with_rate.cost.seconds(b + int(got.sum())))
+        assert np.all(got <= base), step
+        if np.array_equal(got, base):
+            continue
+
+        def net(lengths):
+            tokens = float(b)
+            for r in range(b):
+                p = 1.0
+                for i in range(lengths[r]):
+                    p *= with_rate.q_automaton(match[r] + i, r)
+                    tokens += p
+            return tokens - lam * float(with_rate.cost.seconds(b + int(lengths.sum())))
+        assert net(got) >= net(base) - 1e-9, step
+        short_steps += int(match.max() < 40)
+    assert short_steps >= 5
+    assert without.running_rate == 0.0
 
 
 def test_a_batch_that_outgrows_the_state_keeps_every_count_and_estimate():

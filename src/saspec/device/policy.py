@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..acceptance import N_BUCKETS, bucket_priors, estimate
-from ..allocation import HIST_ROWS, N_BINS, STATS
+from ..allocation import HIST_ROWS, N_BINS, STATS, running_rate
 from ..policy_settings import PolicySettings, check_settings, engine_cost
 from ..step_cost import StepCost
 from ..validate import array_span, check_count
@@ -54,8 +54,8 @@ class DevicePolicy:
         max_rows: the most rows of a step (default ``slots``); ``max_rows * k_max`` below 2**21.
         cost: the engine's host :class:`~saspec.step_cost.StepCost` (default: the ``gpu_like`` prior, or
             ``settings.cost_shape``, up to ``max_rows * (k_max + 1)`` tokens).
-        settings: :class:`~saspec.policy.PolicySettings` (its ``prior_weight``, ``row_memory`` and
-            ``step_tolerance`` are used; default all defaults).
+        settings: :class:`~saspec.policy.PolicySettings` (its ``prior_weight``, ``row_memory``,
+            ``step_tolerance`` and ``rate_memory`` are used; default all defaults).
         device: the torch CUDA device (default torch's current one; unused under the simulator).
 
     Raises:
@@ -76,6 +76,7 @@ class DevicePolicy:
         self.settings = settings if settings is not None else PolicySettings()
         v = check_settings(self.settings)
         self._decay, self._w, self._tol = v["row_memory"], v["prior_weight"], v["step_tolerance"]
+        self._rate_memory = v["rate_memory"]
         if cost is None:
             cost = engine_cost(self.settings, "cuda", self.max_rows * (self.k_max + 1))
         if not isinstance(cost, StepCost):
@@ -92,7 +93,8 @@ class DevicePolicy:
         host = {"rowf": rowf, "prev": np.zeros((self.slots, self.k_max + 3), np.int32), "bk": bk,
                 "probs": np.zeros((self.max_rows, self.k_max + 1)), "hist": np.zeros((HIST_ROWS, N_BINS)),
                 "st": np.zeros(len(STATS), np.int64), "last": np.array([-1, 0, 0, 0], np.int64),
-                "last_slots": np.full(self.max_rows, -1, np.int32), "curve": curve.copy(), "index": index.copy(),
+                "last_slots": np.full(self.max_rows, -1, np.int32), "rate": np.zeros(3), "curve": curve.copy(),
+                "index": index.copy(),
                 "knot": knot.copy()}
         self._uploaded = knot[2].copy()
         self.uploads = 0
@@ -163,7 +165,8 @@ class DevicePolicy:
         self._upload_cost()
         threads = min(max(b, 1), 4) if self._sim else min(256, 32 * max(1, -(-b // 32)))
         views = checked if self._sim else [dev.view(x) for x in checked]
-        dev.launch(decide_kernel, 1, threads, *views, *self._views, self._decay, self._w, self._tol)
+        dev.launch(decide_kernel, 1, threads, *views, *self._views, self._decay, self._w, self._tol,
+                   self._rate_memory)
 
     def _upload_cost(self) -> None:
         """Copy the cost table's corrections to the device where they changed since the last copy."""
@@ -238,6 +241,11 @@ class DevicePolicy:
     def p_bucket(self) -> np.ndarray:
         """float64 [3 * N_BUCKETS]: each match bucket's estimated acceptance (as ``DraftPolicy.p_bucket``)."""
         return self._host("bk")[3]
+
+    @property
+    def running_rate(self) -> float:
+        """The running rate, tokens a second (as ``DraftPolicy.running_rate``; reading it waits for the device)."""
+        return float(running_rate(self._host("rate"))) if self._rate_memory > 0.0 else 0.0
 
     def evidence(self, slot: int) -> tuple[float, float, float]:
         """Slot ``slot``'s own evidence: its odds factor, hits and misses."""

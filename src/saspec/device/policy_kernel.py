@@ -12,7 +12,7 @@ compiles with ``njit`` (``saspec.acceptance``, ``saspec.allocation``,
    (``score_kept``), then every match bucket re-estimated;
 3. each row's cumulative acceptance chances and the step's histogram
    (``row_probs_row``);
-4. the threshold under the step-cost table (``best_threshold``);
+4. the threshold under the step-cost table and the running rate (``update_rate``, ``best_threshold``);
 5. each row's length and source (``automaton_length``), counted, and its
    offer kept for the next step.
 
@@ -33,7 +33,7 @@ from numba import cuda, float64, int32, int64
 
 from ..acceptance import estimate_bucket, keep_offer, score_kept
 from ..allocation import (AUTOMATON, N_BINS, NONE, automaton_length, best_threshold, clear_automaton_hist, count_row,
-                          count_step, row_probs_row)
+                          count_step, row_probs_row, running_rate, update_rate)
 from ..portable import add_at
 from . import portable  # noqa: F401  (the CUDA implementations of the helpers above)
 from . import runtime  # noqa: F401  (saspec's cache locator for the kernel below)
@@ -41,7 +41,7 @@ from . import runtime  # noqa: F401  (saspec's cache locator for the kernel belo
 
 @cuda.jit(cache=True)
 def decide_kernel(match, offered, branched, drafts, new, new_lens, slots, lengths, sources, rowf, prev, bk, probs,
-                  hist, st, last, last_slots, curve, index, knot, decay, w, tol):
+                  hist, st, last, last_slots, rate, curve, index, knot, decay, w, tol, rate_memory):
     """One policy step over ``B = match.shape[0]`` rows; run it with one block (any number of threads).
 
     Rows (int32): match, offered, branched, new_lens, slots, lengths (out), sources (out): [B];
@@ -50,8 +50,9 @@ def decide_kernel(match, offered, branched, drafts, new, new_lens, slots, length
     st int64 [len(STATS)]; last int64 [4]: the last step's rows (-1: none to score) and its tokens, then this
     step's flags (its rows are the last step's; the threshold's bin) in global memory, which every thread of
     the block reads after a ``syncthreads`` (the simulator's shared arrays are not thread-safe to create);
-    last_slots int32 [>= B]. The step-cost table: curve float64 [2, T + 1], index int64 [2, T + 1],
-    knot float64 [4, knots]. decay, w, tol: the settings' row_memory, prior_weight, step_tolerance.
+    last_slots int32 [>= B]; rate float64 [3]: the running rate (``saspec.allocation.running_rate``). The
+    step-cost table: curve float64 [2, T + 1], index int64 [2, T + 1], knot float64 [4, knots]. decay, w, tol,
+    rate_memory: the settings' row_memory, prior_weight, step_tolerance, rate_memory.
     """
     t = cuda.threadIdx.x
     nt = cuda.blockDim.x
@@ -63,6 +64,8 @@ def decide_kernel(match, offered, branched, drafts, new, new_lens, slots, length
         for r in range(rows):
             if last_slots[r] != slots[r]:
                 same = False
+        if same:
+            update_rate(rate, new_lens, rows, rate_memory, last[1], curve, index, knot)
         last[2] = 1 if same else 0
         last[1] = rows
     for j in range(t, N_BINS, nt):
@@ -87,7 +90,8 @@ def decide_kernel(match, offered, branched, drafts, new, new_lens, slots, length
         lengths[r] = d
     cuda.syncthreads()
     if t == 0:
-        _, best_bin = best_threshold(probs, k_max, sources, 0.0, 0, rows, 0.0, curve, index, knot, hist, tol)
+        _, best_bin = best_threshold(probs, k_max, sources, 0.0, 0, rows, 0.0, curve, index, knot, hist, tol,
+                                     running_rate(rate))
         last[3] = best_bin
     cuda.syncthreads()
     width = min(drafts.shape[1], k_max)
@@ -115,5 +119,5 @@ _F2 = float64[:, ::1]
 #: The kernel's signature as launched (``tests/library/test_device_policy.py`` compiles it to PTX with it).
 SIGNATURES: dict[str, tuple] = {
     "decide_kernel": (_I1, _I1, _I1, _I2, _I2, _I1, _I1, _I1, _I1, _F2, _I2, _F2, _F2, _F2, int64[::1], int64[::1],
-                      _I1, _F2, int64[:, ::1], _F2, float64, float64, float64),
+                      _I1, float64[::1], _F2, int64[:, ::1], _F2, float64, float64, float64, float64),
 }

@@ -118,30 +118,38 @@ def row_probs_row(b, s, match, offered, branched, rowf, odds_bucket, k_max, prob
 
 
 @register_jitable
-def running_rate(rate):
-    """The running rate (tokens a second) of ``rate`` (float64 [3]: the decayed sums of the tokens the rows
-    emitted and of the seconds the model gives the steps chosen, and the last step's modeled seconds apart
-    from its target forward: the neural drafter's); 0 before any step. A step's own best rate falls short of it
-    at a short match (prose), where the tokens it would draft deep are drafted at the next step from a longer
-    match anyway."""
-    if rate[1] > 0.0:
-        return rate[0] / rate[1]
-    return 0.0
+def running_rate(rate, curve, index, knot):
+    """The running rate (tokens a second) of ``rate`` (float64 [5]: the decayed sums of the tokens the rows
+    emitted, of the tokens the steps verified, of the steps, and of the neural drafter's modeled seconds; then
+    the last step's neural seconds), its steps priced at the step-cost table as it stands now (at their mean
+    size: a table that is still learning its scale prices every past step anew); 0 before any step. A step's
+    own best rate falls short of it at a short match (prose), where the tokens it would draft deep are drafted
+    at the next step from a longer match anyway."""
+    if rate[2] <= 0.0:
+        return 0.0
+    size = max(int64(rate[1] / rate[2] + 0.5), int64(1))
+    seconds = fmul(rate[2], cost_of(size, curve, index, knot)) + rate[3]
+    if seconds <= 0.0:
+        return 0.0
+    return rate[0] / seconds
 
 
 @register_jitable
-def update_rate(rate, new_lens, rows, memory, tokens, curve, index, knot):
-    """Add the last step to ``rate`` (see :func:`running_rate`), after decaying both sums by ``memory``: the
-    tokens its ``rows`` rows emitted (``new_lens``) and its seconds under the step-cost table as it stands
-    (its forward verified ``tokens``; the timing just observed included). Nothing where no step was chosen
-    (``tokens`` 0) or ``memory`` is 0."""
+def update_rate(rate, new_lens, rows, memory, tokens):
+    """Add the last step to ``rate`` (see :func:`running_rate`), after decaying its sums by ``memory``: the
+    tokens its ``rows`` rows emitted (``new_lens``; no more than it verified), the ``tokens`` its forward
+    verified, and its neural seconds. Nothing where no step was chosen (``tokens`` 0) or ``memory`` is 0."""
     if tokens <= 0 or memory <= 0.0:
         return
     emitted = 0.0
     for r in range(rows):
         emitted += new_lens[r]
+    # a step emits no more than it verified: tokens that came another way (a caller's own) add no rate
+    emitted = min(emitted, float(tokens))
     rate[0] = fmul(rate[0], memory) + emitted
-    rate[1] = fmul(rate[1], memory) + (cost_of(tokens, curve, index, knot) + rate[2])
+    rate[1] = fmul(rate[1], memory) + float(tokens)
+    rate[2] = fmul(rate[2], memory) + 1.0
+    rate[3] = fmul(rate[3], memory) + rate[4]
 
 
 @register_jitable

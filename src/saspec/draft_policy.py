@@ -29,7 +29,7 @@ from .validate import check_count, check_int, check_timing
 #   hist   float64 [HIST_ROWS, N_BINS]: the histogram (saspec.allocation's H_* rows; scratch)
 #   par    float64 [5]: DraftPolicy.step's settings: row_memory, prior_weight, step_tolerance, the cost's quantile,
 #          rate_memory
-#   rate   float64 [3]: the running rate's sums and the last step's modeled seconds (allocation.running_rate)
+#   rate   float64 [5]: the running rate's sums and the last step's neural seconds (allocation.running_rate)
 #   ri     int32 [3, rows]: each row's source, a trial source (scratch) and draft length (at first: its candidates)
 #   prev   int32 [rows, k_max + 3]: for DraftPolicy.step, each row's last match, offer, branched and offered draft
 #   unbr   int32 [rows]: zeros, ``branched`` where the caller gives none
@@ -143,9 +143,10 @@ def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, sam
         else:
             st[10] += 1
         _score_kept(prev, new, lens, rowf, bk, decay, w)
-        update_rate(rate, lens, b, par[4, 0], last[1], curve, index, knot)
-    best, plain, _, tokens, rate[2] = allocate(match, offered, br, no_nn, 0.0, 0, 0.0, 0.0, k, rowf, bk, probs,
-                                                ri, hist, st, True, curve, index, knot, tol, running_rate(rate))
+        update_rate(rate, lens, b, par[4, 0], last[1])
+    best, plain, _, tokens, rate[4] = allocate(match, offered, br, no_nn, 0.0, 0, 0.0, 0.0, k, rowf, bk, probs,
+                                                ri, hist, st, True, curve, index, knot, tol,
+                                                running_rate(rate, curve, index, knot))
     _keep_offers(prev, match, offered, br, drafts, min(drafts.shape[1], k))
     last[0] = b
     last[1] = b + tokens
@@ -159,9 +160,9 @@ def _score(match, offered, branched, drafts, new, lens, rowf, bk, decay, w):
 
 
 @njit(cache=True, **NO_NRT)
-def _update_rate(rate, new_lens, rows, memory, tokens, curve, index, knot):
+def _update_rate(rate, new_lens, rows, memory, tokens):
     """:func:`saspec.allocation.update_rate`, compiled for DraftPolicy.observe."""
-    update_rate(rate, new_lens, rows, memory, tokens, curve, index, knot)
+    update_rate(rate, new_lens, rows, memory, tokens)
 
 
 @njit(cache=True, **NO_NRT)
@@ -274,7 +275,7 @@ class DraftPolicy:
         """The tokens a second the rows have emitted of late, at the seconds the cost model gave each step
         (decayed by ``settings.rate_memory`` a step); 0 before a step is scored or where ``rate_memory`` is 0.
         A step drafts no token whose chance does not pay its cost at this rate (see :mod:`saspec.policy`)."""
-        return float(running_rate(self._rate)) if self.rate_memory > 0.0 else 0.0
+        return float(running_rate(self._rate, *self.cost.arrays()[:3])) if self.rate_memory > 0.0 else 0.0
 
     @property
     def last_tokens(self) -> int:
@@ -286,7 +287,7 @@ class DraftPolicy:
             return
         cap = max(rows, 2 * self._cap)
         shapes = {"rowf": (3, cap), "bk": (5, 3 * N_BUCKETS), "probs": (cap, self.k_max + 1),
-                  "hist": (HIST_ROWS, N_BINS), "par": (5,), "rate": (3,), "ri": (3, cap), "prev": (cap, self.k_max + 3),
+                  "hist": (HIST_ROWS, N_BINS), "par": (5,), "rate": (5,), "ri": (3, cap), "prev": (cap, self.k_max + 3),
                   "unbr": (cap,), "st": (len(STATS),), "last": (2,), "pari": (1,)}
         self._state, v = _make_state(shapes)
         v["rowf"][0] = 1.0
@@ -410,7 +411,7 @@ class DraftPolicy:
             ri, self._hist, self._st, bool(count), *c.arrays()[:3], self.step_tolerance, self.running_rate)
         if count:
             self._last[:] = (b, b + tokens)
-            self._rate[2] = seconds
+            self._rate[4] = seconds
             self.neural_k = int(nk)
             if self.log is not None:
                 self.log(Decision(int(self._st[0]), lengths.copy(), src.copy(), float(rate), float(plain), int(nk)))
@@ -515,7 +516,7 @@ class DraftPolicy:
             raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
         _score(match_len, offered, self._branched(branched, b), drafts, new, new_lens, self._batch(b)[1], self._bk,
                self.settings.row_memory, self.prior_weight)
-        _update_rate(self._rate, np.asarray(new_lens), b, self.rate_memory, int(self._last[1]), *self.cost.arrays()[:3])
+        _update_rate(self._rate, np.asarray(new_lens), b, self.rate_memory, int(self._last[1]))
 
     def _branched(self, branched: Any, b: int) -> np.ndarray:
         """``branched`` as int32 [b] (zeros where None); raises ``ValueError`` naming a wrong shape."""

@@ -490,32 +490,41 @@ def test_each_row_takes_the_prefix_of_its_chances_above_one_threshold(k_max):
 
 
 def test_a_step_below_the_running_rate_drafts_only_what_pays_at_it():
-    """Two policies see the same offers, tokens and (fixed) cost; one keeps a running rate. Each step its rows
-    draft no more than the other's, the running rate is the decayed tokens over the decayed modelled seconds of
-    the steps it chose, and where the choices differ its step earns more tokens less the running rate times
-    the seconds; at short matches (a low step rate) it leaves out deep tokens of small chance."""
+    """Two policies see the same offers, emitted tokens (a decode of the first policy's drafts) and fixed
+    cost; the first keeps a running rate. Each step its rows draft no more than the other's, the running rate
+    is the decayed tokens emitted over the decayed steps priced at their mean size, and where the choices
+    differ its step earns more tokens less the running rate times the seconds; at short matches (a low step
+    rate) it leaves out deep tokens of small chance."""
     rng = np.random.default_rng(3)
     cost = lambda: StepCost(linear(6.0, 1.0), max_tokens=8 * (K + 1))  # noqa: E731
     with_rate = DraftPolicy(K, cost=cost())
     without = DraftPolicy(K, cost=cost(), settings=PolicySettings(rate_memory=0.0))
     g = PolicySettings().rate_memory
-    tok_sum = sec_sum = last_seconds = 0.0
+    tok_sum = size_sum = steps = 0.0
     b, short_steps = 4, 0
-    for step in range(300):
+    prev = None  # the last step's offers, how far each was right, and the first policy's lengths
+    for step in range(400):
+        new, lens = np.zeros((b, K + 1), np.int32), np.zeros(b, np.int32)
+        if prev is not None:  # what the target emitted: the accepted drafts, then its own token
+            drafts0, run0, got0 = prev
+            for r in range(b):
+                acc = min(got0[r], run0[r])
+                new[r, :acc] = drafts0[r, :acc]
+                new[r, acc] = drafts0[r, acc] if acc < run0[r] else -1
+                lens[r] = acc + 1
         long_copy = step % 50 < 25  # a stretch of long copies, then one of short matches
         match = (rng.integers(40, 200, b) if long_copy else rng.integers(1, 4, b)).astype(np.int32)
-        offered = np.full(b, K, np.int32)
-        drafts = rng.integers(0, 3, (b, K)).astype(np.int32)
-        new = drafts.copy()
-        new[rng.random((b, K)) < (0.02 if long_copy else 0.5)] += 1
-        lens = rng.integers(1, K + 2, b).astype(np.int32) if long_copy else np.ones(b, np.int32)
-        got = with_rate.step(match, offered, drafts, new, lens, 0.0, True).copy()
-        base = without.step(match, offered, drafts, new, lens, 0.0, True).copy()
+        drafts = rng.integers(0, 50, (b, K + 1)).astype(np.int32)
+        run = np.where(rng.random(b) < 0.9, K, rng.integers(0, K, b)) if long_copy else rng.geometric(0.6, b) - 1
+        got = with_rate.step(match, np.full(b, K, np.int32), drafts, new, lens, 0.0, True).copy()
+        base = without.step(match, np.full(b, K, np.int32), drafts, new, lens, 0.0, True).copy()
         lam = with_rate.running_rate  # the step's own: it adds the last step before it chooses
-        if step > 0:  # the running rate counts the step the last call chose and the tokens it emitted
-            tok_sum, sec_sum = tok_sum * g + lens.sum(), sec_sum * g + last_seconds
-        assert with_rate.running_rate == pytest.approx(tok_sum / sec_sum if sec_sum else 0.0, rel=1e-12)
-        last_seconds = float(with_rate.cost.seconds(b + int(got.sum())))
+        if prev is not None:  # the last step's tokens emitted (no more than it verified) and its size
+            size = b + int(prev[2].sum())
+            tok_sum, size_sum, steps = tok_sum * g + min(lens.sum(), size), size_sum * g + size, steps * g + 1
+        want = tok_sum / (steps * float(with_rate.cost.seconds(round(size_sum / steps)))) if steps else 0.0
+        assert lam == pytest.approx(want, rel=1e-12), step
+        prev = (drafts, run, got)
         assert np.all(got <= base), step
         if np.array_equal(got, base):
             continue
@@ -530,8 +539,25 @@ def test_a_step_below_the_running_rate_drafts_only_what_pays_at_it():
             return tokens - lam * float(with_rate.cost.seconds(b + int(lengths.sum())))
         assert net(got) >= net(base) - 1e-9, step
         short_steps += int(match.max() < 40)
-    assert short_steps >= 5
+    assert short_steps >= 20
     assert without.running_rate == 0.0
+
+
+def test_tokens_a_step_did_not_verify_add_nothing_to_the_running_rate():
+    # A caller that hands over more tokens than the step verified (its own tokens, a stream that is not a
+    # decode): counted, ten plain steps of 3 tokens a row would set a rate no draft could reach, and the
+    # policy would never draft again on the long, fully accepted copies that follow.
+    b = 4
+    policy = DraftPolicy(K, cost=StepCost(linear(6.0, 1.0), max_tokens=b * (K + 1)))
+    drafts = np.arange(b * K, dtype=np.int32).reshape(b, K)
+    chosen = []
+    for step in range(60):
+        match = np.full(b, 0 if step < 10 else 40, np.int32)
+        lengths = policy.step(match, np.full(b, K, np.int32), drafts, drafts, np.full(b, 3, np.int32), 0.0, True)
+        chosen.append(int(lengths.sum()))
+        most = b * (K + 1) / float(policy.cost.seconds(b * (K + 1)))  # every token verified, at the largest step
+        assert policy.running_rate <= most + 1e-12
+    assert sum(chosen[:10]) == 0 and min(chosen[12:]) > 0
 
 
 def test_a_batch_that_outgrows_the_state_keeps_every_count_and_estimate():

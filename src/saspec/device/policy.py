@@ -93,7 +93,7 @@ class DevicePolicy:
         host = {"rowf": rowf, "prev": np.zeros((self.slots, self.k_max + 3), np.int32), "bk": bk,
                 "probs": np.zeros((self.max_rows, self.k_max + 1)), "hist": np.zeros((HIST_ROWS, N_BINS)),
                 "st": np.zeros(len(STATS), np.int64), "last": np.array([-1, 0, 0, 0], np.int64),
-                "last_slots": np.full(self.max_rows, -1, np.int32), "rate": np.zeros(3), "curve": curve.copy(),
+                "last_slots": np.full(self.max_rows, -1, np.int32), "rate": np.zeros(5), "curve": curve.copy(),
                 "index": index.copy(),
                 "knot": knot.copy()}
         self._uploaded = knot[2].copy()
@@ -245,7 +245,8 @@ class DevicePolicy:
     @property
     def running_rate(self) -> float:
         """The running rate, tokens a second (as ``DraftPolicy.running_rate``; reading it waits for the device)."""
-        return float(running_rate(self._host("rate"))) if self._rate_memory > 0.0 else 0.0
+        return float(running_rate(self._host("rate"), *(self._host(n) for n in ("curve", "index", "knot")))) \
+            if self._rate_memory > 0.0 else 0.0
 
     def evidence(self, slot: int) -> tuple[float, float, float]:
         """Slot ``slot``'s own evidence: its odds factor, hits and misses."""

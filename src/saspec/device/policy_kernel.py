@@ -50,7 +50,7 @@ def decide_kernel(match, offered, branched, drafts, new, new_lens, slots, length
     st int64 [len(STATS)]; last int64 [4]: the last step's rows (-1: none to score) and its tokens, then this
     step's flags (its rows are the last step's; the threshold's bin) in global memory, which every thread of
     the block reads after a ``syncthreads`` (the simulator's shared arrays are not thread-safe to create);
-    last_slots int32 [>= B]; rate float64 [3]: the running rate (``saspec.allocation.running_rate``). The
+    last_slots int32 [>= B]; rate float64 [5]: the running rate (``saspec.allocation.running_rate``). The
     step-cost table: curve float64 [2, T + 1], index int64 [2, T + 1], knot float64 [4, knots]. decay, w, tol,
     rate_memory: the settings' row_memory, prior_weight, step_tolerance, rate_memory.
     """
@@ -65,7 +65,7 @@ def decide_kernel(match, offered, branched, drafts, new, new_lens, slots, length
             if last_slots[r] != slots[r]:
                 same = False
         if same:
-            update_rate(rate, new_lens, rows, rate_memory, last[1], curve, index, knot)
+            update_rate(rate, new_lens, rows, rate_memory, last[1])
         last[2] = 1 if same else 0
         last[1] = rows
     for j in range(t, N_BINS, nt):
@@ -91,7 +91,7 @@ def decide_kernel(match, offered, branched, drafts, new, new_lens, slots, length
     cuda.syncthreads()
     if t == 0:
         _, best_bin = best_threshold(probs, k_max, sources, 0.0, 0, rows, 0.0, curve, index, knot, hist, tol,
-                                     running_rate(rate))
+                                     running_rate(rate, curve, index, knot))
         last[3] = best_bin
     cuda.syncthreads()
     width = min(drafts.shape[1], k_max)

@@ -158,8 +158,9 @@ def best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, k
     candidate tokens (automaton rows: probs; neural rows (src == 2): q_nn ** (i + 1), i < k_nn); bin N_BINS
     means no draft. With more than one row and ``tol > 0``, the highest threshold (the fewest tokens) whose
     rate is within ``tol`` of the best. With a running rate ``lam > 0`` (tokens a second), no lower threshold
-    than the one that earns the most tokens less ``lam`` times the step's seconds (see
-    :func:`running_rate`). Without neural rows (``k_nn == 0``) the automaton histogram of
+    than the one that earns the most tokens less ``lam`` times the step's seconds (see :func:`running_rate`);
+    the bin without it comes third (rows keep its tokens within their match: :func:`row_length`). Without
+    neural rows (``k_nn == 0``) the automaton histogram of
     :func:`row_probs_row` is the histogram (every row with candidates has src 1 then) and neither ``probs``
     nor ``src`` is read."""
     for j in range(N_BINS):
@@ -243,12 +244,13 @@ def best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, k
                 if hist[H_CNT, j] > 0.0 and hist[H_RATE, j] >= floor:
                     best, best_bin = hist[H_RATE, j], int64(j)
                     break
+    floor_bin = best_bin
     if lam > 0.0 and net_bin > best_bin:
         # A step whose own best rate is below the running rate (a short match) drafts only the tokens that
         # pay at the running rate: a token it skips is drafted at the next step from a longer match.
         best_bin = net_bin
         best = plain if net_bin >= N_BINS else hist[H_RATE, net_bin]
-    return best, best_bin
+    return best, best_bin, floor_bin
 
 
 @host_inline
@@ -266,6 +268,18 @@ def automaton_length(probs, b, cands, best_bin):
         else:
             lo = mid + 1
     return lo
+
+
+@host_inline
+def row_length(probs, b, cands, best_bin, floor_bin, match):
+    """Row ``b``'s automaton draft length at the step's bin ``best_bin``, but no shorter than its tokens
+    within its match (``match``) at ``floor_bin``, the bin without the running rate: the running rate cuts
+    only the tokens deeper than the match showed, the ones the next step drafts again from a longer match (a
+    timing that makes a longer step look dear, times a high running rate, cannot stop a copy)."""
+    d = automaton_length(probs, b, cands, best_bin)
+    if floor_bin < best_bin and d < match:
+        d = max(d, min(automaton_length(probs, b, cands, floor_bin), int64(match)))
+    return d
 
 
 @host_inline
@@ -307,7 +321,8 @@ def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_ma
         lengths[b] = row_probs_row(b, b, match[b], offered[b], branched[b], rowf, bk[4], k_max, probs, hist)
         src[b] = AUTOMATON if lengths[b] > 0 else NONE
     plain = rows / cost_of(rows, curve, index, knot)
-    best, best_bin = best_threshold(probs, k_max, src, q_nn, 0, rows, 0.0, curve, index, knot, hist, tol, lam)
+    best, best_bin, floor_bin = best_threshold(probs, k_max, src, q_nn, 0, rows, 0.0, curve, index, knot, hist, tol,
+                                               lam)
     best_k = 0
     one = cost_of(rows, curve, index, knot)
     if k_nn > 0:  # the neural drafter at each of its lengths, for the rows it drafts better than the automaton
@@ -326,9 +341,10 @@ def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_ma
             if not any_nn:
                 continue
             fixed_s = nn_fwd * (nn_catch + (kk - 1) * one)
-            r, bn = best_threshold(probs, k_max, alt, q_nn, kk, rows, fixed_s, curve, index, knot, hist, tol, lam)
+            r, bn, fb = best_threshold(probs, k_max, alt, q_nn, kk, rows, fixed_s, curve, index, knot, hist, tol,
+                                       lam)
             if r > best:
-                best, best_bin, best_k = r, bn, kk
+                best, best_bin, floor_bin, best_k = r, bn, fb, kk
         if best_k > 0:
             e_nn = 0.0
             p = 1.0
@@ -350,7 +366,7 @@ def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_ma
                         break
                     d += 1
         elif src[b] == AUTOMATON:
-            d = automaton_length(probs, b, lengths[b], best_bin)
+            d = row_length(probs, b, lengths[b], best_bin, floor_bin, match[b])
         lengths[b] = d
         if d == 0:
             src[b] = NONE

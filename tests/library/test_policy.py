@@ -494,7 +494,7 @@ def test_a_step_below_the_running_rate_drafts_only_what_pays_at_it():
     cost; the first keeps a running rate. Each step its rows draft no more than the other's, the running rate
     is the decayed tokens emitted over the decayed steps priced at their mean size, and where the choices
     differ its step earns more tokens less the running rate times the seconds; at short matches (a low step
-    rate) it leaves out deep tokens of small chance."""
+    rate) it leaves out deep tokens of small chance, never those within the match."""
     rng = np.random.default_rng(3)
     cost = lambda: StepCost(linear(6.0, 1.0), max_tokens=8 * (K + 1))  # noqa: E731
     with_rate = DraftPolicy(K, cost=cost())
@@ -525,7 +525,8 @@ def test_a_step_below_the_running_rate_drafts_only_what_pays_at_it():
         want = tok_sum / (steps * float(with_rate.cost.seconds(round(size_sum / steps)))) if steps else 0.0
         assert lam == pytest.approx(want, rel=1e-12), step
         prev = (drafts, run, got)
-        assert np.all(got <= base), step
+        # it only cuts: never below the other's tokens within the match
+        assert np.all(got <= base) and np.all(got >= np.minimum(base, match)), step
         if np.array_equal(got, base):
             continue
 
@@ -539,7 +540,7 @@ def test_a_step_below_the_running_rate_drafts_only_what_pays_at_it():
             return tokens - lam * float(with_rate.cost.seconds(b + int(lengths.sum())))
         assert net(got) >= net(base) - 1e-9, step
         short_steps += int(match.max() < 40)
-    assert short_steps >= 20
+    assert short_steps >= 2
     assert without.running_rate == 0.0
 
 

@@ -92,7 +92,7 @@ class DevicePolicy:
         curve, index, knot = cost.arrays()[:3]
         host = {"rowf": rowf, "prev": np.zeros((self.slots, self.k_max + 3), np.int32), "bk": bk,
                 "probs": np.zeros((self.max_rows, self.k_max + 1)), "hist": np.zeros((HIST_ROWS, N_BINS)),
-                "st": np.zeros(len(STATS), np.int64), "last": np.array([-1, 0, 0, 0], np.int64),
+                "st": np.zeros(len(STATS), np.int64), "last": np.array([-1, 0, 0, 0, 0], np.int64),
                 "last_slots": np.full(self.max_rows, -1, np.int32), "rate": np.zeros(5), "curve": curve.copy(),
                 "index": index.copy(),
                 "knot": knot.copy()}

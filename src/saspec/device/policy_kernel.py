@@ -32,8 +32,8 @@ from __future__ import annotations
 from numba import cuda, float64, int32, int64
 
 from ..acceptance import estimate_bucket, keep_offer, score_kept
-from ..allocation import (AUTOMATON, N_BINS, NONE, automaton_length, best_threshold, clear_automaton_hist, count_row,
-                          count_step, row_probs_row, running_rate, update_rate)
+from ..allocation import (AUTOMATON, N_BINS, NONE, best_threshold, clear_automaton_hist, count_row, count_step,
+                          row_length, row_probs_row, running_rate, update_rate)
 from ..portable import add_at
 from . import portable  # noqa: F401  (the CUDA implementations of the helpers above)
 from . import runtime  # noqa: F401  (saspec's cache locator for the kernel below)
@@ -47,8 +47,8 @@ def decide_kernel(match, offered, branched, drafts, new, new_lens, slots, length
     Rows (int32): match, offered, branched, new_lens, slots, lengths (out), sources (out): [B];
     drafts [B, >= 1]; new [B, >= 0]. State: rowf float64 [3, slots]; prev int32 [slots, K + 3];
     bk float64 [5, 3 * N_BUCKETS]; probs float64 [>= B, K + 1]; hist float64 [HIST_ROWS, N_BINS];
-    st int64 [len(STATS)]; last int64 [4]: the last step's rows (-1: none to score) and its tokens, then this
-    step's flags (its rows are the last step's; the threshold's bin) in global memory, which every thread of
+    st int64 [len(STATS)]; last int64 [5]: the last step's rows (-1: none to score) and its tokens, then this
+    step's flags (its rows are the last step's; the threshold's bin; the bin without the running rate) in global memory, which every thread of
     the block reads after a ``syncthreads`` (the simulator's shared arrays are not thread-safe to create);
     last_slots int32 [>= B]; rate float64 [5]: the running rate (``saspec.allocation.running_rate``). The
     step-cost table: curve float64 [2, T + 1], index int64 [2, T + 1], knot float64 [4, knots]. decay, w, tol,
@@ -90,14 +90,15 @@ def decide_kernel(match, offered, branched, drafts, new, new_lens, slots, length
         lengths[r] = d
     cuda.syncthreads()
     if t == 0:
-        _, best_bin = best_threshold(probs, k_max, sources, 0.0, 0, rows, 0.0, curve, index, knot, hist, tol,
-                                     running_rate(rate, curve, index, knot))
+        _, best_bin, floor_bin = best_threshold(probs, k_max, sources, 0.0, 0, rows, 0.0, curve, index, knot, hist,
+                                                tol, running_rate(rate, curve, index, knot))
         last[3] = best_bin
+        last[4] = floor_bin
     cuda.syncthreads()
     width = min(drafts.shape[1], k_max)
     for r in range(t, rows, nt):
         s = slots[r]
-        d = automaton_length(probs, r, lengths[r], last[3])
+        d = row_length(probs, r, lengths[r], last[3], last[4], match[r])
         src = AUTOMATON if d > 0 else NONE
         lengths[r] = d
         sources[r] = src

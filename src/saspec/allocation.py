@@ -277,8 +277,10 @@ def row_length(probs, b, cands, best_bin, floor_bin, match):
     only the tokens deeper than the match showed, the ones the next step drafts again from a longer match (a
     timing that makes a longer step look dear, times a high running rate, cannot stop a copy)."""
     d = automaton_length(probs, b, cands, best_bin)
-    if floor_bin < best_bin and d < match:
-        d = max(d, min(automaton_length(probs, b, cands, floor_bin), int64(match)))
+    if floor_bin < best_bin:
+        top = min(int64(cands), int64(match))
+        while d < top and fmul(probs[b, d], N_BINS) >= floor_bin:  # p falls along the row: a prefix
+            d += 1
     return d
 
 

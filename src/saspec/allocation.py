@@ -154,13 +154,13 @@ def update_rate(rate, new_lens, rows, memory, tokens):
 
 @register_jitable
 def best_threshold(probs, k_max, src, q_nn, k_nn, base, fixed_s, curve, index, knot, hist, tol, lam):
-    """The histogram pass over a step of ``base`` rows: (rate, bin) of the best threshold over the rows'
-    candidate tokens (automaton rows: probs; neural rows (src == 2): q_nn ** (i + 1), i < k_nn); bin N_BINS
-    means no draft. With more than one row and ``tol > 0``, the highest threshold (the fewest tokens) whose
-    rate is within ``tol`` of the best. With a running rate ``lam > 0`` (tokens a second), no lower threshold
-    than the one that earns the most tokens less ``lam`` times the step's seconds (see :func:`running_rate`);
-    the bin without it comes third (rows keep its tokens within their match: :func:`row_length`). Without
-    neural rows (``k_nn == 0``) the automaton histogram of
+    """The histogram pass over a step of ``base`` rows: (rate, bin, floor bin) of the best threshold over the
+    rows' candidate tokens (automaton rows: probs; neural rows (src == 2): q_nn ** (i + 1), i < k_nn); bin
+    N_BINS means no draft. With more than one row and ``tol > 0``, the highest threshold (the fewest tokens)
+    whose rate is within ``tol`` of the best. With a running rate ``lam > 0`` (tokens a second), no lower
+    threshold than the one that earns the most tokens less ``lam`` times the step's seconds (see
+    :func:`running_rate`); the floor bin is the one without it (rows keep its tokens within their match:
+    :func:`row_length`). Without neural rows (``k_nn == 0``) the automaton histogram of
     :func:`row_probs_row` is the histogram (every row with candidates has src 1 then) and neither ``probs``
     nor ``src`` is read."""
     for j in range(N_BINS):
@@ -313,8 +313,8 @@ def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_ma
     """Each row's draft length (ri[2]) and source (ri[0]); see the module doc, ``lam`` the running rate
     (:func:`running_rate`). Counts the step into ``st`` where ``count``. Compiled without reference counting
     (``core.NO_NRT``: it allocates nothing; every per-row call would pay an incref and a decref per array).
-    Returns (rate, plain rate, neural k, draft tokens, the neural drafter's modeled seconds). Without the neural drafter
-    (``k_nn == 0``) this is the sequence of calls the device step makes (``saspec.device.policy_kernel``)."""
+    Returns (rate, plain rate, neural k, draft tokens, the neural drafter's modeled seconds). Without the neural
+    drafter (``k_nn == 0``) this is the sequence of calls the device step makes (``saspec.device.policy_kernel``)."""
     rows = match.shape[0]
     src, alt, lengths = ri[0], ri[1], ri[2]
     for j in range(N_BINS):

@@ -160,6 +160,12 @@ def _score(match, offered, branched, drafts, new, lens, rowf, bk, decay, w):
 
 
 @njit(cache=True, **NO_NRT)
+def _running_rate(rate, curve, index, knot):
+    """:func:`saspec.allocation.running_rate`, compiled for DraftPolicy.decide."""
+    return running_rate(rate, curve, index, knot)
+
+
+@njit(cache=True, **NO_NRT)
 def _update_rate(rate, new_lens, rows, memory, tokens):
     """:func:`saspec.allocation.update_rate`, compiled for DraftPolicy.observe."""
     update_rate(rate, new_lens, rows, memory, tokens)
@@ -275,7 +281,7 @@ class DraftPolicy:
         """The tokens a second the rows have emitted of late, at the seconds the cost model gave each step
         (decayed by ``settings.rate_memory`` a step); 0 before a step is scored or where ``rate_memory`` is 0.
         A step drafts no token whose chance does not pay its cost at this rate (see :mod:`saspec.policy`)."""
-        return float(running_rate(self._rate, *self.cost.arrays()[:3])) if self.rate_memory > 0.0 else 0.0
+        return float(_running_rate(self._rate, *self.cost.arrays()[:3])) if self.rate_memory > 0.0 else 0.0
 
     @property
     def last_tokens(self) -> int:

@@ -160,6 +160,7 @@ def test_a_stream_repeats_every_request_once_a_round_in_a_seeded_shuffled_order(
         repeat_stream(0, 4)
     with pytest.raises(ValueError, match="one round"):
         repeat_stream(3, 0)
+    assert repeat_stream(4, 2, seed=3, shuffle=False) == [0, 1, 2, 3, 0, 1, 2, 3]  # --in-order: the run's own
 
 
 def test_plain_decoding_under_a_curve_costs_each_step_what_the_curve_says():

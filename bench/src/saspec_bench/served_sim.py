@@ -21,9 +21,10 @@ the CPU model or the published GPU curve, or any curve file (``--curve``). Each 
   of responses); ``ngram``: vLLM's n-gram proposer (2-5); both at K = ``--peer-k``, where they import (else
   reported absent).
 
-Longer streams: ``--repeat N`` serves the run's requests N times, each round in its own seeded shuffled order,
-every copy a request of its own (the pool and Arctic's global cache hold the earlier rounds' texts); the
-stream's first quarter is also replayed alone on a fresh drafter, as the *cold start* of a fresh server.
+Longer streams: ``--repeat N`` serves the run's requests N times, each round in its own seeded shuffled order
+(``--in-order``: the order the run's client sent them, where prose and code come in stretches), every copy a
+request of its own (the pool and Arctic's global cache hold the earlier rounds' texts); the stream's first quarter
+is also replayed alone on a fresh drafter, as the *cold start* of a fresh server.
 
 What it leaves out: vLLM's own overheads, the request that warms the server, chunked prefills, drafting time.
 Compare drafters here, confirm in a served run.
@@ -81,9 +82,10 @@ def load_run(folder: Path, encode: Callable[[str], list[int]]) -> list[Request]:
     return [(encode(CHAT.format(p)), encode(t + "<|im_end|>")) for p, t in zip(prompts, texts)]
 
 
-def repeat_stream(n: int, repeat: int, seed: int = 0) -> list[int]:
+def repeat_stream(n: int, repeat: int, seed: int = 0, shuffle: bool = True) -> list[int]:
     """The order a stream of ``repeat`` rounds serves ``n`` requests in: each round every request once, in
-    its own shuffled order (seeded: the same ``seed`` gives the same stream).
+    its own shuffled order (seeded: the same ``seed`` gives the same stream), or without ``shuffle`` in the
+    run's own order.
 
     Raises:
         ValueError: ``n`` or ``repeat`` below 1.
@@ -91,7 +93,7 @@ def repeat_stream(n: int, repeat: int, seed: int = 0) -> list[int]:
     if n < 1 or repeat < 1:
         raise ValueError(f"a stream needs at least one request and one round, got {n} requests, {repeat} rounds")
     rng = np.random.default_rng(seed)
-    return [int(i) for _ in range(repeat) for i in rng.permutation(n)]
+    return [int(i) for _ in range(repeat) for i in (rng.permutation(n) if shuffle else range(n))]
 
 
 def cold_part(stream: Sequence[Any], share: float = COLD_SHARE) -> list[Any]:
@@ -217,15 +219,15 @@ def simulate(requests: Sequence[Request], concurrency: int, *, k: int = K, fixed
 
 
 def compare(requests: Sequence[Request], concurrency: int, curve: Curve, drafters: Sequence[str], *,
-            repeat: int = 1, seed: int = 0, peer_k: int = K) -> dict[str, dict[str, Any]]:
-    """Every drafter of ``drafters`` over the stream of ``repeat`` shuffled rounds of ``requests``
-    (:func:`repeat_stream`) under ``curve``, and over its cold start (:func:`cold_part`) alone.
+            repeat: int = 1, seed: int = 0, peer_k: int = K, shuffle: bool = True) -> dict[str, dict[str, Any]]:
+    """Every drafter of ``drafters`` over the stream of ``repeat`` rounds of ``requests`` (shuffled unless
+    not ``shuffle``: :func:`repeat_stream`) under ``curve``, and over its cold start (:func:`cold_part`) alone.
 
     Returns:
         Per drafter ``{"stream": replay result, "cold": replay result}``, or ``{"absent": reason}`` for a peer
         that does not import.
     """
-    stream = [requests[i] for i in repeat_stream(len(requests), repeat, seed)]
+    stream = [requests[i] for i in repeat_stream(len(requests), repeat, seed, shuffle)]
     cold = cold_part(stream)
     have = peers_available()
     out: dict[str, dict[str, Any]] = {}
@@ -313,6 +315,7 @@ def main() -> None:
     ap.add_argument("--drafters", nargs="+", default=list(DRAFTERS))
     ap.add_argument("--repeat", type=int, default=4, help="rounds of the run's requests, each shuffled")
     ap.add_argument("--seed", type=int, default=0, help="the shuffles' seed")
+    ap.add_argument("--in-order", action="store_true", help="each round in the run's own order (no shuffle)")
     ap.add_argument("--peer-k", type=int, default=K, help="K of the peers (Arctic, n-gram)")
     ap.add_argument("--json", type=Path, default=None, help="write every replay's counters here")
     a = ap.parse_args()
@@ -338,7 +341,7 @@ def main() -> None:
             results[run] = {}
             for c in a.concurrency:
                 results[run][c] = compare(requests, c, curve, a.drafters, repeat=a.repeat, seed=a.seed,
-                                          peer_k=a.peer_k)
+                                          peer_k=a.peer_k, shuffle=not a.in_order)
         print(f"[{curve.name} done]", flush=True)
         tables[curve.name] = results
         everything[curve.name] = {"curve": curve.points(), "prior": curve.prior, "source": curve.source,
@@ -346,7 +349,7 @@ def main() -> None:
     print("\n" + "Regimes: " + "; ".join(f"{c.name}: {c.source}, the policy's prior {c.prior}" for c in curves)
           + "\n\n" + table(tables, a.drafters), flush=True)
     if a.json is not None:
-        a.json.write_text(json.dumps({"repeat": a.repeat, "seed": a.seed, "peer_k": a.peer_k,
+        a.json.write_text(json.dumps({"repeat": a.repeat, "seed": a.seed, "in_order": a.in_order, "peer_k": a.peer_k,
                                       "regimes": everything}) + "\n")
 
 

@@ -48,7 +48,8 @@ def decide_kernel(match, offered, branched, drafts, new, new_lens, slots, length
     drafts [B, >= 1]; new [B, >= 0]. State: rowf float64 [3, slots]; prev int32 [slots, K + 3];
     bk float64 [5, 3 * N_BUCKETS]; probs float64 [>= B, K + 1]; hist float64 [HIST_ROWS, N_BINS];
     st int64 [len(STATS)]; last int64 [5]: the last step's rows (-1: none to score) and its tokens, then this
-    step's flags (its rows are the last step's; the threshold's bin; the bin without the running rate) in global memory, which every thread of
+    step's flags (its rows are the last step's; the threshold's bin; the bin without the running rate) in global
+    memory, which every thread of
     the block reads after a ``syncthreads`` (the simulator's shared arrays are not thread-safe to create);
     last_slots int32 [>= B]; rate float64 [5]: the running rate (``saspec.allocation.running_rate``). The
     step-cost table: curve float64 [2, T + 1], index int64 [2, T + 1], knot float64 [4, knots]. decay, w, tol,

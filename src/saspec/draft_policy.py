@@ -40,8 +40,8 @@ from .validate import check_count, check_int, check_timing
 _SLABS = ("rowf", "bk", "probs", "hist", "par", "rate", "ri", "prev", "unbr", "st", "last", "pari")
 _ROWF, _BK, _PROBS, _HIST, _PAR, _RATE, _RI, _PREV, _UNBR, _STC, _LAST, _PARI = range(len(_SLABS))
 _DTYPES = {"rowf": np.float64, "bk": np.float64, "probs": np.float64, "hist": np.float64, "par": np.float64,
-           "rate": np.float64,
-           "ri": np.int32, "prev": np.int32, "unbr": np.int32, "st": np.int64, "last": np.int64, "pari": np.int64}
+           "rate": np.float64, "ri": np.int32, "prev": np.int32, "unbr": np.int32, "st": np.int64, "last": np.int64,
+           "pari": np.int64}
 _ST = {name: i for i, name in enumerate(STATS)}
 
 
@@ -278,9 +278,10 @@ class DraftPolicy:
 
     @property
     def running_rate(self) -> float:
-        """The tokens a second the rows have emitted of late, at the seconds the cost model gave each step
-        (decayed by ``settings.rate_memory`` a step); 0 before a step is scored or where ``rate_memory`` is 0.
-        A step drafts no token whose chance does not pay its cost at this rate (see :mod:`saspec.policy`)."""
+        """The tokens a second the rows have emitted of late (no more than each step verified, over the steps
+        priced at the cost model as it stands; decayed by ``settings.rate_memory`` a step); 0 before a step is
+        scored or where ``rate_memory`` is 0. A step drafts no token deeper than its row's match whose chance
+        does not pay its cost at this rate (see :mod:`saspec.policy`)."""
         return float(_running_rate(self._rate, *self.cost.arrays()[:3])) if self.rate_memory > 0.0 else 0.0
 
     @property

@@ -26,11 +26,13 @@ only where every step looks alike. At a short match (prose) a step's best rate
 is low, so that rule drafts deep tokens of small chance; but a token skipped
 there is drafted at the next step from a longer match, and the step's seconds
 could have earned what the run earns. So the policy keeps a running rate ``lam``
-(tokens the rows emitted per second the cost model gave the steps chosen,
-decayed by ``rate_memory`` a step) and takes no lower threshold than the one
-that maximises ``expected tokens - lam * C(n)``: where the step's own best
-rate is below ``lam`` it drafts only the tokens that pay at ``lam``; where it
-is above, the ratio rule stands.
+(the tokens the rows emitted, no more than each step verified, over the steps
+priced at the cost curve as it stands; both decayed by ``rate_memory`` a step)
+and takes no lower threshold than the one that maximises ``expected tokens -
+lam * C(n)``: where the step's own best rate is below ``lam`` it drafts only the
+tokens that pay at ``lam``, but never fewer than a row's tokens within its
+match (a noisy timing times a high ``lam`` must not stop a copy); where it is
+above, the ratio rule stands.
 
 **The cost model** is :class:`saspec.step_cost.StepCost` (re-exported here): the engine's
 cost curve, profiled up front or a prior shape, corrected online by a rule that no single timing, burst or

@@ -13,7 +13,7 @@ compiles with ``njit`` (``saspec.acceptance``, ``saspec.allocation``,
 3. each row's cumulative acceptance chances and the step's histogram
    (``row_probs_row``);
 4. the threshold under the step-cost table and the running rate (``update_rate``, ``best_threshold``);
-5. each row's length and source (``automaton_length``), counted, and its
+5. each row's length and source (``row_length``), counted, and its
    offer kept for the next step.
 
 One block runs it, its threads striding over the rows, the phases separated
@@ -49,8 +49,8 @@ def decide_kernel(match, offered, branched, drafts, new, new_lens, slots, length
     bk float64 [5, 3 * N_BUCKETS]; probs float64 [>= B, K + 1]; hist float64 [HIST_ROWS, N_BINS];
     st int64 [len(STATS)]; last int64 [5]: the last step's rows (-1: none to score) and its tokens, then this
     step's flags (its rows are the last step's; the threshold's bin; the bin without the running rate) in global
-    memory, which every thread of
-    the block reads after a ``syncthreads`` (the simulator's shared arrays are not thread-safe to create);
+    memory, which every thread of the block reads after a ``syncthreads`` (the simulator's shared arrays are not
+    thread-safe to create);
     last_slots int32 [>= B]; rate float64 [5]: the running rate (``saspec.allocation.running_rate``). The
     step-cost table: curve float64 [2, T + 1], index int64 [2, T + 1], knot float64 [4, knots]. decay, w, tol,
     rate_memory: the settings' row_memory, prior_weight, step_tolerance, rate_memory.

@@ -322,11 +322,11 @@ def allocate(match, offered, branched, nn_ok, q_nn, k_nn, nn_fwd, nn_catch, k_ma
     for b in range(rows):
         lengths[b] = row_probs_row(b, b, match[b], offered[b], branched[b], rowf, bk[4], k_max, probs, hist)
         src[b] = AUTOMATON if lengths[b] > 0 else NONE
-    plain = rows / cost_of(rows, curve, index, knot)
+    one = cost_of(rows, curve, index, knot)
+    plain = rows / one
     best, best_bin, floor_bin = best_threshold(probs, k_max, src, q_nn, 0, rows, 0.0, curve, index, knot, hist, tol,
                                                lam)
     best_k = 0
-    one = cost_of(rows, curve, index, knot)
     if k_nn > 0:  # the neural drafter at each of its lengths, for the rows it drafts better than the automaton
         for kk in range(1, k_nn + 1):
             e_nn = 0.0

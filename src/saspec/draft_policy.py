@@ -523,7 +523,7 @@ class DraftPolicy:
             raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
         _score(match_len, offered, self._branched(branched, b), drafts, new, new_lens, self._batch(b)[1], self._bk,
                self.settings.row_memory, self.prior_weight)
-        _update_rate(self._rate, np.asarray(new_lens), b, self.rate_memory, int(self._last[1]))
+        _update_rate(self._rate, new_lens, b, self.rate_memory, int(self._last[1]))
 
     def _branched(self, branched: Any, b: int) -> np.ndarray:
         """``branched`` as int32 [b] (zeros where None); raises ``ValueError`` naming a wrong shape."""

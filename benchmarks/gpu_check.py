@@ -30,6 +30,9 @@ Sections (each runs even if an earlier one failed; its error is recorded):
              policy's decision, the cut; K=8, 3 accepted tokens per row) captured in one CUDA graph of 16
              steps, us per step at batch 64 and 256 (goal <= 10 us at 256); and
              tests/library/test_device_drafter.py on the device (device step == host Drafter step).
+9. curves    benchmarks/gpu_step_curves.py: step-cost curves of the Qwen2.5-Coder 1.5B and 7B architectures
+             (random weights, bf16, batches 1-64 x 1-33 tokens a row after 1k cached, CUDA graphs), written
+             to $OUT/curves/ as curve files for saspec_bench.served_sim --curve (the replay runs where vLLM is).
 
 Prints a table and writes $OUT/gpu_check.json (and the pytest log) when OUT is
 set. Exit status: 0 all good; 1 something failed or mismatched (printed loudly);
@@ -58,6 +61,7 @@ K = 8
 ACCEPTED = 3
 TARGET_US_AT_256 = 10.0
 TESTS_TIMEOUT_S = 240
+CURVES_TIMEOUT_S = 150
 OUT = os.environ.get("OUT")
 
 RESULTS: dict[str, Any] = {"sections": {}, "errors": [], "mismatches": []}
@@ -230,6 +234,25 @@ def section_tests() -> dict:
         fail("tests", f"pytest exit status {rc}")
     summary = log.strip().splitlines()[-1] if log.strip() else ""
     return {"rc": rc, "summary": summary, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def section_curves() -> dict:
+    out = Path(OUT or "/tmp/saspec-gpu-check", "curves")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step_curves.py"), "--out", str(out)]
+    say("$ " + " ".join(cmd[1:]))
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=CURVES_TIMEOUT_S)
+        rc, log = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc = "timeout"
+        log = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_step_curves.log").write_text(log)
+    say("\n".join(log.strip().splitlines()[-12:]))
+    if rc != 0:
+        fail("curves", f"gpu_step_curves.py exit status {rc}")
+    return {"rc": rc, "files": sorted(p.name for p in out.glob("*.json")), "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def section_graph() -> dict:
@@ -797,6 +820,7 @@ def main() -> int:
         ("overhead", section_overhead),
         ("prepare", section_prepare),
         ("drafter", section_drafter),
+        ("curves", section_curves),
     ):
         run_section(name, fn)
     RESULTS["wall_s"] = round(time.perf_counter() - t0, 1)

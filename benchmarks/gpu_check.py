@@ -203,10 +203,27 @@ def section_env() -> dict:
     return env
 
 
-def section_tests() -> dict:
+def device_test_env() -> dict:
+    """The environment of a pytest run on the real device: SASPEC_TEST_CUDA=device, the repository's src first."""
     env = dict(os.environ, SASPEC_TEST_CUDA="device", PYTHONUNBUFFERED="1")
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def run_logged(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int | str, str]:
+    """Run ``cmd`` from the repository root: its exit status ("timeout" past ``timeout`` seconds) and its
+    stdout and stderr (what it wrote before a timeout)."""
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        return proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout or ""
+        return "timeout", out.decode(errors="replace") if isinstance(out, bytes) else out
+
+
+def section_tests() -> dict:
+    env = device_test_env()
     cmd = [
         sys.executable,
         "-m",
@@ -220,12 +237,7 @@ def section_tests() -> dict:
     ]
     say("$ SASPEC_TEST_CUDA=device " + " ".join(cmd[1:]))
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TESTS_TIMEOUT_S)
-        rc, log = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
-        rc = "timeout"
-        log = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+    rc, log = run_logged(cmd, TESTS_TIMEOUT_S, env)
     if OUT:
         Path(OUT, "gpu_check_pytest.log").write_text(log)
     tail = "\n".join(log.strip().splitlines()[-25:])
@@ -234,25 +246,6 @@ def section_tests() -> dict:
         fail("tests", f"pytest exit status {rc}")
     summary = log.strip().splitlines()[-1] if log.strip() else ""
     return {"rc": rc, "summary": summary, "seconds": round(time.perf_counter() - t0, 1)}
-
-
-def section_curves() -> dict:
-    out = Path(OUT or "/tmp/saspec-gpu-check", "curves")
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step_curves.py"), "--out", str(out)]
-    say("$ " + " ".join(cmd[1:]))
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=CURVES_TIMEOUT_S)
-        rc, log = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
-        rc = "timeout"
-        log = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_step_curves.log").write_text(log)
-    say("\n".join(log.strip().splitlines()[-12:]))
-    if rc != 0:
-        fail("curves", f"gpu_step_curves.py exit status {rc}")
-    return {"rc": rc, "files": sorted(p.name for p in out.glob("*.json")), "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def section_graph() -> dict:
@@ -720,22 +713,31 @@ def section_drafter() -> dict:
             fail("drafter", f"batch {b}: no row matched after the timed steps (workload or kernels wrong)")
         drafter.close()
     out["meets_goal_at_256"] = out["b256"]["graph_us_per_step_median"] <= TARGET_US_AT_256
-    env = dict(os.environ, SASPEC_TEST_CUDA="device", PYTHONUNBUFFERED="1")
-    env.pop("NUMBA_ENABLE_CUDASIM", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = device_test_env()
     cmd = [sys.executable, "-m", "pytest", "tests/library/test_device_drafter.py", "-q", "-p", "no:cacheprovider",
            "-k", "equals_host_step and not 10000"]
     say("$ SASPEC_TEST_CUDA=device " + " ".join(cmd[1:]))
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TESTS_TIMEOUT_S)
-        rc, log = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, log = "timeout", str(e.stdout or "")
+    rc, log = run_logged(cmd, TESTS_TIMEOUT_S, env)
     say("\n".join(log.strip().splitlines()[-10:]))
     if rc != 0:
         fail("drafter", f"device step != host step test: pytest exit status {rc}")
     out["equality_test"] = {"rc": rc, "summary": log.strip().splitlines()[-1] if log.strip() else ""}
     return out
+
+
+def section_curves() -> dict:
+    """benchmarks/gpu_step_curves.py, its curve files and log to $OUT/curves/."""
+    out = Path(OUT or "/tmp/saspec-gpu-check", "curves")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step_curves.py"), "--out", str(out)]
+    say("$ " + " ".join(cmd[1:]))
+    t0 = time.perf_counter()
+    rc, log = run_logged(cmd, CURVES_TIMEOUT_S)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_step_curves.log").write_text(log)
+    say("\n".join(log.strip().splitlines()[-12:]))
+    if rc != 0:
+        fail("curves", f"gpu_step_curves.py exit status {rc}")
+    return {"rc": rc, "files": sorted(p.name for p in out.glob("*.json")), "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def table() -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Step-cost curves of real architectures on a GPU, as curve files the served replay reads.
 
-    python3 benchmarks/gpu_step_curves.py --out DIR               # both models, about a minute on an H100
+    python3 benchmarks/gpu_step_curves.py --out DIR               # both models (gpu_check.py allows 150 s)
     python -m saspec_bench.served_sim RUNS... --curve DIR/qwen2.5-coder-1.5b.json DIR/qwen2.5-coder-7b.json
 
 Each model is ``Qwen2ForCausalLM`` built from the Qwen2.5-Coder 1.5B or 7B configuration with random weights (the
@@ -81,23 +81,28 @@ def step_fn(torch: Any, model: Any, cache: Any, batch: int, tokens: int, context
     return run
 
 
-def time_eager(torch: Any, run: Callable, repeats: int, cuda: bool) -> float:
-    """Median seconds of ``run()`` (CUDA events on a GPU, the wall clock on a CPU), after one warm-up call."""
-    run()
+def median_seconds(torch: Any, fn: Callable, repeats: int, cuda: bool) -> float:
+    """Median seconds of ``repeats`` calls of ``fn`` (CUDA events on a GPU, the wall clock on a CPU)."""
     out = []
     for _ in range(repeats):
         if cuda:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            run()
+            fn()
             b.record()
             b.synchronize()
             out.append(a.elapsed_time(b) / 1e3)
         else:
             t0 = time.perf_counter()
-            run()
+            fn()
             out.append(time.perf_counter() - t0)
     return statistics.median(out)
+
+
+def time_eager(torch: Any, run: Callable, repeats: int, cuda: bool) -> float:
+    """Median seconds of ``run()`` after one warm-up call."""
+    run()
+    return median_seconds(torch, run, repeats, cuda)
 
 
 def time_graph(torch: Any, run: Callable, repeats: int) -> float:
@@ -112,16 +117,7 @@ def time_graph(torch: Any, run: Callable, repeats: int) -> float:
     with torch.cuda.graph(graph):
         run()
     graph.replay()
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
-    del graph
-    return statistics.median(out)
+    return median_seconds(torch, graph.replay, repeats, True)
 
 
 def measure(torch: Any, name: str, device: str, batches: Sequence[int], tokens: Sequence[int], context: int,

@@ -14,6 +14,7 @@ from numba import njit
 from .acceptance import N_BUCKETS, bucket_priors, estimate, keep_offer, match_bucket, score, score_kept
 from .allocation import HIST_ROWS, N_BINS, STATS, allocate, running_rate, update_rate
 from .core import NO_NRT
+from .intrinsics import as_rows
 from .policy_settings import Decision, PolicySettings, check_settings, engine_cost, env_log
 from .step_cost import StepCost, cost_arrays, observe_cost
 from .validate import check_count, check_int, check_timing
@@ -43,6 +44,7 @@ _DTYPES = {"rowf": np.float64, "bk": np.float64, "probs": np.float64, "hist": np
            "rate": np.float64, "ri": np.int32, "prev": np.int32, "unbr": np.int32, "st": np.int64, "last": np.int64,
            "pari": np.int64}
 _ST = {name: i for i, name in enumerate(STATS)}
+_I32 = np.dtype(np.int32)  # dtypes of the builtin types are singletons: ``is`` is the cheap test
 
 
 def _make_state(shapes: dict[str, tuple[int, ...]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -71,29 +73,31 @@ def _make_state(shapes: dict[str, tuple[int, ...]]) -> tuple[np.ndarray, dict[st
     return buf, views
 
 
-@njit(cache=True)
+# The views are inlined into _step, which compiles without reference counting (``core.NO_NRT``): a
+# separately compiled function would hand it a reference it never gives back.
+@njit(cache=True, inline="always")
 def _f64(buf, i):
     """Array ``i`` of DraftPolicy's state, float64, 2-D (``buf``: the state)."""
     o, rows, cols = buf[3 * i], buf[3 * i + 1], buf[3 * i + 2]
-    return buf[o: o + rows * cols].view(np.float64).reshape((rows, cols))
+    return as_rows(buf[o: o + rows * cols].view(np.float64), rows, cols)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _i32(buf, i):
     """Array ``i`` of DraftPolicy's state, int32, 2-D."""
     o, rows, cols = buf[3 * i], buf[3 * i + 1], buf[3 * i + 2]
     n = rows * cols
-    return buf[o: o + (n + 1) // 2].view(np.int32)[:n].reshape((rows, cols))
+    return as_rows(buf[o: o + (n + 1) // 2].view(np.int32)[:n], rows, cols)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _i32_1(buf, i):
     """Array ``i`` of DraftPolicy's state, int32, 1-D."""
     o, n = buf[3 * i], buf[3 * i + 1] * buf[3 * i + 2]
     return buf[o: o + (n + 1) // 2].view(np.int32)[:n]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _i64(buf, i):
     """Array ``i`` of DraftPolicy's state, int64, 1-D."""
     o = buf[3 * i]
@@ -115,19 +119,23 @@ def _keep_offers(prev, match, offered, branched, drafts, width):
         keep_offer(prev, r, match[r], offered[r], branched[r], drafts, r, width)
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_NRT)
 def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, same, state, cf, ci):
     """DraftPolicy.step in one call: the last step's timing (at ``step_tokens`` where > 0, else the rows
     and drafts it chose) and scores where ``same``, then this step's choice (automaton only). The policy's
     state and settings come as its one array (``branched`` None: its zeros), the cost's as its two buffers.
     The loops over the rows run in kernels without reference counting (``core.NO_NRT``), which every per-row
-    call of the policy's functions would otherwise pay per array. Returns (rate, plain rate)."""
+    call of the policy's functions would otherwise pay per array. Returns (the rows agree, rate, plain rate):
+    where an array's rows differ from ``match``'s, nothing is read or changed."""
+    b = match.shape[0]
+    if not (offered.shape[0] == b and drafts.shape[0] == b and new.shape[0] == b and lens.shape[0] == b
+            and (branched is None or branched.shape[0] == b)):
+        return False, 0.0, 0.0
     rowf, bk, probs, hist = _f64(state, _ROWF), _f64(state, _BK), _f64(state, _PROBS), _f64(state, _HIST)
     ri, prev, st, last = _i32(state, _RI), _i32(state, _PREV), _i64(state, _STC), _i64(state, _LAST)
     par, rate = _f64(state, _PAR), _f64(state, _RATE)[:, 0]
     decay, w, tol, q, max_age = par[0, 0], par[1, 0], par[2, 0], par[3, 0], _i64(state, _PARI)[0]
     curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr = cost_arrays(cf, ci)
-    b = match.shape[0]
     if branched is None:
         br = _i32_1(state, _UNBR)[:b]
     else:
@@ -150,7 +158,7 @@ def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, sam
     _keep_offers(prev, match, offered, br, drafts, min(drafts.shape[1], k))
     last[0] = b
     last[1] = b + tokens
-    return best, plain
+    return True, best, plain
 
 
 @njit(cache=True, **NO_NRT)
@@ -452,13 +460,15 @@ class DraftPolicy:
             ValueError: arrays of other shapes.
         """
         b = match_len.shape[0]
-        if not (offered.shape == new_lens.shape == (b,) and drafts.shape[0] == b and new.shape[0] == b):
-            raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
+        if offered.ndim != 1 or new_lens.ndim != 1:  # (the rows of every array: _step, at no cost)
+            raise ValueError(f"offered and new_lens must be 1-D, got {offered.ndim}-D and {new_lens.ndim}-D")
         if type(seconds) is not float:  # a float passes as is (the ABC checks cost more than the call's arrays)
             seconds = check_timing(seconds, "seconds")  # TypeError unless a real number (None, a bool)
         if self._rows is not None and len(self._rows) != b:
             self._rows = None
-        v = self._batch(b)
+        v = self._views
+        if v is None or v[0] != b:
+            v = self._batch(b)
         tail = self._step_tail
         if tail is None or tail[0] is not self._state or tail[1] is not self.cost:  # kept while they stay
             c = self.cost
@@ -466,11 +476,15 @@ class DraftPolicy:
                             self.rate_memory)
             self._pari[0] = c.max_age
             tail = self._step_tail = (self._state, c, (self._state, *c.slabs()))
-        if branched is not None and not (type(branched) is np.ndarray and branched.dtype == np.int32
-                                         and branched.shape == (b,)):
+        if branched is not None and not (type(branched) is np.ndarray and branched.dtype is _I32
+                                         and branched.ndim == 1):
             branched = self._branched(branched, b)
-        rate, plain = _step(match_len, offered, branched, drafts, new, new_lens, seconds, int(step_tokens),
-                            same_rows, *tail[2])
+        rows_agree, rate, plain = _step(match_len, offered, branched, drafts, new, new_lens, seconds,
+                                        int(step_tokens), same_rows, *tail[2])
+        if not rows_agree:
+            if branched is not None and branched.shape != (b,):
+                raise ValueError(f"branched must have shape ({b},), got {branched.shape}")
+            raise ValueError("match_len, offered, drafts, new and new_lens must have the same rows")
         lengths, src = v[5], v[6]
         self.neural_k = 0
         if self.log is not None:

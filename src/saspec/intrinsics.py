@@ -1,9 +1,13 @@
-"""Intrinsics: the two pieces of LLVM the host kernels need and numba lacks.
+"""Intrinsics: the pieces of LLVM the host kernels need and numba lacks.
 
 * ``blob_at(table, slot)``: an int32 array view of one blob, built from an
   address-table entry (see ``extend``) in codegen. ``numba.carray`` would do
   the same but creates a meminfo, which the kernels must not (they compile
   without numba's reference counting, ``core.NO_NRT``).
+* ``as_rows(a, rows, cols)``: a 2-D view of a 1-D contiguous array.
+  numba's ``reshape`` calls a C helper that searches for a no-copy layout
+  (about 20 ns); the slabs (``saspec.slab``) rebuild a dozen such views at
+  every step.
 * ``prefetch(address)`` / ``prefetch_write(address)``: LLVM's
   ``llvm.prefetch`` of one cache line, to read or to write; never faults,
   whatever the address. The look-ahead of ``extend`` issues them.
@@ -14,6 +18,7 @@ from __future__ import annotations
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
+from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
@@ -81,3 +86,26 @@ def blob_at(typingctx, table, slot):
         return out._getvalue()
 
     return blob(table, slot), codegen
+
+
+@intrinsic
+def as_rows(typingctx, a, rows, cols):
+    """The 1-D C-contiguous array ``a`` as a C-contiguous [rows, cols] array (no copy; it shares ``a``'s
+    owner). The caller sees that rows x cols == len(a); nothing here checks it."""
+    if not (isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
+            and isinstance(rows, types.Integer) and isinstance(cols, types.Integer)):
+        return None
+    out_t = types.Array(a.dtype, 2, "C", readonly=not a.mutable)
+
+    def codegen(context, builder, signature, args):
+        src = context.make_array(signature.args[0])(context, builder, args[0])
+        r = context.cast(builder, args[1], signature.args[1], types.intp)
+        c = context.cast(builder, args[2], signature.args[2], types.intp)
+        out = context.make_array(out_t)(context, builder)
+        itemsize = context.get_constant(types.intp, context.get_abi_sizeof(context.get_data_type(a.dtype)))
+        populate_array(out, data=src.data, shape=cgutils.pack_array(builder, [r, c]),
+                       strides=cgutils.pack_array(builder, [builder.mul(c, itemsize), itemsize]),
+                       itemsize=itemsize, meminfo=src.meminfo, parent=src.parent)
+        return impl_ret_borrowed(context, builder, out_t, out._getvalue())
+
+    return out_t(a, rows, cols), codegen

@@ -13,6 +13,8 @@ import numpy as np
 from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator for the kernels below)
 from numba import njit
 
+from .intrinsics import as_rows
+
 
 def slab(specs: dict[str, tuple[type, tuple[int, ...]]]) -> tuple[dict[type, np.ndarray], dict[str, np.ndarray]]:
     """Allocate zeroed arrays ``{name: (dtype, shape)}`` (shapes 1-D or 2-D, dtypes float64, int64 or int32).
@@ -44,16 +46,18 @@ def slab(specs: dict[str, tuple[type, tuple[int, ...]]]) -> tuple[dict[type, np.
     return buffers, views
 
 
-@njit(cache=True)
+# The views are inlined into their kernels: a kernel compiled without reference counting (``core.NO_NRT``)
+# then takes them without the reference a separately compiled function would hand it.
+@njit(cache=True, inline="always")
 def view1(buf, layout, i):
     """Array ``i`` of a slab, 1-D (``buf``: its dtype's buffer; ``layout``: the slab's int64 buffer)."""
     o = layout[3 * i]
     return buf[o: o + layout[3 * i + 1] * layout[3 * i + 2]]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def view2(buf, layout, i):
     """Array ``i`` of a slab, 2-D."""
     o = layout[3 * i]
     rows, cols = layout[3 * i + 1], layout[3 * i + 2]
-    return buf[o: o + rows * cols].reshape((rows, cols))
+    return as_rows(buf[o: o + rows * cols], rows, cols)

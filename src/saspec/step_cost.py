@@ -49,6 +49,7 @@ from . import kernel_cache  # noqa: F401  (first: saspec's numba cache locator f
 from numba import int64, njit
 from numba.extending import register_jitable
 
+from .core import NO_NRT
 from .portable import fmul
 from .slab import slab, view1, view2
 from .validate import check_count, check_timing
@@ -105,7 +106,7 @@ def knots_for(max_tokens: int) -> np.ndarray:
     return np.asarray(out)
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_NRT)
 def _select(vals, n, r):
     """The ``r``-th smallest of ``vals[:n]`` (0-based), reordering them in place: Hoare's quickselect
     (middle pivot), with no allocation."""
@@ -131,7 +132,7 @@ def _select(vals, n, r):
     return vals[r]
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_NRT)
 def _low_quantile(vals, n, q):
     """The ``q`` quantile (nearest rank below) of ``vals[:n]``, reordering them in place."""
     return _select(vals, n, int(q * (n - 1)))
@@ -168,7 +169,7 @@ def cost_of(n, curve, index, knot):
     return fmul(curve[0, n] + extra, fmul(1.0 - w, knot[2, lo]) + fmul(w, knot[2, lo + 1]))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def cost_arrays(cf, ci):
     """StepCost.arrays() from StepCost.slabs(), inside a kernel."""
     return (view2(cf, ci, _CURVE), view2(ci, ci, _INDEX), view2(cf, ci, _KNOT), view2(ci, ci, _KNOT_I),
@@ -176,18 +177,12 @@ def cost_arrays(cf, ci):
             view1(cf, ci, _CTR))
 
 
-@njit(cache=True)
-def _neighbours(knot, scratch, f, k, n_knots, s):
-    """What the knots timed twice lately (``scratch[f + j] >= 2``) other than ``k`` say of knot ``k``'s
-    correction: interpolated between the nearest below and above, flat beyond them (a size near dear ones is
-    dear) but above them no dearer than the line through the two largest; ``s`` (the global scale) where none
-    is."""
-    lo = k - 1
-    while lo >= 0 and scratch[f + lo] < 2:
-        lo -= 1
-    hi = k + 1
-    while hi < n_knots and scratch[f + hi] < 2:
-        hi += 1
+@njit(cache=True, **NO_NRT)
+def _neighbours(knot, k, lo, lo2, hi, n_knots, s):
+    """What the knots timed twice lately other than ``k`` say of knot ``k``'s correction, from the nearest
+    of them below (``lo``, and ``lo2`` below it) and above (``hi``; -1 or ``n_knots`` where there is none):
+    interpolated between the nearest below and above, flat beyond them (a size near dear ones is dear) but
+    above them no dearer than the line through the two largest; ``s`` (the global scale) where none is."""
     if lo >= 0 and hi < n_knots:
         return knot[2, lo] + (knot[2, hi] - knot[2, lo]) * (k - lo) / (hi - lo)
     if hi < n_knots:
@@ -199,9 +194,6 @@ def _neighbours(knot, scratch, f, k, n_knots, s):
     # correction makes every token past them as dear as a token there with its share of the overhead (where
     # the prior shape's fixed part is too small, a knot at a time is all the policy would try); the last chord
     # of a cost curve with an overhead is no flatter than the curve beyond it.
-    lo2 = lo - 1
-    while lo2 >= 0 and scratch[f + lo2] < 2:
-        lo2 -= 1
     if lo2 >= 0:  # a chord that does not rise (a flat stretch, or noise) says nothing of the slope
         c_lo = knot[1, lo] * knot[2, lo]
         slope = (c_lo - knot[1, lo2] * knot[2, lo2]) / (knot[0, lo] - knot[0, lo2])
@@ -210,7 +202,7 @@ def _neighbours(knot, scratch, f, k, n_knots, s):
     return near
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_NRT)
 def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q, ratio, k):
     """Record a timing (``ratio`` at knot ``k``; none where ``k < 0``) and recompute every knot's
     correction (see the module doc)."""
@@ -228,7 +220,8 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
         knot[2, :] = 1.0
         ctr[_SCALE] = 1.0
         return
-    scratch[:m] = scale_buf[:m]
+    for j in range(m):  # (a slice assignment would allocate: the two may overlap, as far as numba knows)
+        scratch[j] = scale_buf[j]
     s = _low_quantile(scratch, m, q)
     ctr[_SCALE] = s
     f = scale_buf.shape[0]  # scratch[f + k]: knot k's fresh timings
@@ -252,15 +245,21 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
         per_token = min(per_token, fastest * knot[1, k] / knot[0, k])
         scratch[f + k] = cnt
     first = -1  # the smallest knot with fresh timings
+    lo, lo2, hi = -1, -1, -1  # the knots timed twice lately nearest below k (two) and above it
     for k in range(n_knots):
         cnt = int(scratch[f + k])
         if cnt > 0 and first < 0:
             first = k
-        near = _neighbours(knot, scratch, f, k, n_knots, s)
+        if hi <= k:  # the next one above k: each knot is passed once over the whole loop
+            hi = k + 1
+            while hi < n_knots and scratch[f + hi] < 2:
+                hi += 1
+        near = _neighbours(knot, k, lo, lo2, hi, n_knots, s)
         if cnt >= 2:  # remembered as a deviation from what the neighbours say, not from the global scale:
             # where the prior shape is wrong, the global scale moves with which sizes were timed lately
             # (a CPU's code edits verify full drafts, its prose one token a step), the neighbours do not
             knot[3, k] = knot[2, k] / near
+            lo2, lo = lo, k
             continue
         # One timing or none: with a pseudo-timing. That is what the neighbours say, times the knot's deviation
         # from them when it was last timed twice (fading, by half in log every 2 max_age steps).
@@ -275,9 +274,9 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
         knot[2, k] = _low_quantile(scratch, cnt + 1, q)
     # A step with more tokens never costs less.
     for k in range(1, n_knots):
-        lo = knot[1, k - 1] * knot[2, k - 1]
-        if knot[1, k] * knot[2, k] < lo:
-            knot[2, k] = lo / knot[1, k]
+        below = knot[1, k - 1] * knot[2, k - 1]
+        if knot[1, k] * knot[2, k] < below:
+            knot[2, k] = below / knot[1, k]
     # Below the smallest fresh knot, sizes not timed lately cost at least their share of that one's seconds
     # (a cost curve with an overhead is concave) and are assumed no dearer, so that a prior shape or a memory
     # that is wrong there (a burst that slowed only those steps) is found out by trying: no lock-in.
@@ -289,7 +288,7 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
                 knot[2, k] = bound
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_NRT)
 def observe_cost(tokens, seconds, curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q):
     """One timed step (see StepCost.observe); returns whether the timing was taken."""
     ctr[_STEP] += 1

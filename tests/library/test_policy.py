@@ -587,12 +587,26 @@ def test_a_batch_that_outgrows_the_state_keeps_every_count_and_estimate():
     assert got.shape == (b,) and p.stats["steps"] == before[0]["steps"] + 1
 
 
-def test_step_rejects_arrays_of_other_rows():
+def test_step_rejects_arrays_of_other_rows_and_changes_nothing():
+    """Each array with rows other than match_len's (the rows are checked inside the jitted step, before it
+    reads or writes anything), and offered or new_lens of another rank."""
     p = DraftPolicy(K)
     m = np.ones(3, np.int32)
-    with pytest.raises(ValueError, match="same rows"):
-        p.step(m, m, np.zeros((2, K), np.int32), np.zeros((3, 2), np.int32), m, 0.1, False)
-    assert p.stats["steps"] == 0
+    good = dict(offered=m, drafts=np.zeros((3, K), np.int32), new=np.zeros((3, K), np.int32), new_lens=m,
+                branched=np.zeros(3, np.int32))
+    p.step(m, good["offered"], good["drafts"], good["new"], good["new_lens"], 0.1, False, good["branched"])
+    before = (p.stats, p.p_bucket.copy(), p.cost.knot_ratio.copy(), p.cost.step, p.last_tokens)
+    bad = [("offered", np.ones(2, np.int32), "same rows"), ("drafts", np.zeros((2, K), np.int32), "same rows"),
+           ("new", np.zeros((4, K), np.int32), "same rows"), ("new_lens", np.ones(2, np.int32), "same rows"),
+           ("branched", np.zeros(2, np.int32), r"branched must have shape \(3,\)"),
+           ("offered", np.ones((3, 1), np.int32), "1-D"), ("new_lens", np.ones((3, 1), np.int32), "1-D")]
+    for name, value, message in bad:
+        args = {**good, name: value}
+        with pytest.raises(ValueError, match=message):
+            p.step(m, args["offered"], args["drafts"], args["new"], args["new_lens"], 0.1, True, args["branched"])
+        assert p.stats == before[0] and np.array_equal(p.p_bucket, before[1]), name
+        assert np.array_equal(p.cost.knot_ratio, before[2]) and p.cost.step == before[3], name
+        assert p.last_tokens == before[4], name
 
 
 def test_a_branched_match_drafts_less_and_its_first_token_is_learnt_apart():

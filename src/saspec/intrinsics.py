@@ -6,8 +6,8 @@
   without numba's reference counting, ``core.NO_NRT``).
 * ``as_rows(a, rows, cols)``: a 2-D view of a 1-D contiguous array.
   numba's ``reshape`` calls a C helper that searches for a no-copy layout
-  (about 20 ns); the slabs (``saspec.slab``) rebuild a dozen such views at
-  every step.
+  at every call, and the policy's step rebuilds a dozen such views of its
+  slabs (``saspec.slab``).
 * ``prefetch(address)`` / ``prefetch_write(address)``: LLVM's
   ``llvm.prefetch`` of one cache line, to read or to write; never faults,
   whatever the address. The look-ahead of ``extend`` issues them.

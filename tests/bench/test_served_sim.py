@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from saspec_bench.served_sim import (CHAT, cold_part, compare, load_run, make_drafter, repeat_stream, replay,
-                                     simulate)
+from saspec_bench.served_sim import (CHAT, cold_part, compare, kind_table, load_kinds, load_run, make_drafter,
+                                     repeat_stream, replay, simulate)
 from saspec.policy import gpu_like
 from saspec_bench.step_curves import CPU, GPU, Curve, load_curve, profile_curve
 
@@ -187,6 +187,32 @@ def test_the_oracle_length_is_never_below_a_fixed_rule_and_verifies_nothing_in_v
         for rule in OWN[1:]:
             for part in ("stream", "cold"):
                 assert res["oracle"][part]["tok_s"] >= res[rule][part]["tok_s"], (rule, part, concurrency)
+
+
+def test_each_request_kind_counts_its_own_decoding_steps(tmp_path):
+    """A copy drafted with K = 32 takes far fewer steps than a text with nothing to copy; the kinds' means
+    add up to the replay's row-steps; the kinds come from dataset.jsonl, in load_run's order."""
+    copies = _copy_requests(2, seed=4)
+    fresh = [([1, 2, 3, 9], list(range(6000, 6040)))]  # an output that repeats nothing: a step per token
+    requests, kinds = copies + fresh + copies, ["code-edit", "code-edit", "free-form", "code-edit", "code-edit"]
+    res = replay(requests, 2, CPU, lambda **kw: make_drafter("K=32", prior="cpu", **kw), kinds=kinds)
+    by_kind = res["rows_by_kind"]
+    assert set(by_kind) == {"code-edit", "free-form"}
+    assert by_kind["free-form"] == 39  # its first token comes with the prefill, then one a step
+    assert 4 * by_kind["code-edit"] + by_kind["free-form"] == res["rows"]
+    assert by_kind["code-edit"] < len(copies[0][1]) / 3
+    assert "rows_by_kind" not in replay(requests, 2, CPU, lambda **kw: make_drafter("plain", prior="cpu", **kw))
+    with pytest.raises(ValueError, match="kinds must name each of the 5 requests, got 4"):
+        replay(requests, 2, CPU, lambda **kw: make_drafter("plain", prior="cpu", **kw), kinds=kinds[:4])
+    res = compare(requests, 2, CPU, ["K=32", "plain"], repeat=2, seed=1, kinds=kinds)
+    per_copy = np.mean([len(o) - 1 for _, o in copies])  # plain: a step per token after the first
+    assert res["plain"]["stream"]["rows_by_kind"] == {"code-edit": pytest.approx(per_copy), "free-form": 39}
+    assert "rows_by_kind" in res["K=32"]["cold"]
+    table = kind_table({"cpu": {"run": {2: res}}}, ["K=32", "plain"])
+    assert "code-edit / free-form" in table and "| run | cpu | 2 |" in table
+    (tmp_path / "dataset.jsonl").write_text("\n".join(json.dumps(d) for d in ({"prompt": "a", "kind": "free-form"},
+                                                                            {"prompt": "b"})))
+    assert load_kinds(tmp_path) == ["free-form", ""]
 
 
 def test_the_replay_is_deterministic_and_the_policy_gets_the_regimes_prior():

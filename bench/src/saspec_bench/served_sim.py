@@ -24,7 +24,9 @@ the CPU model or the published GPU curve, or any curve file (``--curve``). Each 
 Longer streams: ``--repeat N`` serves the run's requests N times, each round in its own seeded shuffled order
 (``--in-order``: the order the run's client sent them, where prose and code come in stretches), every copy a
 request of its own (the pool and Arctic's global cache hold the earlier rounds' texts); the stream's first quarter
-is also replayed alone on a fresh drafter, as the *cold start* of a fresh server.
+is also replayed alone on a fresh drafter, as the *cold start* of a fresh server. ``--by-kind``: also the decoding
+steps a request of each kind took (``dataset.jsonl``'s ``kind``: code edits, free-form questions), which a served
+run's inter-token latencies give too (one a step): where a drafter's time goes, and what the oracle would save.
 
 What it leaves out: vLLM's own overheads, the request that warms the server, chunked prefills, drafting time.
 Compare drafters here, confirm in a served run.
@@ -82,6 +84,17 @@ def load_run(folder: Path, encode: Callable[[str], list[int]]) -> list[Request]:
     return [(encode(CHAT.format(p)), encode(t + "<|im_end|>")) for p, t in zip(prompts, texts)]
 
 
+def load_kinds(folder: Path) -> list[str]:
+    """Each request's kind in a served run (``dataset.jsonl``'s ``kind``: ``code-edit``, ``free-form``, ...;
+    ``""`` where a line has none), in :func:`load_run`'s order.
+
+    Raises:
+        FileNotFoundError: no ``dataset.jsonl`` in ``folder``.
+    """
+    lines = (Path(folder) / "dataset.jsonl").read_text().splitlines()
+    return [str(json.loads(line).get("kind", "")) for line in lines]
+
+
 def repeat_stream(n: int, repeat: int, seed: int = 0, shuffle: bool = True) -> list[int]:
     """The order a stream of ``repeat`` rounds serves ``n`` requests in: each round every request once, in
     its own shuffled order (seeded: the same ``seed`` gives the same stream), or without ``shuffle`` in the
@@ -132,22 +145,25 @@ def make_drafter(name: str, *, clock: Callable[[], float], concurrency: int, max
 
 
 def replay(requests: Sequence[Request], concurrency: int, cost: Callable[[int], float],
-           make: Callable[..., Any], *, k: int = K) -> dict[str, Any]:
+           make: Callable[..., Any], *, k: int = K, kinds: Sequence[str] | None = None) -> dict[str, Any]:
     """Serve ``requests`` in order, ``concurrency`` at a time, request ``i`` of the sequence under id ``i``, with
     the drafter ``make(clock=, concurrency=, max_len=, outputs=)`` builds; a step over ``n`` tokens costs
-    ``cost(n)`` seconds.
+    ``cost(n)`` seconds. ``kinds``: each request's kind (:func:`load_kinds`), or None.
 
     Returns:
         ``seconds`` (modeled), ``tok_s`` (output tokens per second), ``tokens`` (output tokens), ``steps``,
-        ``drafted``, ``accepted`` and ``wasted`` (draft tokens verified in vain), ``rows`` (row-steps decoding)
-        and ``ramp`` (draft tokens verified in each of the first :data:`RAMP_STEPS` steps after the first
-        prefill, all rows together).
+        ``drafted``, ``accepted`` and ``wasted`` (draft tokens verified in vain), ``rows`` (row-steps decoding),
+        ``ramp`` (draft tokens verified in each of the first :data:`RAMP_STEPS` steps after the first
+        prefill, all rows together) and, where ``kinds`` is given, ``rows_by_kind``: the decoding row-steps a
+        request of each kind took, on average (a served run's steps per request: its inter-token latencies).
 
     Raises:
-        ValueError: ``concurrency`` below 1 or no requests.
+        ValueError: ``concurrency`` below 1, no requests, or ``kinds`` of another length.
     """
     if concurrency < 1 or not requests:
         raise ValueError(f"a replay needs concurrency >= 1 and requests, got {concurrency} and {len(requests)}")
+    if kinds is not None and len(kinds) != len(requests):
+        raise ValueError(f"kinds must name each of the {len(requests)} requests, got {len(kinds)}")
     requests = [(np.asarray(p, np.int32), np.asarray(o, np.int32)) for p, o in requests]
     max_len = max(len(p) + len(o) for p, o in requests) + k + 1
     now = [0.0]
@@ -159,6 +175,7 @@ def replay(requests: Sequence[Request], concurrency: int, cost: Callable[[int], 
     n_prompt = np.zeros(concurrency, np.int32)
     steps = drafted = accepted = row_steps = 0
     ramp: list[int] = []
+    own_steps = [0] * len(requests)  # each request's decoding row-steps
     while waiting or rows:
         admitted = []
         while waiting and len(rows) < concurrency:
@@ -179,6 +196,7 @@ def replay(requests: Sequence[Request], concurrency: int, cost: Callable[[int], 
             step_drafted += len(row[2])
             accepted += a
             row_steps += 1
+            own_steps[row[0]] += 1
             sampled.append(out[row[1]: row[1] + a + 1].tolist())
             row[1] += a + 1
         drafted += step_drafted
@@ -204,8 +222,12 @@ def replay(requests: Sequence[Request], concurrency: int, cost: Callable[[int], 
         for row, draft in zip(rows, drafter.propose(batch, sampled, tokens)):
             row[2] = [int(t) for t in draft]
     total = sum(len(o) for _, o in requests)
-    return {"seconds": now[0], "tok_s": total / now[0], "tokens": total, "steps": steps, "drafted": drafted,
-            "accepted": accepted, "wasted": drafted - accepted, "rows": row_steps, "ramp": ramp}
+    out = {"seconds": now[0], "tok_s": total / now[0], "tokens": total, "steps": steps, "drafted": drafted,
+           "accepted": accepted, "wasted": drafted - accepted, "rows": row_steps, "ramp": ramp}
+    if kinds is not None:
+        out["rows_by_kind"] = {kind: float(np.mean([n for n, kd in zip(own_steps, kinds) if kd == kind]))
+                               for kind in sorted(set(kinds))}
+    return out
 
 
 def simulate(requests: Sequence[Request], concurrency: int, *, k: int = K, fixed: float = 0.2,
@@ -219,16 +241,21 @@ def simulate(requests: Sequence[Request], concurrency: int, *, k: int = K, fixed
 
 
 def compare(requests: Sequence[Request], concurrency: int, curve: Curve, drafters: Sequence[str], *,
-            repeat: int = 1, seed: int = 0, peer_k: int = K, shuffle: bool = True) -> dict[str, dict[str, Any]]:
+            repeat: int = 1, seed: int = 0, peer_k: int = K, shuffle: bool = True,
+            kinds: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     """Every drafter of ``drafters`` over the stream of ``repeat`` rounds of ``requests`` (shuffled unless
-    not ``shuffle``: :func:`repeat_stream`) under ``curve``, and over its cold start (:func:`cold_part`) alone.
+    not ``shuffle``: :func:`repeat_stream`) under ``curve``, and over its cold start (:func:`cold_part`) alone;
+    ``kinds``: each request's kind (each replay then counts its row-steps by kind), or None.
 
     Returns:
         Per drafter ``{"stream": replay result, "cold": replay result}``, or ``{"absent": reason}`` for a peer
         that does not import.
     """
-    stream = [requests[i] for i in repeat_stream(len(requests), repeat, seed, shuffle)]
+    order = repeat_stream(len(requests), repeat, seed, shuffle)
+    stream = [requests[i] for i in order]
     cold = cold_part(stream)
+    stream_kinds = [kinds[i] for i in order] if kinds is not None else None
+    cold_kinds = stream_kinds[: len(cold)] if stream_kinds is not None else None
     have = peers_available()
     out: dict[str, dict[str, Any]] = {}
     for name in drafters:
@@ -239,7 +266,8 @@ def compare(requests: Sequence[Request], concurrency: int, curve: Curve, drafter
         def make(name: str = name, **kw: Any) -> Any:
             return make_drafter(name, prior=curve.prior, peer_k=peer_k, **kw)
 
-        out[name] = {"stream": replay(stream, concurrency, curve, make), "cold": replay(cold, concurrency, curve, make)}
+        out[name] = {"stream": replay(stream, concurrency, curve, make, kinds=stream_kinds),
+                     "cold": replay(cold, concurrency, curve, make, kinds=cold_kinds)}
     return out
 
 
@@ -296,6 +324,26 @@ def table(results: dict[str, dict[str, dict[int, dict[str, dict[str, Any]]]]], d
     return "\n".join(lines)
 
 
+def kind_table(results: dict[str, dict[str, dict[int, dict[str, dict[str, Any]]]]], drafters: Sequence[str]) -> str:
+    """A markdown table of the decoding row-steps a request of each kind took (``rows_by_kind`` of each
+    stream), per run, regime and concurrency: each cell the kinds' values in the order of the header."""
+    kinds = sorted({kind for by_run in results.values() for by_c in by_run.values() for res in by_c.values()
+                    for cell in res.values() for kind in cell.get("stream", {}).get("rows_by_kind", {})})
+    head = ["run", "regime", "concurrency"] + list(drafters)
+    lines = ["Decoding steps per request, " + " / ".join(kinds) + ":", "",
+             "| " + " | ".join(head) + " |", "|---|---|---:|" + "---:|" * len(drafters)]
+    for regime, by_run in results.items():
+        for run, by_c in by_run.items():
+            for c in sorted(by_c):
+                cells = []
+                for d in drafters:
+                    by_kind = by_c[c].get(d, {}).get("stream", {}).get("rows_by_kind")
+                    cells.append("-" if by_kind is None else
+                                 " / ".join("-" if k not in by_kind else f"{by_kind[k]:.1f}" for k in kinds))
+                lines.append(f"| {run} | {regime} | {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     import argparse
 
@@ -318,6 +366,8 @@ def main() -> None:
     ap.add_argument("--in-order", action="store_true", help="each round in the run's own order (no shuffle)")
     ap.add_argument("--peer-k", type=int, default=K, help="K of the peers (Arctic, n-gram)")
     ap.add_argument("--json", type=Path, default=None, help="write every replay's counters here")
+    ap.add_argument("--by-kind", action="store_true",
+                    help="also a table of the decoding steps a request of each kind took (dataset.jsonl's kind)")
     a = ap.parse_args()
     curves = []
     for name in a.regimes:
@@ -333,6 +383,7 @@ def main() -> None:
     print("peers: " + ", ".join(f"{p} {'present' if have[p] else 'absent'}" for p in PEERS), flush=True)
     encode = get_tokenizer("qwen2.5").encode
     runs = {folder.name: load_run(folder, encode) for folder in a.runs}
+    kinds = {folder.name: load_kinds(folder) for folder in a.runs}
     everything: dict[str, Any] = {}
     tables: dict[str, Any] = {}
     for curve in curves:
@@ -341,13 +392,15 @@ def main() -> None:
             results[run] = {}
             for c in a.concurrency:
                 results[run][c] = compare(requests, c, curve, a.drafters, repeat=a.repeat, seed=a.seed,
-                                          peer_k=a.peer_k, shuffle=not a.in_order)
+                                          peer_k=a.peer_k, shuffle=not a.in_order, kinds=kinds[run])
         print(f"[{curve.name} done]", flush=True)
         tables[curve.name] = results
         everything[curve.name] = {"curve": curve.points(), "prior": curve.prior, "source": curve.source,
                                   "results": results}
     print("\n" + "Regimes: " + "; ".join(f"{c.name}: {c.source}, the policy's prior {c.prior}" for c in curves)
           + "\n\n" + table(tables, a.drafters), flush=True)
+    if a.by_kind:
+        print("\n" + kind_table(tables, a.drafters), flush=True)
     if a.json is not None:
         a.json.write_text(json.dumps({"repeat": a.repeat, "seed": a.seed, "in_order": a.in_order, "peer_k": a.peer_k,
                                       "regimes": everything}) + "\n")

@@ -255,7 +255,7 @@ def compare(requests: Sequence[Request], concurrency: int, curve: Curve, drafter
     stream = [requests[i] for i in order]
     cold = cold_part(stream)
     stream_kinds = [kinds[i] for i in order] if kinds is not None else None
-    cold_kinds = stream_kinds[: len(cold)] if stream_kinds is not None else None
+    cold_kinds = cold_part(stream_kinds) if stream_kinds is not None else None
     have = peers_available()
     out: dict[str, dict[str, Any]] = {}
     for name in drafters:

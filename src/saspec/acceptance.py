@@ -29,6 +29,10 @@ N_BUCKETS = 16
 BUCKET_MEMORY = 256.0
 #: The prior odds of a branched match's first token, as a share of an unbranched one's (m to 1).
 BRANCHED_PRIOR_ODDS = 0.25
+#: The shortest match whose offer counts as evidence of its row's factor. A one-token match is a guess
+#: at the next word, not a copy: the buckets learn how often it is right, but in a row that copies well it
+#: misses as often as in prose, and counted against the row it cut the copies that follow.
+ROW_EVIDENCE_MATCH = 2
 
 
 @register_jitable
@@ -88,7 +92,8 @@ def token_run(match, i, branched, d):
 def score_row(match, branched, n, drafts, dr, d0, new, b, rowf, s, bk, decay):
     """Score one row's offered automaton draft (made at a match of ``match``, ``branched``; its tokens
     ``drafts[dr, d0:]``) against the tokens it emitted (``new[b]``), over the first ``n`` of both: the row's
-    evidence at state index ``s`` (``rowf[:, s]``: odds factor, hits, misses; decayed by ``decay`` first) and
+    evidence at state index ``s`` (``rowf[:, s]``: odds factor, hits, misses; decayed by ``decay`` first;
+    only at a match of :data:`ROW_EVIDENCE_MATCH` or more) and
     each bucket's hits and trials (``bk[0:2]``, added with ``add_at2``: integers, exact in any order). Reads
     ``bk[4]``, which only :func:`estimate_bucket` writes. The tokens of one match bucket share its chance:
     each run of one bucket is counted at once. Nothing where ``match <= 0`` or ``n <= 0``."""
@@ -111,9 +116,10 @@ def score_row(match, branched, n, drafts, dr, d0, new, b, rowf, s, bk, decay):
             miss += p
             break
         add_at2(bk, 1, j, float(i - start))
-    rowf[1, s] = hit
-    rowf[2, s] = miss
-    rowf[0, s] = (1.0 + hit) / (1.0 + miss)
+    if match >= ROW_EVIDENCE_MATCH:
+        rowf[1, s] = hit
+        rowf[2, s] = miss
+        rowf[0, s] = (1.0 + hit) / (1.0 + miss)
 
 
 @host_inline

@@ -53,7 +53,8 @@ logger = logging.getLogger(__name__)
 
 #: ``length_rule`` value (the default) that sizes drafts with the drafting policy.
 POLICY = "policy"
-#: Rows whose match is shorter than this draft nothing by default.
+#: Under a fixed length rule, rows whose match is shorter than this draft nothing by default. The policy
+#: weighs every match the automaton offers on its evidence (a minimum match of 1).
 DEFAULT_MIN_MATCH = 2
 #: The most rows of a step the cost model is sized for when the caller does not say.
 DEFAULT_MAX_ROWS = 256
@@ -130,7 +131,8 @@ class Drafter:
         length_rule: ``"policy"`` (default): each row's length and source from the drafting policy;
             or a fixed rule of ``saspec.rules`` (``"fixed"``: K, ``"per-match"``, ``"per-match-recent"``).
         length_scale: the fixed rules' tokens per matched token (> 0).
-        min_match: rows whose match is shorter draft nothing (>= 1).
+        min_match: rows whose match is shorter draft nothing (>= 1; None: 1 under the policy, which
+            weighs every offer, else ``DEFAULT_MIN_MATCH``).
         occurrence: which earlier occurrence drafts copy from (``build.OCCURRENCES``; None: the default).
         pool_tokens: the cross-request pool's size in tokens (0: none): finished requests' texts join
             it and rows draft from it where their match there is longer.
@@ -166,7 +168,7 @@ class Drafter:
     """
 
     def __init__(self, k: int, *, device: str = "cpu", length_rule: str = POLICY, length_scale: float = 2.0,
-                 min_match: int = DEFAULT_MIN_MATCH, occurrence: str | None = None, pool_tokens: int = 0,
+                 min_match: int | None = None, occurrence: str | None = None, pool_tokens: int = 0,
                  ranks: int = 1, max_rows: int = DEFAULT_MAX_ROWS, policy_settings: PolicySettings | None = None,
                  cost: StepCost | None = None, neural_catchup_sunk: bool = False,
                  log: Callable[[Decision], Any] | None = None, clock: Callable[[], float] = time.perf_counter,
@@ -174,6 +176,8 @@ class Drafter:
                  automaton_k: int | None = None, max_step_tokens: int | None = None) -> None:
         self.k = check_count(k, "k")
         self.automaton_k = self.k if automaton_k is None else check_int(automaton_k, "automaton_k", 1, self.k)
+        if min_match is None:
+            min_match = 1 if length_rule == POLICY else DEFAULT_MIN_MATCH
         check_int(min_match, "min_match", 1)
         check_int(pool_tokens, "pool_tokens", 0)
         self.ranks = check_int(ranks, "ranks", 1)

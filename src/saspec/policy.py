@@ -44,7 +44,11 @@ per-match-bucket counts (``match_bucket(m + i)``; about the latest
 ``BUCKET_MEMORY`` trials of each, so that they follow the requests of late) with ``prior_weight``
 pseudo-tokens of prior at odds ``m`` to 1, times the row's own odds factor (a
 Mantel-Haenszel ratio of its recent hits and misses against what was
-predicted). Where the matched suffix's earlier occurrences went on with
+predicted, at matches of two tokens or more: a one-token match is a guess, not
+a copy). Under the policy the automaton offers a draft at every match, one
+token included: a one-token match's next token is often right (BENCHMARKS.md,
+"Drafting policy"), and its bucket says how often, where a minimum match would
+drop them all. Where the matched suffix's earlier occurrences went on with
 several tokens (``branched``, from ``SpecEngine.extend``'s ``branch_out``), the
 first draft token is one guess among the continuations seen: it has buckets of
 its own, at prior odds ``m / 4`` to 1 (on recorded code edits and chat, a

@@ -255,8 +255,9 @@ def test_rows_named_by_request_id_draft_exactly_and_build_each_request_once(seed
     s = proposer.stats
     assert s["by_id"] == s["steps"] and s["reclaimed"] == 0 and s["continued"] == 0  # no fingerprints
     # every request that reached a decode step was built ahead, exactly once; the last arrivals may still be in
-    # their prefill when the traffic stops, their builds started and not yet taken by a step
-    decoded = started - sum(r.prefill_steps > 0 for r in worker.rows)
+    # their first prefill when the traffic stops, their builds started and not yet taken by a step (a resumed
+    # request prefills again, but it decoded before: it has output)
+    decoded = started - sum(r.prefill_steps > 0 and not r.out for r in worker.rows)
     assert s["built_ahead"] == decoded and s["new"] == decoded and s["rebuilt"] == 0
 
 
@@ -347,8 +348,11 @@ def test_min_match_gates_drafts():
     assert SAProposer(vllm_config(), min_match=5).propose([[9]], n, ids) == [[]]
     assert SAProposer(vllm_config(), min_match=4).propose([[9]], n, ids) == [[1, 6, 7, 8]]
     assert SAProposer(vllm_config(prompt_lookup_min=4)).min_match == 4
-    assert SAProposer(vllm_config()).min_match == DEFAULT_MIN_MATCH
-    assert SAProposer(vllm_config(prompt_lookup_min=0)).min_match == DEFAULT_MIN_MATCH
+    # unset (vLLM gives custom classes 0): the policy weighs every match, a fixed rule drafts from the default
+    assert SAProposer(vllm_config()).min_match == 1
+    assert SAProposer(vllm_config(prompt_lookup_min=0)).min_match == 1
+    assert SAProposer(vllm_config(), length_rule="fixed").min_match == DEFAULT_MIN_MATCH
+    assert SAProposer(vllm_config(prompt_lookup_min=0), length_rule="per-match").min_match == DEFAULT_MIN_MATCH
 
 
 def test_draft_length_follows_the_match():

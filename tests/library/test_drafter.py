@@ -149,6 +149,16 @@ def test_policy_drafts_copies_and_learns():
     assert st["finished"] == len(prompts) and len(d) == 0
 
 
+@pytest.mark.parametrize("rule,min_match", [("policy", 1), ("fixed", 2), ("per-match", 2)])
+def test_the_policy_weighs_every_match_and_a_fixed_rule_drafts_from_two_tokens(rule, min_match):
+    """Unset, the minimum match is 1 under the policy (its buckets weigh a one-token match) and 2 under a fixed
+    rule (which would draft K tokens at any match it is given); a given one stands."""
+    with Drafter(K, length_rule=rule) as d:
+        assert d.drafts.min_match == min_match
+    with Drafter(K, length_rule=rule, min_match=3) as d:
+        assert d.drafts.min_match == 3
+
+
 def test_disabled_request_is_never_drafted_for():
     prompts, outputs = copy_task(3, n=4)
     opts = {"r1": {"enabled": False}, "r2": DraftOptions(enabled=False)}

@@ -13,9 +13,9 @@ the CPU model or the published GPU curve, or any curve file (``--curve``). Each 
 * ``policy``: the real ``SAProposer`` with its drafting policy, given the regime's prior cost shape
   (``saspec.policy.cpu_like`` / ``gpu_like``, as the curve names);
 * ``oracle``: the bound of any length policy over saspec's drafts: each row's own K = 32 draft cut to exactly
-  what will be accepted;
+  what will be accepted (at every match the policy weighs, one token included);
 * ``K=8``, ``K=16``, ``K=32``: saspec's drafts at a fixed length; ``match-capped``: no longer than the match
-  (vLLM suffix's length rule), K = 32;
+  (vLLM suffix's length rule), K = 32; these from a match of 2 tokens (the fixed rules' default);
 * ``plain``: no drafts;
 * ``arctic``: ArcticInference's suffix cache as vLLM's ``suffix`` method drives it (its defaults, a global cache
   of responses); ``ngram``: vLLM's n-gram proposer (2-5); both at K = ``--peer-k``, where they import (else
@@ -136,7 +136,7 @@ def make_drafter(name: str, *, clock: Callable[[], float], concurrency: int, max
         shape = cpu_like if prior == "cpu" else gpu_like
         return saspec(K, length_rule="policy", policy_settings=PolicySettings(cost_shape=shape))
     if name == "oracle":
-        return saspec(K, length_rule="fixed", outputs=outputs)
+        return saspec(K, length_rule="fixed", outputs=outputs, min_match=1)  # every offer the policy weighs
     if name == "match-capped":
         return saspec(K, length_rule="per-match", length_scale=1.0)
     if name.startswith("K=") and name[2:].isdigit() and int(name[2:]) >= 1:

@@ -56,8 +56,9 @@ from .runtime import new_device
 
 logger = logging.getLogger(__name__)
 
-#: Rows whose match is shorter than this draft nothing by default (as ``saspec.drafter``).
-DEFAULT_MIN_MATCH = 2
+#: Rows whose match is shorter than this draft nothing by default: 1, as ``saspec.Drafter`` under its policy
+#: (the policy weighs every match the automaton offers).
+DEFAULT_MIN_MATCH = 1
 _THREADS = 64
 
 

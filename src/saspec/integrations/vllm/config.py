@@ -17,7 +17,8 @@ TESTED_VLLM = ("0.32.0",)
 #: Draft tokens per step of the ``custom_class`` drafter, and the most an SA row of the hybrid drafts:
 #: on unseen code edits K = 32 beat K = 8 (BENCHMARKS.md, "vLLM").
 DEFAULT_K = 32
-#: Minimum match length (tokens) for a ``custom_class`` row to draft (BENCHMARKS.md, "vLLM").
+#: Minimum match length (tokens) for a ``custom_class`` row to draft under a fixed length rule (BENCHMARKS.md,
+#: "vLLM"); the policy weighs every match (1).
 DEFAULT_MIN_MATCH = 2
 #: Hybrid: the minimum match for a row to take saspec's draft instead of the neural one.
 DEFAULT_THRESHOLD = 4
@@ -141,16 +142,19 @@ def resolve_proposer_settings(vllm_config: Any, *, min_match: int | None = None,
     k = getattr(spec, "num_speculative_tokens", None)  # K: the most draft tokens of a row
     if not _is_int(k) or k < 1:
         raise ValueError(f"SAProposer needs vllm_config.speculative_config.num_speculative_tokens >= 1, got {k!r}")
-    # The minimum match: vLLM sets prompt_lookup_min to 0 for custom classes, so the environment comes first.
-    min_match, label = _given(min_match, "min_match", "SASPEC_VLLM_MIN_MATCH", int, "an integer")
-    if min_match is None:
-        min_match, label = getattr(spec, "prompt_lookup_min", None) or DEFAULT_MIN_MATCH, "prompt_lookup_min"
-    min_match = _int_setting(min_match, label, 1)
     # The length rule: the policy unless a fixed rule is asked for.
     if length_rule is None:
         length_rule = os.environ.get("SASPEC_VLLM_LENGTH_RULE", "").strip() or POLICY
     if length_rule != POLICY and length_rule not in FIXED_RULES:
         raise ValueError(f"unknown draft-length rule {length_rule!r}; choose from {', '.join((POLICY, *FIXED_RULES))}")
+    # The minimum match: vLLM sets prompt_lookup_min to 0 for custom classes, so the environment comes first.
+    # Unset, the policy weighs every match (1) and a fixed rule drafts from DEFAULT_MIN_MATCH on.
+    min_match, label = _given(min_match, "min_match", "SASPEC_VLLM_MIN_MATCH", int, "an integer")
+    if min_match is None:
+        min_match, label = getattr(spec, "prompt_lookup_min", None), "prompt_lookup_min"
+        if not min_match:
+            min_match = 1 if length_rule == POLICY else DEFAULT_MIN_MATCH
+    min_match = _int_setting(min_match, label, 1)
     length_scale = _given(length_scale, "length_scale", "SASPEC_VLLM_LENGTH_SCALE", float, "a number")[0]
     length_scale = 2.0 if length_scale is None else length_scale
     try:

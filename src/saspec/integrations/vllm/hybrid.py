@@ -60,7 +60,7 @@ from ...drafter import POLICY, Drafter
 from ...drafter import warm_up as warm_drafter
 from ...policy import AUTOMATON, NEURAL, DraftPolicy, PolicySettings
 from ...rules import DEFAULT_LENGTH_RULE, DEFAULT_LENGTH_SCALE
-from .config import DEFAULT_MIN_MATCH, HybridSettings
+from .config import HybridSettings
 from .cpu_sampling import fix_sampled_verification
 from .proposer import start_requests
 
@@ -120,7 +120,7 @@ class HybridDrafter:
         self.drafter = Drafter(settings.sa_tokens, device=_device_type() if device is None else device,
                                length_rule=POLICY if settings.policy else DEFAULT_LENGTH_RULE,
                                length_scale=DEFAULT_LENGTH_SCALE,
-                               min_match=DEFAULT_MIN_MATCH if settings.policy else settings.threshold,
+                               min_match=None if settings.policy else settings.threshold,
                                pool_tokens=settings.pool_tokens, ranks=ranks, max_rows=max(int(max_rows), 1),
                                policy_settings=policy_settings, neural_catchup_sunk=self.catch_up is None, log=log,
                                clock=clock,

@@ -4,7 +4,7 @@
 
     from vllm import LLM
     from saspec.integrations.vllm import proposer_config
-    llm = LLM(model, speculative_config=proposer_config())   # K = 32, minimum match 2
+    llm = LLM(model, speculative_config=proposer_config())   # K = 32, the drafting policy
 
 vLLM builds ``SAProposer(vllm_config)`` in each worker, calls ``load_model(model)``
 once, and after every step calls ``propose(sampled_token_ids, num_tokens_no_spec,
@@ -118,7 +118,8 @@ class SAProposer:
             ``model_config.max_model_len`` and ``scheduler_config.max_num_seqs``.
         min_match: draft only rows whose match is at least this many tokens.
             Default: ``$SASPEC_VLLM_MIN_MATCH``, else a nonzero
-            ``prompt_lookup_min``, else :data:`DEFAULT_MIN_MATCH`.
+            ``prompt_lookup_min``, else 1 under the policy (it weighs every
+            match) and :data:`DEFAULT_MIN_MATCH` under a fixed rule.
         length_rule: ``"policy"`` (default; ``$SASPEC_VLLM_LENGTH_RULE``):
             each row's draft length from ``saspec.policy.DraftPolicy``; or a
             fixed rule of ``saspec.rules.draft_lengths`` (``fixed`` drafts K,

@@ -46,11 +46,12 @@ pseudo-tokens of prior at odds ``m`` to 1, times the row's own odds factor (a
 Mantel-Haenszel ratio of its recent hits and misses against what was
 predicted, at matches of two tokens or more: a one-token match is a guess, not
 a copy). Under the policy the automaton offers a draft at every match, one
-token included: a one-token match's next token is often right (BENCHMARKS.md,
-"Drafting policy"), and its bucket says how often, where a minimum match would
-drop them all. Where the matched suffix's earlier occurrences went on with
-several tokens (``branched``, from ``SpecEngine.extend``'s ``branch_out``), the
-first draft token is one guess among the continuations seen: it has buckets of
+token included: a one-token match's next token is right often enough to pay
+where a verified token is cheap (BENCHMARKS.md, "Drafting policy"), and its
+bucket learns how often, where a minimum match would drop every one. Where
+the matched suffix's earlier occurrences went on with several tokens
+(``branched``, from ``SpecEngine.extend``'s ``branch_out``), the first draft
+token is one guess among the continuations seen: it has buckets of
 its own, at prior odds ``m / 4`` to 1 (on recorded code edits and chat, a
 branched match's first token was accepted a third to half as often as an
 unbranched one of the same length; the tokens after it then match as usual).

@@ -125,8 +125,8 @@ def _step(match, offered, branched, drafts, new, lens, seconds, step_tokens, sam
     and drafts it chose) and scores where ``same``, then this step's choice (automaton only). The policy's
     state and settings come as its one array (``branched`` None: its zeros), the cost's as its two buffers.
     It and the kernels it calls compile without reference counting (``core.NO_NRT``), which every view and
-    every per-row call of the policy's functions would otherwise pay per array. Returns (the rows agree, rate, plain rate):
-    where an array's rows differ from ``match``'s, nothing is read or changed."""
+    every per-row call of the policy's functions would otherwise pay per array. Returns (the rows agree, rate,
+    plain rate): where an array's rows differ from ``match``'s, nothing is read or changed."""
     b = match.shape[0]
     if not (offered.shape[0] == b and drafts.shape[0] == b and new.shape[0] == b and lens.shape[0] == b
             and (branched is None or branched.shape[0] == b)):

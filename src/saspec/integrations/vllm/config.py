@@ -17,8 +17,8 @@ TESTED_VLLM = ("0.32.0",)
 #: Draft tokens per step of the ``custom_class`` drafter, and the most an SA row of the hybrid drafts:
 #: on unseen code edits K = 32 beat K = 8 (BENCHMARKS.md, "vLLM").
 DEFAULT_K = 32
-#: Minimum match length (tokens) for a ``custom_class`` row to draft under a fixed length rule (BENCHMARKS.md,
-#: "vLLM"); the policy weighs every match (1).
+#: Minimum match length (tokens) for a ``custom_class`` row to draft under a fixed length rule, as
+#: ``saspec.drafter.DEFAULT_MIN_MATCH`` (not imported: it would load numba here); the policy weighs every match.
 DEFAULT_MIN_MATCH = 2
 #: Hybrid: the minimum match for a row to take saspec's draft instead of the neural one.
 DEFAULT_THRESHOLD = 4
@@ -76,7 +76,8 @@ class ProposerSettings:
 
     Attributes:
         k: draft tokens per step at most (``num_speculative_tokens``).
-        min_match: rows draft only where the match is at least this many tokens.
+        min_match: rows draft only where the match is at least this many tokens (None: the ``Drafter``'s
+            default for the length rule: 1 under the policy, :data:`DEFAULT_MIN_MATCH` under a fixed rule).
         length_rule: :data:`POLICY` or one of :data:`FIXED_RULES`.
         length_scale: the fixed rules' tokens per matched token.
         max_detached: without the plugin, departed requests kept for a resume.
@@ -87,7 +88,7 @@ class ProposerSettings:
     """
 
     k: int
-    min_match: int
+    min_match: int | None
     length_rule: str
     length_scale: float
     max_detached: int
@@ -142,19 +143,18 @@ def resolve_proposer_settings(vllm_config: Any, *, min_match: int | None = None,
     k = getattr(spec, "num_speculative_tokens", None)  # K: the most draft tokens of a row
     if not _is_int(k) or k < 1:
         raise ValueError(f"SAProposer needs vllm_config.speculative_config.num_speculative_tokens >= 1, got {k!r}")
+    # The minimum match: vLLM sets prompt_lookup_min to 0 for custom classes, so the environment comes first.
+    # Unset, the Drafter's default for the length rule holds.
+    min_match, label = _given(min_match, "min_match", "SASPEC_VLLM_MIN_MATCH", int, "an integer")
+    if min_match is None:
+        min_match, label = getattr(spec, "prompt_lookup_min", None) or None, "prompt_lookup_min"
+    if min_match is not None:
+        min_match = _int_setting(min_match, label, 1)
     # The length rule: the policy unless a fixed rule is asked for.
     if length_rule is None:
         length_rule = os.environ.get("SASPEC_VLLM_LENGTH_RULE", "").strip() or POLICY
     if length_rule != POLICY and length_rule not in FIXED_RULES:
         raise ValueError(f"unknown draft-length rule {length_rule!r}; choose from {', '.join((POLICY, *FIXED_RULES))}")
-    # The minimum match: vLLM sets prompt_lookup_min to 0 for custom classes, so the environment comes first.
-    # Unset, the policy weighs every match (1) and a fixed rule drafts from DEFAULT_MIN_MATCH on.
-    min_match, label = _given(min_match, "min_match", "SASPEC_VLLM_MIN_MATCH", int, "an integer")
-    if min_match is None:
-        min_match, label = getattr(spec, "prompt_lookup_min", None), "prompt_lookup_min"
-        if not min_match:
-            min_match = 1 if length_rule == POLICY else DEFAULT_MIN_MATCH
-    min_match = _int_setting(min_match, label, 1)
     length_scale = _given(length_scale, "length_scale", "SASPEC_VLLM_LENGTH_SCALE", float, "a number")[0]
     length_scale = 2.0 if length_scale is None else length_scale
     try:
@@ -176,7 +176,7 @@ def resolve_proposer_settings(vllm_config: Any, *, min_match: int | None = None,
     # batch) until steps are timed.
     device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or "cpu"
     max_model_len = getattr(getattr(vllm_config, "model_config", None), "max_model_len", None)
-    return ProposerSettings(k=int(k), min_match=int(min_match), length_rule=length_rule, length_scale=length_scale,
+    return ProposerSettings(k=int(k), min_match=min_match, length_rule=length_rule, length_scale=length_scale,
                             max_detached=int(max_detached), pool_tokens=pool_tokens, max_rows=int(max_rows),
                             device=str(device), max_model_len=max_model_len)
 

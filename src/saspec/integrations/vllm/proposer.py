@@ -185,13 +185,14 @@ class SAProposer:
         cfg = resolve_proposer_settings(vllm_config, min_match=min_match, max_detached=max_detached,
                                         length_rule=length_rule, length_scale=length_scale, pool_tokens=pool_tokens)
         self.settings = cfg
-        self.k, self.min_match, self.max_detached = cfg.k, cfg.min_match, cfg.max_detached
+        self.k, self.max_detached = cfg.k, cfg.max_detached
         self.length_rule, self.length_scale, self.max_model_len = cfg.length_rule, cfg.length_scale, cfg.max_model_len
         self.drafter = Drafter(cfg.k, device=cfg.device, length_rule=cfg.length_rule, length_scale=cfg.length_scale,
                                min_match=cfg.min_match, occurrence=occurrence, pool_tokens=cfg.pool_tokens,
                                ranks=tensor_parallel_ranks(vllm_config), max_rows=cfg.max_rows,
                                policy_settings=policy_settings, log=log, clock=clock,
                                faults=faults.from_env() if fault_hook == faults.FAULTS_ENV else fault_hook)
+        self.min_match = self.drafter.drafts.min_match  # unset: the Drafter's default for the rule
         self.policy: DraftPolicy | None = self.drafter.policy
         self.drafts = self.drafter.drafts
         self._rows = FingerprintRows(self.max_detached, self._forget)

@@ -29,6 +29,13 @@ there is found out by trying). So
   than ``DEAR_TIMINGS`` no dearer than the knot was believed where they make
   a token dearer than a fresh timing of a smaller knot allows (a size
   believed dear is not tried again);
+* a curve that turns up past the sizes timed twice lately (a CPU verifying
+  hundreds of tokens a step, where the line through them promises less) is
+  found out while a ramp tries a new size each step: once two knots above
+  them were timed once each, every size above is believed dearer by the
+  lesser of how much dearer the two largest such timings were than the line
+  (from ``TURN`` to ``PER_TOKEN_SLACK``; remembered once they age out, fading like a
+  knot's deviation);
 * a burst of load or a competing process (timings 2-5x on a third of the
   steps) is ignored by the lower quartiles, and a burst long enough to move a
   knot ages out after ``max_age`` steps, after which the knot follows the
@@ -63,6 +70,10 @@ PER_TOKEN_SLACK = 1.25
 #: in a row at a size tried now and then are common, a size believed dear is not tried again, and every size above
 #: it is at least as dear.
 DEAR_TIMINGS = 4
+#: How much dearer than the line through the sizes timed twice two larger sizes must be to show that the curve
+#: turns up there (:func:`_over_chord`): the knots' binning and a prior shape's curvature put the line a few
+#: percent off either way.
+TURN = 1.1
 #: The most tokens a step may verify in the model (``StepCost(max_tokens=...)``): its tables take
 #: O(max_tokens) memory and time to build.
 MAX_STEP_TOKENS = 1 << 20
@@ -147,8 +158,9 @@ def _low_quantile(vals, n, q):
 #   knot_i  int64 [2, knots]: timings written, step of the last remembered deviation (-1: never)
 #   ratios, steps  [knots, window]: each knot's latest timings (as ratios to the shape) and their steps
 #   scale_buf  float64 [SCALE_WINDOWS * window]: the latest ratios of all knots
-#   ctr     float64 [4]: steps counted, ratios written to scale_buf, timings taken, the global scale
-_STEP, _SEEN, _TIMED, _SCALE = 0, 1, 2, 3
+#   ctr     float64 [6]: steps counted, ratios written to scale_buf, timings taken, the global scale, how much
+#           dearer than the line the sizes above those timed twice were when last seen (_over_chord), and when
+_STEP, _SEEN, _TIMED, _SCALE, _OVER, _OVER_STEP = 0, 1, 2, 3, 4, 5
 #: The arrays' order in StepCost's slab, by which cost_arrays finds them.
 _SLABS = ("curve", "index", "knot", "knot_i", "ratios", "steps", "scale_buf", "scratch", "ctr")
 _CURVE, _INDEX, _KNOT, _KNOT_I, _RATIOS, _STEPS, _SCALE_BUF, _SCRATCH, _CTR = range(len(_SLABS))
@@ -203,6 +215,41 @@ def _neighbours(knot, k, lo, lo2, hi, n_knots, s):
 
 
 @njit(cache=True, **NO_NRT)
+def _over_chord(knot, ratios, steps, knot_i, scratch, ctr, f, top, top2, n_knots, s, step, max_age):
+    """How much dearer than the neighbours' line (:func:`_neighbours`) the sizes above every knot timed twice
+    lately are: the lesser of what the two largest knots above them that were timed once say (their timing's
+    ratio to the line), at most ``PER_TOKEN_SLACK``, 1 where below ``TURN``; with fewer than two such knots, what two said when
+    last seen, fading by half in log every ``2 * max_age`` steps; 1 where no knot is timed twice.
+
+    A cost curve can turn up past the sizes timed twice (a CPU's step past its caches, or a runner's
+    per-token work): a ramp that tries a new, larger size each step times no knot twice, so each dear timing
+    alone would be taken as noise and the line believed all the way up. Two dear knots agreeing are not
+    noise, and the lesser of them leaves a single slow timing out; a competing process can still slow two, so
+    they raise the line no more than a token's cost may plausibly rise without more timings. The largest
+    knots speak for the sizes a ramp would try next; the memory keeps a ramp that found the turn from trying
+    it again at full size as soon as its timings age out."""
+    if top < 0:
+        return 1.0
+    m = 0
+    low = math.inf
+    k = n_knots - 1
+    while k > top and m < 2:
+        if scratch[f + k] == 1:
+            for j in range(min(knot_i[0, k], ratios.shape[1])):
+                if step - steps[k, j] <= max_age:
+                    low = min(low, ratios[k, j] / _neighbours(knot, k, top, top2, n_knots, n_knots, s))
+            m += 1
+        k -= 1
+    if m < 2:
+        if ctr[_OVER_STEP] < 0.0:
+            return 1.0
+        return ctr[_OVER] ** (0.5 ** ((step - ctr[_OVER_STEP]) / (2.0 * max_age)))
+    ctr[_OVER] = min(low, PER_TOKEN_SLACK) if low >= TURN else 1.0
+    ctr[_OVER_STEP] = step
+    return ctr[_OVER]
+
+
+@njit(cache=True, **NO_NRT)
 def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr, max_age, q, ratio, k):
     """Record a timing (``ratio`` at knot ``k``; none where ``k < 0``) and recompute every knot's
     correction (see the module doc)."""
@@ -244,6 +291,11 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
             knot_i[1, k] = last
         per_token = min(per_token, fastest * knot[1, k] / knot[0, k])
         scratch[f + k] = cnt
+    top, top2 = -1, -1  # the two largest knots timed twice lately
+    for k in range(n_knots):
+        if scratch[f + k] >= 2:
+            top2, top = top, k
+    over = _over_chord(knot, ratios, steps, knot_i, scratch, ctr, f, top, top2, n_knots, s, step, max_age)
     first = -1  # the smallest knot with fresh timings
     lo, lo2, hi = -1, -1, -1  # the knots timed twice lately nearest below k (two) and above it
     for k in range(n_knots):
@@ -266,6 +318,8 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
         pseudo = near
         if knot_i[1, k] >= 0:
             pseudo = near * knot[3, k] ** (0.5 ** ((step - knot_i[1, k]) / (2.0 * max_age)))
+        if k > top >= 0:
+            pseudo = max(pseudo, near * over)
         scratch[0] = pseudo
         if cnt == 1:
             for j in range(min(knot_i[0, k], ratios.shape[1])):
@@ -364,7 +418,7 @@ class StepCost:
                  "knot": (np.float64, (4, n_knots)), "knot_i": (np.int64, (2, n_knots)),
                  "ratios": (np.float64, (n_knots, w)), "steps": (np.int64, (n_knots, w)),
                  "scale_buf": (np.float64, (SCALE_WINDOWS * w,)),
-                 "scratch": (np.float64, (SCALE_WINDOWS * w + max(w + 1, n_knots),)), "ctr": (np.float64, (4,))}
+                 "scratch": (np.float64, (SCALE_WINDOWS * w + max(w + 1, n_knots),)), "ctr": (np.float64, (6,))}
         self._buffers, v = slab({name: specs[name] for name in _SLABS})
         self._curve, self._index, self._knot, self._knot_i = v["curve"], v["index"], v["knot"], v["knot_i"]
         self._ratios, self._steps, self._scale_buf, self._scratch, self._ctr = (
@@ -377,7 +431,8 @@ class StepCost:
         self.knots, self.knot_ratio = self._knot[0], self._knot[2]
         self._knot_i[1] = -1
         self._steps[:] = -1
-        self._ctr[_SCALE] = 1.0
+        self._ctr[_SCALE] = self._ctr[_OVER] = 1.0
+        self._ctr[_OVER_STEP] = -1.0
         self._state = (self._curve, self._index, self._knot, self._knot_i, self._ratios, self._steps,
                        self._scale_buf, self._scratch, self._ctr)
 

@@ -14,7 +14,7 @@ import pytest
 
 from saspec.policy import (AUTOMATON, N_BUCKETS, NEURAL, NONE, CatchUpShare, DraftPolicy, PolicySettings, SequencePolicy,
                            StepCost, cpu_like, gpu_like, linear, match_bucket)
-from saspec.step_cost import DEAR_TIMINGS
+from saspec.step_cost import DEAR_TIMINGS, PER_TOKEN_SLACK
 
 K = 8
 
@@ -354,6 +354,46 @@ def test_few_timings_that_make_a_token_dearer_than_at_a_smaller_size_are_believe
     for _ in range(2):
         plausible.observe(4, 19.0)  # a forward per token: a token no dearer than in a 1-token step, taken at once
     assert plausible.seconds(4) == pytest.approx(19.0)
+
+
+def test_a_ramp_into_a_cost_curve_that_turns_up_finds_the_turn_and_remembers_it():
+    # vLLM on a 2-core CPU at 64 rows: a token costs 9.5 ms in steps of up to ~200 tokens and a quarter more
+    # beyond. The policy ramped 91, 106, 133, 246, 354, ... tokens, a new size each step, so no size above the
+    # plain step was timed twice, each dear timing alone was noise, and the line through the cheap sizes was
+    # believed up to 1,500-token steps that verified slower than plain decoding.
+    def truth(n):
+        return 0.08 + 0.0095 * n * (1.25 if n > 200 else 1.0)
+
+    cost = StepCost(cpu_like, max_tokens=4096, window=16, max_age=64)
+    for _ in range(10):
+        cost.observe(64, truth(64))
+    for _ in range(3):
+        cost.observe(128, truth(128))
+    line = cost.seconds(1536)
+    assert line == pytest.approx(truth(128) / 128 * 1536, rel=0.1)  # the line: ~25% under the truth
+    cost.observe(250, truth(250) * 3.0)  # one dear timing above: noise, or the turn; nothing moves yet
+    assert cost.seconds(1536) == pytest.approx(line)
+    cost.observe(380, truth(380))  # a second agrees: the turn
+    assert cost.seconds(1536) == pytest.approx(truth(1536), rel=0.05)
+    assert cost.seconds(128) == pytest.approx(truth(128), rel=0.05)  # the sizes timed twice keep their cost
+    for _ in range(70):  # only plain steps: every timing above 64 ages out (max_age)...
+        cost.observe(64, truth(64))
+    assert cost.seconds(1536) > 1.12 * line  # ...and the turn is remembered, fading
+    for _ in range(2000):
+        cost.observe(64, truth(64))
+    assert cost.seconds(1536) < 1.01 * cost.seconds(64) / 64 * 1536  # faded: tried again, no lock-out
+
+
+def test_sizes_slowed_by_a_competing_process_raise_the_line_above_them_a_bounded_share():
+    cost = StepCost(cpu_like, max_tokens=4096, window=16, max_age=64)
+    for _ in range(10):
+        cost.observe(64, 0.68)
+    for _ in range(3):
+        cost.observe(128, 1.29)
+    line = cost.seconds(1024)
+    cost.observe(250, 5 * 2.4)  # two new sizes, each 5x slow
+    cost.observe(380, 5 * 3.6)
+    assert line < cost.seconds(1024) <= PER_TOKEN_SLACK * line * 1.0001
 
 
 def test_two_slow_timings_of_a_short_draft_do_not_lock_drafting_out():

@@ -34,8 +34,8 @@ there is found out by trying). So
   found out while a ramp tries a new size each step: once two knots above
   them were timed once each, every size above is believed dearer by the
   lesser of how much dearer the two largest such timings were than the line
-  (from ``TURN`` to ``PER_TOKEN_SLACK``; remembered once they age out, fading like a
-  knot's deviation);
+  (from ``TURN`` to ``PER_TOKEN_SLACK``; remembered once they age out,
+  fading like a knot's deviation);
 * a burst of load or a competing process (timings 2-5x on a third of the
   steps) is ignored by the lower quartiles, and a burst long enough to move a
   knot ages out after ``max_age`` steps, after which the knot follows the
@@ -218,8 +218,9 @@ def _neighbours(knot, k, lo, lo2, hi, n_knots, s):
 def _over_chord(knot, ratios, steps, knot_i, scratch, ctr, f, top, top2, n_knots, s, step, max_age):
     """How much dearer than the neighbours' line (:func:`_neighbours`) the sizes above every knot timed twice
     lately are: the lesser of what the two largest knots above them that were timed once say (their timing's
-    ratio to the line), at most ``PER_TOKEN_SLACK``, 1 where below ``TURN``; with fewer than two such knots, what two said when
-    last seen, fading by half in log every ``2 * max_age`` steps; 1 where no knot is timed twice.
+    ratio to the line), at most ``PER_TOKEN_SLACK``, and 1 where below ``TURN``; with fewer than two such
+    knots, what two said when last seen, fading by half in log every ``2 * max_age`` steps; 1 where no knot
+    is timed twice. ``scratch[f + k]``: knot k's fresh timings (as :func:`_refresh` counts them).
 
     A cost curve can turn up past the sizes timed twice (a CPU's step past its caches, or a runner's
     per-token work): a ramp that tries a new, larger size each step times no knot twice, so each dear timing

@@ -215,6 +215,22 @@ def _neighbours(knot, k, lo, lo2, hi, n_knots, s):
 
 
 @njit(cache=True, **NO_NRT)
+def _faded(deviation, since, step, max_age):
+    """A deviation seen at step ``since``, faded by half in log every ``2 * max_age`` steps."""
+    return deviation ** (0.5 ** ((step - since) / (2.0 * max_age)))
+
+
+@njit(cache=True, **NO_NRT)
+def _fresh_timing(ratios, steps, knot_i, k, step, max_age):
+    """The latest of knot ``k``'s timings no older than ``max_age`` steps (NaN: none)."""
+    out = math.nan
+    for j in range(min(knot_i[0, k], ratios.shape[1])):
+        if step - steps[k, j] <= max_age:
+            out = ratios[k, j]
+    return out
+
+
+@njit(cache=True, **NO_NRT)
 def _over_chord(knot, ratios, steps, knot_i, scratch, ctr, f, top, top2, n_knots, s, step, max_age):
     """How much dearer than the neighbours' line (:func:`_neighbours`) the sizes above every knot timed twice
     lately are: the lesser of what the two largest knots above them that were timed once say (their timing's
@@ -236,15 +252,14 @@ def _over_chord(knot, ratios, steps, knot_i, scratch, ctr, f, top, top2, n_knots
     k = n_knots - 1
     while k > top and m < 2:
         if scratch[f + k] == 1:
-            for j in range(min(knot_i[0, k], ratios.shape[1])):
-                if step - steps[k, j] <= max_age:
-                    low = min(low, ratios[k, j] / _neighbours(knot, k, top, top2, n_knots, n_knots, s))
+            low = min(low, _fresh_timing(ratios, steps, knot_i, k, step, max_age)
+                      / _neighbours(knot, k, top, top2, n_knots, n_knots, s))
             m += 1
         k -= 1
     if m < 2:
         if ctr[_OVER_STEP] < 0.0:
             return 1.0
-        return ctr[_OVER] ** (0.5 ** ((step - ctr[_OVER_STEP]) / (2.0 * max_age)))
+        return _faded(ctr[_OVER], ctr[_OVER_STEP], step, max_age)
     ctr[_OVER] = min(low, PER_TOKEN_SLACK) if low >= TURN else 1.0
     ctr[_OVER_STEP] = step
     return ctr[_OVER]
@@ -274,6 +289,7 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
     ctr[_SCALE] = s
     f = scale_buf.shape[0]  # scratch[f + k]: knot k's fresh timings
     per_token = math.inf  # the least a token cost in a fresh timing of a smaller knot: timing noise only adds
+    top, top2 = -1, -1  # the two largest knots timed twice lately
     for k in range(n_knots):
         cnt = 0
         last = -1
@@ -292,9 +308,7 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
             knot_i[1, k] = last
         per_token = min(per_token, fastest * knot[1, k] / knot[0, k])
         scratch[f + k] = cnt
-    top, top2 = -1, -1  # the two largest knots timed twice lately
-    for k in range(n_knots):
-        if scratch[f + k] >= 2:
+        if cnt >= 2:
             top2, top = top, k
     over = _over_chord(knot, ratios, steps, knot_i, scratch, ctr, f, top, top2, n_knots, s, step, max_age)
     first = -1  # the smallest knot with fresh timings
@@ -318,14 +332,12 @@ def _refresh(curve, index, knot, knot_i, ratios, steps, scale_buf, scratch, ctr,
         # from them when it was last timed twice (fading, by half in log every 2 max_age steps).
         pseudo = near
         if knot_i[1, k] >= 0:
-            pseudo = near * knot[3, k] ** (0.5 ** ((step - knot_i[1, k]) / (2.0 * max_age)))
+            pseudo = near * _faded(knot[3, k], knot_i[1, k], step, max_age)
         if k > top >= 0:
             pseudo = max(pseudo, near * over)
         scratch[0] = pseudo
         if cnt == 1:
-            for j in range(min(knot_i[0, k], ratios.shape[1])):
-                if step - steps[k, j] <= max_age:
-                    scratch[1] = ratios[k, j]
+            scratch[1] = _fresh_timing(ratios, steps, knot_i, k, step, max_age)
         knot[2, k] = _low_quantile(scratch, cnt + 1, q)
     # A step with more tokens never costs less.
     for k in range(1, n_knots):

@@ -357,10 +357,10 @@ def test_few_timings_that_make_a_token_dearer_than_at_a_smaller_size_are_believe
 
 
 def test_a_ramp_into_a_cost_curve_that_turns_up_finds_the_turn_and_remembers_it():
-    # vLLM on a 2-core CPU at 64 rows: a token costs 9.5 ms in steps of up to ~200 tokens and a quarter more
-    # beyond. The policy ramped 91, 106, 133, 246, 354, ... tokens, a new size each step, so no size above the
-    # plain step was timed twice, each dear timing alone was noise, and the line through the cheap sizes was
-    # believed up to 1,500-token steps that verified slower than plain decoding.
+    # vLLM on a CPU at 64 rows verifies a token dearer in steps of hundreds of tokens than in small ones. The policy
+    # ramped to a new, larger size each step, so no size above the plain step was timed twice, each dear timing
+    # alone was noise, and the line through the cheap sizes was believed up to steps that verified slower than
+    # plain decoding.
     def truth(n):
         return 0.08 + 0.0095 * n * (1.25 if n > 200 else 1.0)
 
